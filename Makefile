@@ -1,0 +1,41 @@
+# kvpot: `make demo` sets everything up and runs the sample; `make test` runs the tests.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+MODEL   ?= smollm2-135m
+export PYTHONPATH :=
+
+.PHONY: all venv runtime install pull pull-test-models demo test clean-venv
+
+all: install
+
+# build tools the patched llama-cpp-python wheel needs (built without isolation so cmake's build dir is reused)
+$(BIN)/.kvpot-venv:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "scikit-build-core[pyproject]>=0.9.2" "pytest>=7"
+	touch $@
+venv: $(BIN)/.kvpot-venv
+
+# patched llama.cpp: served from the wheel cache when patches/, ggml_ext/ and CMAKE_ARGS are unchanged
+runtime: venv
+	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(BIN)/python -m kvpot.build
+
+install: runtime
+	$(BIN)/python -m pip install -q -e ".[test]"
+
+pull: install
+	$(BIN)/kvpot pull $(MODEL)
+
+pull-test-models: install
+	$(BIN)/kvpot pull smollm2-135m
+	$(BIN)/kvpot pull gemma3-270m
+
+demo: pull
+	$(BIN)/kvpot demo --model $(MODEL)
+
+test: pull-test-models
+	$(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

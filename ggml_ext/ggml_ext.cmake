@@ -1,0 +1,21 @@
+# Compiles kvpot's ggml_ext/ sources into libllama. Included from src/CMakeLists.txt
+# by patches/0001-cmake-compile-ggml-ext.patch; the kvpot build copies this folder to
+# <llama.cpp>/ggml_ext/ and passes KVPOT_VERSION_STR / KVPOT_LLAMA_COMMIT as cache vars.
+
+set(KVPOT_EXT_SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-info.cpp
+)
+
+target_sources(llama PRIVATE ${KVPOT_EXT_SOURCES} ${CMAKE_CURRENT_LIST_DIR}/kvpot.h)
+# our files define their own helpers; keep them out of llama's unity batches
+set_source_files_properties(${KVPOT_EXT_SOURCES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+
+if (NOT DEFINED KVPOT_VERSION_STR)
+    set(KVPOT_VERSION_STR "unknown")
+endif()
+if (NOT DEFINED KVPOT_LLAMA_COMMIT)
+    set(KVPOT_LLAMA_COMMIT "unknown")
+endif()
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kvpot-info.cpp PROPERTIES COMPILE_DEFINITIONS
+    "KVPOT_VERSION_STR=\"${KVPOT_VERSION_STR}\";KVPOT_LLAMA_COMMIT=\"${KVPOT_LLAMA_COMMIT}\"")

