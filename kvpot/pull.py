@@ -93,8 +93,11 @@ def pull_hf(spec: str) -> Path:
         raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")
     try:
         from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import logging as hf_logging
     except ImportError:
         raise KvpotError("huggingface-hub is not installed: pip install huggingface-hub") from None
+    # its retry warnings would bury the one line the user needs
+    hf_logging.set_verbosity_error()
     local = paths.models_dir() / "hf" / m["repo"]
     try:
         return Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=local))

@@ -27,13 +27,13 @@ def read_series(patches_dir: Path) -> list[Path]:
 
 
 def apply_series(patches_dir: Path, tree: Path) -> list[str]:
-    """Apply every patch with `patch -p1`, checking each with a dry run first."""
+    """Apply every patch with `patch -p1 --fuzz=0` (the source is pinned: context must match exactly), dry run first."""
     if shutil.which("patch") is None:
         raise BuildError("the `patch` program is needed to build kvpot (apt install patch / pkg install patch)")
     applied = []
     for path in read_series(patches_dir):
         for dry in (True, False):
-            cmd = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-s", "-d", str(tree), "-i", str(path)]
+            cmd = ["patch", "-p1", "--fuzz=0", "--batch", "--forward", "--no-backup-if-mismatch", "-s", "-d", str(tree), "-i", str(path)]
             if dry:
                 cmd.insert(1, "--dry-run")
             res = subprocess.run(cmd, capture_output=True, text=True)

@@ -1,0 +1,30 @@
+"""What every command shares: stderr console for diagnostics and the one-line error contract."""
+
+from __future__ import annotations
+
+import functools
+
+import typer
+from rich.console import Console
+
+from kvpot.errors import KvpotError
+
+# diagnostics, progress and tables go to stderr; answers go to stdout
+err = Console(stderr=True, highlight=False)
+
+
+def user_errors(fn):
+    """Turn KvpotError into one red line on stderr and its exit code; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KvpotError as e:
+            err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/yellow]")
+            raise typer.Exit(130) from None
+
+    return wrapper

@@ -1,0 +1,26 @@
+"""The kvpot command line: one Typer app, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from . import build, doctor, models, run
+
+app = typer.Typer(
+    name="kvpot",
+    help="Long-document inference on small GGUF models with a bounded KV memory (the pot) inside llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command()(doctor.doctor)
+app.command()(models.pull)
+app.command()(models.models)
+app.command()(run.run)
+app.command()(run.demo)
+app.command()(build.build)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,28 @@
+"""A sample long document that kvpot writes itself: a ship's logbook with one fact to find."""
+
+from __future__ import annotations
+
+import random
+
+_WEATHER = ["calm seas", "a steady westerly", "rain squalls", "thick fog", "a rising swell", "clear skies"]
+_TASKS = ["mended the foresail", "pumped the bilge", "checked the charts", "tarred the rigging",
+          "counted the water casks", "scrubbed the deck", "repaired a lantern", "took soundings"]
+_CREW = ["Ada", "Bram", "Cato", "Dina", "Elio", "Fenna", "Goran", "Hilde"]
+
+
+def logbook(n_entries: int = 60, seed: int = 7, fact_at: float = 0.5) -> tuple[str, str, str]:
+    """Return (document, question, answer); the answer sits at depth fact_at of the entries."""
+    rng = random.Random(seed)
+    code = str(rng.randint(10000, 99999))
+    fact_entry = int(fact_at * (n_entries - 1))
+    lines = ["Logbook of the schooner Marrow, kept by the first mate.", ""]
+    for day in range(1, n_entries + 1):
+        who = rng.sample(_CREW, 2)
+        lines.append(
+            f"Day {day}. Wind and weather: {rng.choice(_WEATHER)}. We made {rng.randint(40, 140)} miles. "
+            f"{who[0]} {rng.choice(_TASKS)} while {who[1]} {rng.choice(_TASKS)}. "
+            f"Position noted at {rng.randint(10, 60)} degrees north."
+        )
+        if day - 1 == fact_entry:
+            lines.append(f"The captain set the code of the strongbox to {code}. Remember it: the code is {code}.")
+    return "\n".join(lines) + "\n", "What is the code of the strongbox?", code

