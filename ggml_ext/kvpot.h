@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 1
+#define KVPOT_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +41,73 @@ KVPOT_API const char * kvpot_llama_commit(void);
 // comma-separated names of the ggml backends registered in this build, e.g. "CPU" or "CUDA,CPU";
 // the string is owned by the library and stays valid until the next call
 KVPOT_API const char * kvpot_backends(void);
+
+//
+// the pot: the KV cache of a context (for iSWA models, its non-SWA layers), bounded and compacted
+// per layer and per KV head. Every call returns >= 0 on success and a negative KVPOT_ERR_* on
+// failure, with a message in kvpot_last_error(); bad arguments never crash.
+//
+
+#define KVPOT_ERR_ARG     -1  // an argument is out of range, a duplicate, or of the wrong length
+#define KVPOT_ERR_STATE   -2  // the context cannot do this (no pot, wrong memory type, nothing requested)
+#define KVPOT_ERR_COMPUTE -3  // a graph failed to allocate or compute
+
+// message of the last failed kvpot_* call on this thread
+KVPOT_API const char * kvpot_last_error(void);
+
+struct kvpot_pot_stats {
+    int32_t   n_pot_layers;  // model layers whose KV lives in the pot
+    int32_t   n_head_kv;     // KV heads per pot layer
+    int32_t   n_cells_used;  // cells in use (the same for every pot layer)
+    int32_t   n_cells_total; // cells allocated (the context size)
+    int32_t   n_swa_used;    // cells in use in the sliding-window part, -1 without one
+    int32_t   budget;        // configured budget (kvpot_pot_set_budget), 0 if none
+    int32_t   n_compactions; // compactions since the last reset
+    int32_t   pos_next;      // position the next token must take
+    int64_t   bytes_used;    // K+V bytes held by the used cells of the pot layers
+    int64_t   bytes_total;   // K+V bytes allocated for the pot layers
+};
+
+KVPOT_API int32_t kvpot_pot_stats_get(struct llama_context * ctx, struct kvpot_pot_stats * out);
+
+// model layer ids of the pot layers, in pot order; returns how many (writes at most n_max)
+KVPOT_API int32_t kvpot_pot_layers(struct llama_context * ctx, int32_t * il_out, int32_t n_max);
+
+// record the budget the policy works to (reported by stats; the engine enforces it)
+KVPOT_API int32_t kvpot_pot_set_budget(struct llama_context * ctx, int32_t n_cells);
+
+// forget kvpot's per-context state (requests, per-head positions); call after clearing the memory
+KVPOT_API int32_t kvpot_pot_reset(struct llama_context * ctx);
+
+// keep, for every pot layer l and KV head h, the cells keep[(l*n_head_kv + h)*n_keep + j], j < n_keep:
+// they move to cells 0..n_keep-1 (in the given order) and every other cell is freed. With cr_rope the
+// keys are re-rotated so that cell j holds position j (CR-RoPE); otherwise each key keeps its position.
+// Runs as a ggml graph on the backend holding the cache. Only sequence 0 may be in the cache.
+KVPOT_API int32_t kvpot_pot_compact(struct llama_context * ctx, const int32_t * keep,
+                                    int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope);
+
+// score taps: for the query rows at these positions in the next llama_decode calls, accumulate the
+// attention probability each cell receives, per pot layer and KV head (query heads of a group and
+// tapped rows summed). n_pos = 0 clears the request. Results stay until the next request.
+KVPOT_API int32_t kvpot_tap_request(struct llama_context * ctx, const llama_pos * pos, int32_t n_pos);
+
+// copy the tapped mass of pot layer ipot as out[h*n_cells + c] for cells c < n_cells
+KVPOT_API int32_t kvpot_tap_get(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells);
+
+// log p(targets[i] | prefix) for the token at position pos0 + i, computed in the graph from the logits
+// (the batch must request logits for every row); n = 0 clears the request
+KVPOT_API int32_t kvpot_logprobs_request(struct llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n);
+
+// copy the log-probs of the last request (NaN where none was computed)
+KVPOT_API int32_t kvpot_logprobs_get(struct llama_context * ctx, float * out, int32_t n);
+
+// read back cells [cell0, cell0 + n_cells) of one pot layer and KV head as floats, out[c*d + e];
+// which = 0 for K (as stored: after RoPE), 1 for V. Meant for tests and inspection.
+KVPOT_API int32_t kvpot_pot_read(struct llama_context * ctx, int32_t ipot, int32_t head, int32_t which,
+                                 int32_t cell0, int32_t n_cells, float * out, int32_t n_out);
+
+// cell positions (-1 for an empty cell) of cells [0, n)
+KVPOT_API int32_t kvpot_pot_cell_pos(struct llama_context * ctx, int32_t * out, int32_t n);
 
 #ifdef __cplusplus
 }

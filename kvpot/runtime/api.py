@@ -7,6 +7,32 @@ from __future__ import annotations
 
 import ctypes
 
+c_ctx_p = ctypes.c_void_p  # struct llama_context *
+c_i32_p = ctypes.POINTER(ctypes.c_int32)
+c_f32_p = ctypes.POINTER(ctypes.c_float)
+
+KVPOT_ERR_ARG = -1
+KVPOT_ERR_STATE = -2
+KVPOT_ERR_COMPUTE = -3
+
+
+class kvpot_pot_stats(ctypes.Structure):
+    """struct kvpot_pot_stats"""
+
+    _fields_ = [
+        ("n_pot_layers", ctypes.c_int32),
+        ("n_head_kv", ctypes.c_int32),
+        ("n_cells_used", ctypes.c_int32),
+        ("n_cells_total", ctypes.c_int32),
+        ("n_swa_used", ctypes.c_int32),
+        ("budget", ctypes.c_int32),
+        ("n_compactions", ctypes.c_int32),
+        ("pos_next", ctypes.c_int32),
+        ("bytes_used", ctypes.c_int64),
+        ("bytes_total", ctypes.c_int64),
+    ]
+
+
 # (name, restype, argtypes) -- kept in the order of kvpot.h
 SIGNATURES: list[tuple[str, object, list]] = [
     # const char * kvpot_version(void);
@@ -17,6 +43,33 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_llama_commit", ctypes.c_char_p, []),
     # const char * kvpot_backends(void);
     ("kvpot_backends", ctypes.c_char_p, []),
+    # const char * kvpot_last_error(void);
+    ("kvpot_last_error", ctypes.c_char_p, []),
+    # int32_t kvpot_pot_stats_get(struct llama_context * ctx, struct kvpot_pot_stats * out);
+    ("kvpot_pot_stats_get", ctypes.c_int32, [c_ctx_p, ctypes.POINTER(kvpot_pot_stats)]),
+    # int32_t kvpot_pot_layers(struct llama_context * ctx, int32_t * il_out, int32_t n_max);
+    ("kvpot_pot_layers", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32]),
+    # int32_t kvpot_pot_set_budget(struct llama_context * ctx, int32_t n_cells);
+    ("kvpot_pot_set_budget", ctypes.c_int32, [c_ctx_p, ctypes.c_int32]),
+    # int32_t kvpot_pot_reset(struct llama_context * ctx);
+    ("kvpot_pot_reset", ctypes.c_int32, [c_ctx_p]),
+    # int32_t kvpot_pot_compact(struct llama_context * ctx, const int32_t * keep,
+    #                           int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope);
+    ("kvpot_pot_compact", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool]),
+    # int32_t kvpot_tap_request(struct llama_context * ctx, const llama_pos * pos, int32_t n_pos);
+    ("kvpot_tap_request", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32]),
+    # int32_t kvpot_tap_get(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells);
+    ("kvpot_tap_get", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
+    # int32_t kvpot_logprobs_request(struct llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n);
+    ("kvpot_logprobs_request", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_i32_p, ctypes.c_int32]),
+    # int32_t kvpot_logprobs_get(struct llama_context * ctx, float * out, int32_t n);
+    ("kvpot_logprobs_get", ctypes.c_int32, [c_ctx_p, c_f32_p, ctypes.c_int32]),
+    # int32_t kvpot_pot_read(struct llama_context * ctx, int32_t ipot, int32_t head, int32_t which,
+    #                        int32_t cell0, int32_t n_cells, float * out, int32_t n_out);
+    ("kvpot_pot_read", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                        ctypes.c_int32, c_f32_p, ctypes.c_int32]),
+    # int32_t kvpot_pot_cell_pos(struct llama_context * ctx, int32_t * out, int32_t n);
+    ("kvpot_pot_cell_pos", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32]),
 ]
 
 

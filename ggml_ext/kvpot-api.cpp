@@ -1,0 +1,355 @@
+// the kvpot_* C API: validate every argument, then call into the pot; never throw across the C boundary
+#include "kvpot.h"
+#include "kvpot-compact.h"
+#include "kvpot-pot.h"
+#include "kvpot-state.h"
+
+#include "llama-context.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+int32_t fail(int32_t code, const std::string & msg) {
+    kvpot_set_error(msg);
+    return code;
+}
+
+// run f, turning C++ exceptions into KVPOT_ERR_STATE
+template <typename F>
+int32_t guarded(F && f) {
+    try {
+        return f();
+    } catch (const std::exception & e) {
+        return fail(KVPOT_ERR_STATE, std::string("internal error: ") + e.what());
+    }
+}
+
+// resolve the pot and check the shape facts every call relies on
+int32_t resolve(llama_context * ctx, kvpot_pot & pot, int32_t & n_head_kv) {
+    const std::string why = kvpot_pot_resolve(ctx, pot);
+    if (!why.empty()) {
+        return fail(KVPOT_ERR_STATE, why);
+    }
+    const auto & hparams = kvpot_kv_access::hparams(*pot.kv);
+    n_head_kv = -1;
+    for (size_t l = 0; l < kvpot_kv_access::n_layers(*pot.kv); ++l) {
+        const int32_t h = (int32_t) hparams.n_head_kv(kvpot_kv_access::il(*pot.kv, l));
+        if (n_head_kv >= 0 && h != n_head_kv) {
+            return fail(KVPOT_ERR_STATE, "the pot needs the same number of KV heads in every pot layer");
+        }
+        n_head_kv = h;
+    }
+    if (n_head_kv <= 0) {
+        return fail(KVPOT_ERR_STATE, "the pot has no layers");
+    }
+    return 0;
+}
+
+int64_t layer_row_bytes(const llama_kv_cache & kv, size_t l) {
+    int64_t b = (int64_t) kvpot_kv_access::k(kv, l)->nb[1];
+    if (ggml_tensor * v = kvpot_kv_access::v(kv, l)) {
+        b += (int64_t) ggml_row_size(v->type, v->ne[0]);
+    }
+    return b;
+}
+
+} // namespace
+
+int32_t kvpot_pot_stats_get(llama_context * ctx, kvpot_pot_stats * out) {
+    return guarded([&]() -> int32_t {
+        if (!out) {
+            return fail(KVPOT_ERR_ARG, "stats output is NULL");
+        }
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        const llama_kv_cache & kv = *pot.kv;
+        const auto & cells = kvpot_kv_access::cells(kv);
+        kvpot_state & st = kvpot_state_get(ctx);
+        *out = {};
+        out->n_pot_layers  = (int32_t) kvpot_kv_access::n_layers(kv);
+        out->n_head_kv     = n_head_kv;
+        out->n_cells_used  = (int32_t) cells.get_used();
+        out->n_cells_total = (int32_t) kv.get_size();
+        out->n_swa_used    = pot.swa ? (int32_t) kvpot_kv_access::cells(*pot.swa).get_used() : -1;
+        out->budget        = st.budget;
+        out->n_compactions = st.n_compactions;
+        out->pos_next      = cells.seq_pos_max(0) + 1;
+        for (size_t l = 0; l < kvpot_kv_access::n_layers(kv); ++l) {
+            const int64_t row = layer_row_bytes(kv, l);
+            out->bytes_used  += row * out->n_cells_used;
+            out->bytes_total += row * out->n_cells_total;
+        }
+        return 0;
+    });
+}
+
+int32_t kvpot_pot_layers(llama_context * ctx, int32_t * il_out, int32_t n_max) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        const auto ids = kvpot_pot_layer_ids(*pot.kv);
+        if (il_out && n_max > 0) {
+            for (int32_t i = 0; i < n_max && i < (int32_t) ids.size(); ++i) {
+                il_out[i] = ids[i];
+            }
+        }
+        return (int32_t) ids.size();
+    });
+}
+
+int32_t kvpot_pot_set_budget(llama_context * ctx, int32_t n_cells) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        if (n_cells < 1 || (uint32_t) n_cells > pot.kv->get_size()) {
+            return fail(KVPOT_ERR_ARG, "budget " + std::to_string(n_cells) + " is outside 1.." + std::to_string(pot.kv->get_size()) + " (the context size)");
+        }
+        kvpot_state_get(ctx).budget = n_cells;
+        return 0;
+    });
+}
+
+int32_t kvpot_pot_reset(llama_context * ctx) {
+    return guarded([&]() -> int32_t {
+        if (!ctx) {
+            return fail(KVPOT_ERR_ARG, "context is NULL");
+        }
+        kvpot_state_drop(ctx);
+        return 0;
+    });
+}
+
+int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_pot;
+        if (int32_t rc = resolve(ctx, pot, n_head_pot); rc < 0) {
+            return rc;
+        }
+        const llama_kv_cache & kv = *pot.kv;
+        const auto & cells = kvpot_kv_access::cells(kv);
+        const int32_t n_layer_pot = (int32_t) kvpot_kv_access::n_layers(kv);
+        if (!keep) {
+            return fail(KVPOT_ERR_ARG, "keep list is NULL");
+        }
+        if (n_layer != n_layer_pot) {
+            return fail(KVPOT_ERR_ARG, "keep list covers " + std::to_string(n_layer) + " layers but the pot has " + std::to_string(n_layer_pot));
+        }
+        if (n_head_kv != n_head_pot) {
+            return fail(KVPOT_ERR_ARG, "keep list covers " + std::to_string(n_head_kv) + " KV heads but the pot has " + std::to_string(n_head_pot));
+        }
+        const uint32_t n_used = cells.get_used();
+        if (n_keep < 1 || (uint32_t) n_keep > n_used) {
+            return fail(KVPOT_ERR_ARG, "n_keep " + std::to_string(n_keep) + " is outside 1.." + std::to_string(n_used) + " (cells in use)");
+        }
+        for (uint32_t i = 0; i < cells.size(); ++i) {
+            if (!cells.is_empty(i) && (cells.seq_count(i) != 1 || !cells.seq_has(i, 0))) {
+                return fail(KVPOT_ERR_STATE, "the pot holds cells of sequences other than 0");
+            }
+        }
+        const auto & hparams = kvpot_kv_access::hparams(kv);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
+            const int64_t n_embd_gqa = kvpot_kv_access::k(kv, l)->ne[0];
+            if (n_embd_gqa != (int64_t) hparams.n_embd_head_k(il)*n_head_kv) {
+                return fail(KVPOT_ERR_STATE, "unsupported K layout in layer " + std::to_string(il));
+            }
+            if (cr_rope && (!hparams.has_rope(il) || hparams.n_rot(il) != hparams.n_embd_head_k(il))) {
+                return fail(KVPOT_ERR_STATE, "CR-RoPE needs full-dimension RoPE in every pot layer (layer " + std::to_string(il) + ")");
+            }
+        }
+        std::vector<uint32_t> stamp(cells.size(), UINT32_MAX);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            for (int32_t h = 0; h < n_head_kv; ++h) {
+                const uint32_t row = (uint32_t) (l*n_head_kv + h);
+                for (int32_t j = 0; j < n_keep; ++j) {
+                    const int32_t c = keep[(size_t) row*n_keep + j];
+                    if (c < 0 || (uint32_t) c >= cells.size() || cells.is_empty(c)) {
+                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is out of range or empty");
+                    }
+                    if (stamp[c] == row) {
+                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is listed twice");
+                    }
+                    stamp[c] = row;
+                }
+            }
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        const std::string why = kvpot_compact(ctx, st, pot, keep, n_head_kv, n_keep, cr_rope);
+        if (!why.empty()) {
+            return fail(KVPOT_ERR_COMPUTE, why);
+        }
+        return 0;
+    });
+}
+
+int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_pos) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        if (n_pos < 0 || (n_pos > 0 && !pos)) {
+            return fail(KVPOT_ERR_ARG, "tap positions: bad list");
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.tap_pos.assign(pos, pos + n_pos);
+        st.tap_acc.assign(n_pos > 0 ? kvpot_kv_access::n_layers(*pot.kv) : 0,
+                          std::vector<float>((size_t) n_head_kv*pot.kv->get_size(), 0.0f));
+        return 0;
+    });
+}
+
+int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_pot;
+        if (int32_t rc = resolve(ctx, pot, n_head_pot); rc < 0) {
+            return rc;
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (st.tap_acc.empty()) {
+            return fail(KVPOT_ERR_STATE, "no score tap was requested");
+        }
+        if (ipot < 0 || ipot >= (int32_t) st.tap_acc.size()) {
+            return fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist (the pot has " + std::to_string(st.tap_acc.size()) + ")");
+        }
+        const int64_t kv_size = pot.kv->get_size();
+        if (!out || n_head_kv != n_head_pot || n_cells < 0 || n_cells > kv_size) {
+            return fail(KVPOT_ERR_ARG, "tap output: wrong head count or cell count");
+        }
+        const auto & acc = st.tap_acc[ipot];
+        for (int32_t h = 0; h < n_head_kv; ++h) {
+            for (int32_t c = 0; c < n_cells; ++c) {
+                out[(size_t) h*n_cells + c] = acc[(size_t) h*kv_size + c];
+            }
+        }
+        return 0;
+    });
+}
+
+int32_t kvpot_logprobs_request(llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        if (n < 0 || (n > 0 && !targets) || pos0 < 0) {
+            return fail(KVPOT_ERR_ARG, "log-prob request: bad list");
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.lp_pos0 = pos0;
+        st.lp_targets.assign(targets, targets + n);
+        st.lp_out.assign(n, std::numeric_limits<float>::quiet_NaN());
+        st.lp_error.clear();
+        return 0;
+    });
+}
+
+int32_t kvpot_logprobs_get(llama_context * ctx, float * out, int32_t n) {
+    return guarded([&]() -> int32_t {
+        kvpot_state * st = kvpot_state_find(ctx);
+        if (!st || st->lp_out.empty()) {
+            return fail(KVPOT_ERR_STATE, "no log-probs were requested");
+        }
+        if (!st->lp_error.empty()) {
+            return fail(KVPOT_ERR_STATE, st->lp_error);
+        }
+        if (!out || n != (int32_t) st->lp_out.size()) {
+            return fail(KVPOT_ERR_ARG, "log-prob output must hold " + std::to_string(st->lp_out.size()) + " values");
+        }
+        std::copy(st->lp_out.begin(), st->lp_out.end(), out);
+        return 0;
+    });
+}
+
+int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t which, int32_t cell0, int32_t n_cells, float * out, int32_t n_out) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        const llama_kv_cache & kv = *pot.kv;
+        if (ipot < 0 || ipot >= (int32_t) kvpot_kv_access::n_layers(kv)) {
+            return fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist");
+        }
+        if (head < 0 || head >= n_head_kv || (which != 0 && which != 1)) {
+            return fail(KVPOT_ERR_ARG, "head or tensor selector out of range");
+        }
+        const int64_t kv_size = kv.get_size();
+        if (cell0 < 0 || n_cells < 0 || cell0 + n_cells > kv_size) {
+            return fail(KVPOT_ERR_ARG, "cell range out of bounds");
+        }
+        ggml_tensor * t = which == 0 ? kvpot_kv_access::k(kv, ipot) : kvpot_kv_access::v(kv, ipot);
+        if (!t) {
+            return fail(KVPOT_ERR_STATE, "this layer has no V");
+        }
+        const int64_t d = t->ne[0] / n_head_kv;
+        if (!out || (int64_t) n_out != d*n_cells) {
+            return fail(KVPOT_ERR_ARG, "output must hold n_cells * head_dim = " + std::to_string(d*n_cells) + " floats");
+        }
+        const auto * traits = ggml_get_type_traits(t->type);
+        if (which == 1 && kvpot_kv_access::v_trans(kv)) {
+            if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
+                return fail(KVPOT_ERR_STATE, "transposed V of this type cannot be read");
+            }
+            const size_t es = ggml_element_size(t);
+            std::vector<uint8_t> raw(es*n_cells);
+            std::vector<float> row(n_cells);
+            for (int64_t e = 0; e < d; ++e) {
+                ggml_backend_tensor_get(t, raw.data(), ((head*d + e)*kv_size + cell0)*es, raw.size());
+                if (t->type == GGML_TYPE_F16) {
+                    ggml_fp16_to_fp32_row((const ggml_fp16_t *) raw.data(), row.data(), n_cells);
+                } else {
+                    memcpy(row.data(), raw.data(), raw.size());
+                }
+                for (int32_t c = 0; c < n_cells; ++c) {
+                    out[(size_t) c*d + e] = row[c];
+                }
+            }
+            return 0;
+        }
+        const size_t head_bytes = ggml_row_size(t->type, d);
+        std::vector<uint8_t> raw(head_bytes);
+        for (int32_t c = 0; c < n_cells; ++c) {
+            ggml_backend_tensor_get(t, raw.data(), (size_t) (cell0 + c)*t->nb[1] + head*head_bytes, head_bytes);
+            if (t->type == GGML_TYPE_F32) {
+                memcpy(out + (size_t) c*d, raw.data(), head_bytes);
+            } else if (traits->to_float) {
+                traits->to_float(raw.data(), out + (size_t) c*d, d);
+            } else {
+                return fail(KVPOT_ERR_STATE, std::string("cannot convert cache type ") + ggml_type_name(t->type));
+            }
+        }
+        return 0;
+    });
+}
+
+int32_t kvpot_pot_cell_pos(llama_context * ctx, int32_t * out, int32_t n) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        const auto & cells = kvpot_kv_access::cells(*pot.kv);
+        if (!out || n < 0 || (uint32_t) n > cells.size()) {
+            return fail(KVPOT_ERR_ARG, "cell range out of bounds");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            out[i] = cells.is_empty(i) ? -1 : cells.pos_get(i);
+        }
+        return 0;
+    });
+}

@@ -1,0 +1,31 @@
+// hooks that kvpot's patches call from inside llama.cpp (C++, internal; not part of the C API)
+#pragma once
+
+#include <cstdint>
+
+struct ggml_context;
+struct ggml_cgraph;
+struct ggml_tensor;
+struct llama_context;
+struct llama_hparams;
+struct llama_ubatch;
+class  llm_graph_result;
+
+// llama_context::process_ubatch: true when the previous graph must not be reused
+// (taps or log-probs requested, or the pot was compacted since it was built)
+bool kvpot_hook_force_rebuild(const llama_context * lctx);
+
+// llama_context::process_ubatch, around model.build_graph(): the attention hooks below
+// only act between these two calls, for the context being built
+void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & ubatch);
+void kvpot_hook_build_end  (const llama_context * lctx, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf);
+
+// llm_graph_context::build_attn, for layers whose KV lives in the pot, right before build_attn_mha:
+//   q       [n_embd_head, n_head,    n_tokens]      (after any Hadamard rotation)
+//   k       [n_embd_head, n_head_kv, n_kv, n_stream] (view of the cache)
+//   kq_mask [n_kv, n_tokens_pad, 1, n_stream]
+void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il);
+
+// llama_context::process_ubatch, after a successful graph_compute: read tapped outputs back
+void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch);

@@ -1,0 +1,58 @@
+// per-context kvpot state: pending tap / log-prob requests, their results, and per-head positions
+#pragma once
+
+#include "llama.h"
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct ggml_tensor;
+
+struct kvpot_tap_out {
+    int32_t       ipot;   // index of the pot layer
+    ggml_tensor * t;      // [1, n_kv, n_head_kv] attention mass per cell and KV head
+    int64_t       n_kv;
+};
+
+struct kvpot_state {
+    // score taps: positions (llama_pos) of the query rows to tap; results summed over those rows
+    std::vector<llama_pos>          tap_pos;
+    std::vector<std::vector<float>> tap_acc;   // [n_pot_layer][n_head_kv * kv_size]
+    int32_t                         tap_rows_seen = 0;
+
+    // log-probs: target token for the row at position lp_pos0 + i
+    llama_pos                lp_pos0 = 0;
+    std::vector<llama_token> lp_targets;
+    std::vector<float>       lp_out;       // NaN until computed
+    std::string              lp_error;
+
+    // tensors of the graph being built / just computed
+    std::vector<kvpot_tap_out> pending_taps;
+    ggml_tensor *              pending_lp      = nullptr;
+    std::vector<int32_t>       pending_lp_rows; // index into lp_out for each output row
+
+    // the next graph must be rebuilt (after a compaction)
+    bool force_rebuild = false;
+
+    // per (pot layer, head) RoPE position of the first n_compacted cells; cells at or past
+    // n_compacted were written by decode since and their cell position is the RoPE position
+    uint32_t               n_compacted = 0;
+    std::vector<llama_pos> rope_pos;  // [n_pot_layer][n_head_kv][n_compacted]
+
+    int32_t budget = 0;
+    int32_t n_compactions = 0;
+
+    bool active() const { return !tap_pos.empty() || !lp_targets.empty(); }
+};
+
+// state of a context, created on first use; the lock guards the registry, not the state
+kvpot_state & kvpot_state_get(const llama_context * lctx);
+// the state if one exists, else nullptr (hooks must not create state for unrelated contexts)
+kvpot_state * kvpot_state_find(const llama_context * lctx);
+void kvpot_state_drop(const llama_context * lctx);
+
+// thread-local error message for the C API
+void kvpot_set_error(const std::string & msg);

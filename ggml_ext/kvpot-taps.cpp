@@ -1,0 +1,233 @@
+// score taps and token log-probs: small extra graph pieces added while llama.cpp builds a ubatch graph,
+// read back after it computes
+#include "kvpot-hooks.h"
+#include "kvpot-pot.h"
+#include "kvpot-state.h"
+
+#include "llama-batch.h"
+#include "llama-context.h"
+#include "llama-graph.h"
+#include "llama-hparams.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <limits>
+
+namespace {
+
+// what the graph being built on this thread taps; set between build_begin and build_end
+struct kvpot_build {
+    kvpot_state *        st   = nullptr;
+    llama_kv_cache *     pot  = nullptr;
+    const llama_ubatch * ub   = nullptr;
+    std::vector<int32_t> rows;          // ubatch rows to tap
+    ggml_tensor *        rows_t = nullptr;
+};
+
+thread_local kvpot_build g_build;
+
+// I32 graph input filled from a host vector; never reusable, so a graph holding taps is rebuilt
+class kvpot_input_i32 : public llm_graph_input_i {
+public:
+    explicit kvpot_input_i32(std::vector<int32_t> data) : data(std::move(data)) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        if (t && t->buffer) {
+            ggml_backend_tensor_set(t, data.data(), 0, data.size()*sizeof(int32_t));
+        }
+    }
+
+    ggml_tensor *        t = nullptr;
+    std::vector<int32_t> data;
+};
+
+ggml_tensor * add_i32_input(llm_graph_result * res, ggml_context * ctx, std::vector<int32_t> data) {
+    auto inp = std::make_unique<kvpot_input_i32>(std::move(data));
+    inp->t = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) inp->data.size());
+    ggml_set_input(inp->t);
+    ggml_tensor * t = inp->t;
+    res->add_input(std::move(inp));
+    return t;
+}
+
+int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
+    for (size_t i = 0; i < kvpot_kv_access::n_layers(kv); ++i) {
+        if ((int32_t) kvpot_kv_access::il(kv, i) == il) {
+            return (int32_t) i;
+        }
+    }
+    return -1;
+}
+
+} // namespace
+
+bool kvpot_hook_force_rebuild(const llama_context * lctx) {
+    kvpot_state * st = kvpot_state_find(lctx);
+    if (!st) {
+        return false;
+    }
+    const bool force = st->force_rebuild || st->active();
+    st->force_rebuild = false;
+    return force;
+}
+
+void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & ubatch) {
+    g_build = {};
+    kvpot_state * st = kvpot_state_find(lctx);
+    if (!st || !st->active()) {
+        return;
+    }
+    kvpot_pot pot;
+    if (!kvpot_pot_resolve(const_cast<llama_context *>(lctx), pot).empty()) {
+        return;
+    }
+    g_build.st  = st;
+    g_build.pot = pot.kv;
+    g_build.ub  = &ubatch;
+    st->pending_taps.clear();
+    st->pending_lp = nullptr;
+    st->pending_lp_rows.clear();
+    if (!st->tap_pos.empty()) {
+        for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+            for (llama_pos p : st->tap_pos) {
+                if (ubatch.pos[i] == p) {
+                    g_build.rows.push_back((int32_t) i);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il) {
+    if (!g_build.st || g_build.rows.empty() || k->ne[3] != 1) {
+        return;
+    }
+    const int32_t ipot = pot_index_of(*g_build.pot, il);
+    if (ipot < 0) {
+        return;
+    }
+    if (!g_build.rows_t) {
+        g_build.rows_t = add_i32_input(res, ctx0, g_build.rows);
+    }
+    const int64_t n_tap     = (int64_t) g_build.rows.size();
+    const int64_t d         = q->ne[0];
+    const int64_t n_head    = q->ne[1];
+    const int64_t n_tokens  = q->ne[2];
+    const int64_t n_head_kv = k->ne[1];
+    const int64_t n_kv      = k->ne[2];
+    const int64_t n_group   = n_head / n_head_kv;
+
+    // the tapped query rows: [d, n_head, n_tap] -> [d, n_tap, n_head]
+    ggml_tensor * qc = ggml_is_contiguous(q) ? q : ggml_cont(ctx0, q);
+    ggml_tensor * qr = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, qc, d*n_head, n_tokens), g_build.rows_t);
+    qr = ggml_permute(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tap), 0, 2, 1, 3);
+
+    // [d, n_kv, n_head_kv]; query head h reads KV head h / n_group (ggml's mul_mat broadcast, as in llama.cpp)
+    ggml_tensor * kp = ggml_permute(ctx0, ggml_view_3d(ctx0, k, d, n_head_kv, n_kv, k->nb[1], k->nb[2], 0), 0, 2, 1, 3);
+
+    ggml_tensor * kq = ggml_mul_mat(ctx0, kp, qr); // [n_kv, n_tap, n_head]
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    if (hparams.attn_soft_cap) {
+        kq = ggml_scale(ctx0, kq, 1.0f / hparams.f_attn_logit_softcapping);
+        kq = ggml_tanh (ctx0, kq);
+        kq = ggml_scale(ctx0, kq, hparams.f_attn_logit_softcapping);
+    }
+
+    // the same mask rows the main attention uses
+    ggml_tensor * m2 = ggml_view_2d(ctx0, kq_mask, kq_mask->ne[0], kq_mask->ne[1], kq_mask->nb[1], 0);
+    ggml_tensor * mr = ggml_get_rows(ctx0, m2, g_build.rows_t); // [n_kv, n_tap] f32
+
+    ggml_tensor * p = ggml_soft_max_ext(ctx0, kq, mr, kq_scale, hparams.f_max_alibi_bias); // [n_kv, n_tap, n_head]
+
+    // sum over tapped rows and over the query heads of each KV group: [n_kv, n_tap*n_group, n_head_kv] -> [1, n_kv, n_head_kv]
+    p = ggml_reshape_3d(ctx0, p, n_kv, n_tap*n_group, n_head_kv);
+    p = ggml_cont(ctx0, ggml_transpose(ctx0, p));
+    ggml_tensor * out = ggml_sum_rows(ctx0, p);
+    ggml_set_output(out);
+    ggml_build_forward_expand(gf, out);
+
+    g_build.st->pending_taps.push_back({ipot, out, n_kv});
+}
+
+void kvpot_hook_build_end(const llama_context * lctx, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf) {
+    GGML_UNUSED(lctx);
+    kvpot_state * st = g_build.st;
+    if (st && gf && !st->lp_targets.empty()) {
+        ggml_tensor * logits = res->get_logits(); // [n_vocab, n_outputs]
+        if (logits) {
+            const int64_t n_vocab = logits->ne[0];
+            const int64_t n_out   = logits->ne[1];
+            // rows of this ubatch with a requested target; outputs must be every row (logits for all)
+            std::vector<int32_t> flat;
+            st->pending_lp_rows.clear();
+            const llama_ubatch & ub = *g_build.ub;
+            if ((int64_t) ub.n_tokens != n_out) {
+                st->lp_error = "log-probs need logits for every row of the batch";
+            } else {
+                for (int64_t j = 0; j < n_out; ++j) {
+                    const int64_t idx = (int64_t) ub.pos[j] - st->lp_pos0;
+                    if (idx < 0 || idx >= (int64_t) st->lp_targets.size()) {
+                        continue;
+                    }
+                    const llama_token tok = st->lp_targets[idx];
+                    if (tok < 0 || tok >= n_vocab) {
+                        continue;
+                    }
+                    flat.push_back((int32_t) (j*n_vocab + tok));
+                    st->pending_lp_rows.push_back((int32_t) idx);
+                }
+            }
+            if (!flat.empty()) {
+                ggml_tensor * idx_t = add_i32_input(res, ctx0, std::move(flat));
+                ggml_tensor * sm    = ggml_soft_max(ctx0, logits);
+                ggml_tensor * pick  = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, sm, 1, n_vocab*n_out), idx_t);
+                ggml_tensor * lp    = ggml_log(ctx0, pick); // [1, n_picked]
+                ggml_set_output(lp);
+                ggml_build_forward_expand(gf, lp);
+                st->pending_lp = lp;
+            }
+        }
+    }
+    g_build = {};
+}
+
+void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch) {
+    GGML_UNUSED(res);
+    GGML_UNUSED(ubatch);
+    kvpot_state * st = kvpot_state_find(lctx);
+    if (!st || (st->pending_taps.empty() && !st->pending_lp)) {
+        return;
+    }
+    ggml_backend_sched_synchronize(lctx->get_sched());
+    std::vector<float> buf;
+    for (const auto & tap : st->pending_taps) {
+        if (tap.ipot >= (int32_t) st->tap_acc.size()) {
+            continue;
+        }
+        auto & acc = st->tap_acc[tap.ipot];
+        const int64_t n_head_kv = tap.t->ne[2];
+        const int64_t kv_size   = n_head_kv > 0 ? (int64_t) acc.size() / n_head_kv : 0;
+        buf.resize(ggml_nelements(tap.t));
+        ggml_backend_tensor_get(tap.t, buf.data(), 0, ggml_nbytes(tap.t));
+        for (int64_t h = 0; h < n_head_kv; ++h) {
+            for (int64_t c = 0; c < tap.n_kv && c < kv_size; ++c) {
+                acc[h*kv_size + c] += buf[h*tap.n_kv + c];
+            }
+        }
+    }
+    st->pending_taps.clear();
+    if (st->pending_lp) {
+        buf.resize(ggml_nelements(st->pending_lp));
+        ggml_backend_tensor_get(st->pending_lp, buf.data(), 0, ggml_nbytes(st->pending_lp));
+        for (size_t i = 0; i < st->pending_lp_rows.size() && i < buf.size(); ++i) {
+            st->lp_out[st->pending_lp_rows[i]] = buf[i];
+        }
+        st->pending_lp = nullptr;
+        st->pending_lp_rows.clear();
+    }
+}

@@ -1,0 +1,223 @@
+"""The Engine: reads token streams chunk by chunk into the pot, asks its policy what to keep, answers.
+
+The engine never asks what kind of policy it holds: it calls the hooks of
+`kvpot.policies.base.Policy` at fixed points and applies what they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import read_model_facts
+from kvpot.policies.base import Policy, PotView, TapRequest
+from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.pot import Pot, PotStats
+
+# cells kept free past budget + chunk for the question and the answer
+DEFAULT_ANSWER_RESERVE = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    budget: int = 1024          # cells the pot keeps after each compaction
+    chunk: int = 512            # tokens decoded per step (and llama.cpp's n_batch/n_ubatch)
+    n_ctx: int | None = None    # cache size; default budget + chunk + answer_reserve
+    answer_reserve: int = DEFAULT_ANSWER_RESERVE
+    n_threads: int = 2
+    flash_attn: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+    def cache_size(self) -> int:
+        return self.n_ctx or self.budget + self.chunk + self.answer_reserve
+
+
+@dataclass
+class FeedEvent:
+    """What the engine reports after each chunk (for progress bars and benchmarks)."""
+
+    tokens_read: int
+    cells: int
+    compacted: bool
+    stats: PotStats
+
+
+class Engine:
+    def __init__(self, model_path: str, policy: Policy, config: EngineConfig = EngineConfig()):
+        facts = read_model_facts(model_path)  # a bad file never reaches llama.cpp
+        if config.budget < 1 or config.chunk < 1:
+            raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
+        if config.cache_size() < config.budget + config.chunk:
+            raise KvpotError(f"context size {config.cache_size()} cannot hold budget {config.budget} + chunk {config.chunk}")
+        self.facts = facts
+        self.policy = policy
+        self.config = config
+        self.model = LlamaModel(model_path)
+        self.ctx = LlamaContext(self.model, ContextParams(
+            n_ctx=config.cache_size(), n_batch=config.chunk, n_threads=config.n_threads,
+            flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
+        self.pot = Pot(self.ctx.ptr)
+        self.pot.reset()
+        self.pot.set_budget(min(config.budget, self.ctx.n_ctx))
+        self._init_state()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _init_state(self) -> None:
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        self.positions = np.zeros((L, H, 0), dtype=np.int64)  # stream position per (layer, head, cell)
+        self.tokens_seen = 0      # stream position of the next token
+        self.pos_next = 0         # llama position of the next token (differs once CR-RoPE renumbers)
+        self.n_compactions = 0
+        self._carry_lp: float = float("nan")  # log p of the next chunk's first token, from this chunk's last row
+        self._bos_done = False
+
+    def reset(self) -> None:
+        """Forget the document: empty cache, policy state and positions; the model stays loaded."""
+        self.ctx.clear()
+        self.pot.reset()
+        self.pot.set_budget(min(self.config.budget, self.ctx.n_ctx))
+        self.policy.reset()
+        self._init_state()
+
+    @property
+    def n_cells(self) -> int:
+        return self.positions.shape[2]
+
+    def stats(self) -> PotStats:
+        return self.pot.stats()
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def feed_text(self, text: str, on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
+        self.feed(self.model.tokenize(text), on_chunk)
+
+    def feed(self, tokens: Sequence[int], on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
+        """Read tokens (the BOS is added before the first one) chunk by chunk, compacting as needed."""
+        toks = list(tokens)
+        if not self._bos_done:
+            toks = self.model.bos() + toks
+            self._bos_done = True
+        step = self.config.chunk
+        for start in range(0, len(toks), step):
+            piece = toks[start:start + step]
+            nxt = toks[start + step] if start + step < len(toks) else -1
+            compacted = self._feed_chunk(piece, nxt)
+            if on_chunk:
+                on_chunk(FeedEvent(self.tokens_seen, self.n_cells, compacted, self.pot.stats()))
+
+    def _feed_chunk(self, piece: list[int], next_token: int) -> bool:
+        n = len(piece)
+        if self.n_cells + n > self.ctx.n_ctx:
+            raise KvpotError(
+                f"{self.policy.name} keeps every token: {self.tokens_seen + n} tokens do not fit the context "
+                f"of {self.ctx.n_ctx} cells; choose an evicting policy or a larger context")
+        req: TapRequest = self.policy.before_chunk(n)
+        pos0 = self.pos_next
+        if req.tap_last:
+            k = n if req.tap_last < 0 else min(req.tap_last, n)
+            self.pot.tap_request(np.arange(pos0 + n - k, pos0 + n))
+        if req.logprobs:
+            self.pot.logprobs_request(pos0, piece[1:] + [next_token])
+        try:
+            self.ctx.decode(piece, pos0, logits="all" if req.logprobs else "last")
+            n_old = self.n_cells
+            scores = self.pot.tap_get(n_old + n) if req.tap_last else None
+            logprobs = None
+            if req.logprobs:
+                rows = self.pot.logprobs_get(n)
+                logprobs = np.concatenate([[self._carry_lp], rows[:-1]]).astype(np.float32)
+                self._carry_lp = float(rows[-1])
+        finally:
+            if req.tap_last:
+                self.pot.tap_clear()
+            if req.logprobs:
+                self.pot.logprobs_clear()
+
+        # the chunk went to cells n_old.. (compaction leaves every later cell free)
+        cell_pos = self.pot.cell_positions(n_old + n)
+        if not np.array_equal(cell_pos[n_old:], np.arange(pos0, pos0 + n)):
+            raise KvpotError("internal: the chunk did not land in the cells after the pot")
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        chunk_stream = np.arange(self.tokens_seen, self.tokens_seen + n, dtype=np.int64)
+        self.positions = np.concatenate([self.positions, np.broadcast_to(chunk_stream, (L, H, n))], axis=2)
+        self.tokens_seen += n
+        self.pos_next = pos0 + n
+
+        view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
+                       scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen)
+        self.policy.after_chunk(view)
+        return self._maybe_compact(view)
+
+    def _maybe_compact(self, view: PotView) -> bool:
+        budget = self.config.budget
+        if self.n_cells <= budget:
+            return False
+        keep = self.policy.select(view, budget)
+        if keep is None:
+            return False
+        self.compact(keep, self.policy.cr_rope)
+        return True
+
+    def compact(self, keep: np.ndarray, cr_rope: bool) -> None:
+        """Apply a keep list [L, H, n]: the pot is rebuilt in the runtime, the bookkeeping follows."""
+        keep = np.asarray(keep, dtype=np.int64)
+        self.pot.compact(keep, cr_rope)
+        self.positions = np.take_along_axis(self.positions, keep, axis=2)
+        self.policy.after_compaction(keep)
+        self.pos_next = self.pot.stats().pos_next
+        self.n_compactions += 1
+
+    # -- answering -----------------------------------------------------------------------------
+
+    def next_logits(self, text: str) -> np.ndarray:
+        """Feed text (no eviction past the reserve) and return the logits for the token after it."""
+        toks = self.model.tokenize(text)
+        if not self._bos_done:
+            toks = self.model.bos() + toks
+            self._bos_done = True
+        if self.n_cells + len(toks) > self.ctx.n_ctx:
+            raise KvpotError(f"the question ({len(toks)} tokens) does not fit the {self.ctx.n_ctx - self.n_cells} free cells")
+        for start in range(0, len(toks), self.config.chunk):
+            piece = toks[start:start + self.config.chunk]
+            self.ctx.decode(piece, self.pos_next, logits="last")
+            self._append_cells(len(piece))
+        return self.ctx.logits_last()
+
+    def _append_cells(self, n: int) -> None:
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        stream = np.arange(self.tokens_seen, self.tokens_seen + n, dtype=np.int64)
+        self.positions = np.concatenate([self.positions, np.broadcast_to(stream, (L, H, n))], axis=2)
+        self.tokens_seen += n
+        self.pos_next += n
+
+    def answer(self, question_text: str, max_tokens: int = 64) -> Iterator[str]:
+        """Greedy answer, streamed as text pieces (UTF-8 safe)."""
+        logits = self.next_logits(question_text)
+        pending = b""
+        for _ in range(max_tokens):
+            tok = int(np.argmax(logits))
+            if self.model.is_eog(tok):
+                break
+            pending += self.model.piece(tok)
+            try:
+                text = pending.decode("utf-8")
+                pending = b""
+                yield text
+            except UnicodeDecodeError:
+                pass
+            if self.n_cells + 1 > self.ctx.n_ctx:
+                break
+            self.ctx.decode([tok], self.pos_next, logits="last")
+            self._append_cells(1)
+            logits = self.ctx.logits_last()
+        if pending:
+            yield pending.decode("utf-8", errors="replace")

@@ -1,0 +1,77 @@
+"""Pot policies: which cells each (layer, KV head) keeps when the pot is over budget.
+
+`make_policy("snapkv:window=16,kernel=7")` builds one from a command-line spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from kvpot.errors import KvpotError
+from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.full_attention import FullAttention
+from kvpot.policies.h2o import H2O
+from kvpot.policies.snapkv import SnapKV
+from kvpot.policies.streaming_llm import StreamingLLM
+from kvpot.policies.truncate import Truncate
+
+POLICIES: dict[str, type] = {cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O)}
+
+__all__ = [
+    "H2O",
+    "NO_TAPS",
+    "POLICIES",
+    "BudgetTooSmall",
+    "FullAttention",
+    "Policy",
+    "PotView",
+    "SnapKV",
+    "StreamingLLM",
+    "TapRequest",
+    "Truncate",
+    "make_policy",
+    "policy_parameters",
+]
+
+
+def policy_parameters(cls: type) -> dict[str, type]:
+    """The parameters a policy class takes, name -> type, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _convert(policy: str, key: str, raw: str, kind: type):
+    try:
+        if kind is bool:
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return kind(raw)
+    except ValueError:
+        raise KvpotError(f"policy {policy}: {key} must be {kind.__name__}, got {raw!r}") from None
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a policy from "name" or "name:key=value,key=value" (e.g. "streaming:n_sink=8")."""
+    name, _, args = spec.strip().partition(":")
+    name = name.strip().lower()
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise KvpotError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
+    params = policy_parameters(cls)
+    kwargs: dict[str, object] = {}
+    for item in filter(None, (a.strip() for a in args.split(","))):
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        if not eq or not key or not raw:
+            raise KvpotError(f"policy {name}: expected key=value, got {item!r}")
+        if key not in params:
+            known = ", ".join(params) or "none"
+            raise KvpotError(f"policy {name} has no parameter {key!r}; its parameters: {known}")
+        if key in kwargs:
+            raise KvpotError(f"policy {name}: parameter {key!r} given twice")
+        kwargs[key] = _convert(name, key, raw, params[key])
+    return cls(**kwargs)

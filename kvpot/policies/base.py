@@ -1,0 +1,103 @@
+"""What a policy sees and answers. The engine calls every policy through these hooks only.
+
+Shapes use L = pot layers (model layers whose KV lives in the pot), H = KV heads,
+N = cells currently in the pot. Every (layer, head) holds the same number of cells N;
+which tokens those cells hold may differ per (layer, head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+
+
+@dataclass(frozen=True)
+class TapRequest:
+    """What the engine should measure while decoding the next chunk.
+
+    tap_last: score-tap the last `tap_last` rows of the chunk (0: none; -1: every row).
+    logprobs: return log p(next token) for every row of the chunk (InfiniPot's NuC).
+    """
+
+    tap_last: int = 0
+    logprobs: bool = False
+
+
+NO_TAPS = TapRequest()
+
+
+@dataclass
+class PotView:
+    """The pot as a policy sees it when asked to choose."""
+
+    n_layer: int
+    n_head_kv: int
+    n_cells: int
+    # [L, H, N] int64: stream position (0-based index in everything read so far) of the token in each cell
+    positions: np.ndarray
+    # [L, H, N] float32 or None: attention mass each cell received from the tapped rows of the last chunk
+    # (query heads of a group summed, tapped rows summed); None when nothing was tapped
+    scores: np.ndarray | None
+    # [n] float32 or None: log p(token | prefix) for the tokens of the last chunk, aligned with chunk_positions
+    logprobs: np.ndarray | None
+    # [n] int64: stream positions of the tokens of the last chunk
+    chunk_positions: np.ndarray
+    # tokens read so far (the next token's stream position)
+    tokens_seen: int
+
+
+class Policy:
+    """Base: keeps everything. Subclasses are small dataclasses that override what they need.
+
+    Hooks, in the order the engine calls them:
+      before_chunk(n_tokens)  -> TapRequest for the chunk about to be decoded
+      after_chunk(view)       -> observe the chunk's taps (e.g. accumulate, H2O)
+      select(view, budget)    -> when the pot holds more than `budget` cells after a chunk:
+                                 int array [L, H, budget] of cell indices to keep (each row sorted,
+                                 no duplicates), or None to keep everything
+      after_compaction(keep)  -> the engine moved cells: keep[l, h, j] is now cell j
+    """
+
+    name = "base"
+    # re-rotate kept keys so cell j sits at position j after each compaction (InfiniPot's CR-RoPE;
+    # StreamingLLM's positions-within-the-cache); False keeps every token at its original position
+    cr_rope = False
+
+    def before_chunk(self, n_tokens: int) -> TapRequest:
+        return NO_TAPS
+
+    def after_chunk(self, view: PotView) -> None:
+        pass
+
+    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        return None
+
+    def after_compaction(self, keep: np.ndarray) -> None:
+        pass
+
+    def reset(self) -> None:
+        """Forget per-document state (the engine calls this on reset)."""
+
+
+def same_for_all_heads(cells: np.ndarray, n_layer: int, n_head_kv: int) -> np.ndarray:
+    """Broadcast one sorted list of cell indices to [L, H, n]."""
+    cells = np.sort(np.asarray(cells, dtype=np.int64))
+    return np.broadcast_to(cells, (n_layer, n_head_kv, cells.size)).copy()
+
+
+class BudgetTooSmall(KvpotError, ValueError):
+    """The budget cannot hold what the policy always keeps (sinks, observation window, ...)."""
+
+
+def keep_ends(positions: np.ndarray, n_first: int, n_last: int) -> np.ndarray:
+    """Per (layer, head): the `n_first` cells with the smallest stream positions and the `n_last`
+    with the largest, as cell indices [L, H, n_first + n_last], each row sorted ascending."""
+    n = positions.shape[-1]
+    if n_first < 0 or n_last < 0 or n_first + n_last > n:
+        raise ValueError(f"cannot keep {n_first} first + {n_last} last of {n} cells")
+    order = np.argsort(positions, axis=-1, kind="stable")
+    cells = np.concatenate([order[..., :n_first], order[..., n - n_last:]], axis=-1)
+    return np.sort(cells, axis=-1).astype(np.int64, copy=False)

@@ -1,0 +1,153 @@
+"""Thin owning wrappers over llama.cpp's model and context (through llama_cpp's raw bindings).
+
+They free what they allocate, and expose only what the engine needs: tokenize, decode a
+batch at given positions, read logits, clear memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.runtime.library import load as load_runtime
+
+# llama.h: enum ggml_type values accepted for the KV cache
+CACHE_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_threads: int
+    flash_attn: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
+    seed: int = 0
+
+
+class LlamaModel:
+    """A loaded GGUF model; the file must have been checked by kvpot.gguf_file first."""
+
+    def __init__(self, path: str):
+        load_runtime()
+        import llama_cpp as L
+
+        self._L = L
+        # llama.cpp's info logs would drown the progress bar; errors still reach stderr
+        from llama_cpp._logger import set_verbose
+
+        set_verbose(False)
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise KvpotError(f"llama.cpp could not load the model {path}")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
+        self.path = str(path)
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (self._L.llama_token * n_max)()
+        n = self._L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, False)
+        if n < 0:
+            buf = (self._L.llama_token * -n)()
+            n = self._L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_bos, False)
+        return list(buf[:n])
+
+    def bos(self) -> list[int]:
+        return self.tokenize("", add_bos=True)
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self._L.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        self.close()
+
+
+class LlamaContext:
+    """A llama_context with one sequence (0); owns its batch buffer."""
+
+    def __init__(self, model: LlamaModel, p: ContextParams):
+        import llama_cpp as L
+
+        self._L = L
+        self.model = model
+        self.params = p
+        for t in (p.type_k, p.type_v):
+            if t not in CACHE_TYPES:
+                raise KvpotError(f"KV cache type {t!r} is not one of {', '.join(CACHE_TYPES)}")
+        if p.type_v != "f16" and p.type_v != "f32" and not p.flash_attn:
+            raise KvpotError("a quantized V cache needs flash attention (--flash-attn)")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = p.n_batch
+        cp.n_seq_max = 1
+        cp.n_threads = p.n_threads
+        cp.n_threads_batch = p.n_threads
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if p.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.type_k = CACHE_TYPES[p.type_k]
+        cp.type_v = CACHE_TYPES[p.type_v]
+        cp.swa_full = False  # the sliding-window layers keep only their window
+        cp.no_perf = True
+        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise KvpotError(f"llama.cpp could not create a context of {p.n_ctx} cells")
+        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self._batch = L.llama_batch_init(p.n_batch, 0, 1)
+        self._batch_cap = p.n_batch
+
+    def decode(self, tokens: list[int] | np.ndarray, pos0: int, logits: str = "last") -> None:
+        """Decode tokens at positions pos0.. in sequence 0; logits: 'last', 'all' or 'none'."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self._batch_cap:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self._batch_cap}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = int(tokens[i])
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
+        rc = self._L.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise KvpotError(f"llama_decode failed ({rc}) at position {pos0} with {n} tokens")
+
+    def logits_last(self) -> np.ndarray:
+        ptr = self._L.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def clear(self) -> None:
+        self._L.llama_memory_clear(self._L.llama_get_memory(self.ptr), True)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self._L.llama_batch_free(self._batch)
+            self._L.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        self.close()

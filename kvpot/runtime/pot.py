@@ -1,0 +1,120 @@
+"""The friendly API over kvpot_* for one context: compact, tap, log-probs, stats, read-back."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.runtime import api
+from kvpot.runtime.library import load as load_runtime
+
+
+class PotCallError(KvpotError):
+    """A kvpot_* call refused its arguments or failed; carries the C error code."""
+
+    def __init__(self, fn: str, code: int, message: str):
+        super().__init__(f"{fn}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class PotStats:
+    n_pot_layers: int
+    n_head_kv: int
+    n_cells_used: int
+    n_cells_total: int
+    n_swa_used: int
+    budget: int
+    n_compactions: int
+    pos_next: int
+    bytes_used: int
+    bytes_total: int
+
+
+def _i32(a) -> tuple[np.ndarray, ctypes.POINTER]:
+    arr = np.ascontiguousarray(a, dtype=np.int32)
+    return arr, arr.ctypes.data_as(api.c_i32_p)
+
+
+class Pot:
+    """The pot of a llama_context (pointer as int or c_void_p)."""
+
+    def __init__(self, ctx_ptr):
+        self.lib = load_runtime()
+        self.ctx = ctx_ptr
+        n = self._check("kvpot_pot_layers", self.lib.kvpot_pot_layers(self.ctx, None, 0))
+        ids = np.zeros(n, dtype=np.int32)
+        self.lib.kvpot_pot_layers(self.ctx, ids.ctypes.data_as(api.c_i32_p), n)
+        self.layer_ids = ids.tolist()
+        self.n_head_kv = self.stats().n_head_kv
+
+    def _check(self, fn: str, rc: int) -> int:
+        if rc < 0:
+            raise PotCallError(fn, rc, self.lib.kvpot_last_error().decode(errors="replace"))
+        return rc
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_ids)
+
+    def stats(self) -> PotStats:
+        s = api.kvpot_pot_stats()
+        self._check("kvpot_pot_stats_get", self.lib.kvpot_pot_stats_get(self.ctx, ctypes.byref(s)))
+        return PotStats(**{name: getattr(s, name) for name, _ in s._fields_})
+
+    def set_budget(self, n_cells: int) -> None:
+        self._check("kvpot_pot_set_budget", self.lib.kvpot_pot_set_budget(self.ctx, n_cells))
+
+    def reset(self) -> None:
+        self._check("kvpot_pot_reset", self.lib.kvpot_pot_reset(self.ctx))
+
+    def compact(self, keep: np.ndarray, cr_rope: bool) -> None:
+        """keep: int [L, H, n_keep]; keep[l, h, j] moves to cell j."""
+        keep = np.asarray(keep)
+        if keep.ndim != 3:
+            raise PotCallError("kvpot_pot_compact", api.KVPOT_ERR_ARG, f"keep must be [layers, heads, n], got shape {keep.shape}")
+        arr, ptr = _i32(keep)
+        L, H, n = arr.shape
+        self._check("kvpot_pot_compact", self.lib.kvpot_pot_compact(self.ctx, ptr, L, H, n, cr_rope))
+
+    def tap_request(self, positions) -> None:
+        arr, ptr = _i32(positions)
+        self._check("kvpot_tap_request", self.lib.kvpot_tap_request(self.ctx, ptr, arr.size))
+
+    def tap_clear(self) -> None:
+        self._check("kvpot_tap_request", self.lib.kvpot_tap_request(self.ctx, None, 0))
+
+    def tap_get(self, n_cells: int) -> np.ndarray:
+        """[L, H, n_cells] attention mass per cell from the tapped rows."""
+        out = np.zeros((self.n_layers, self.n_head_kv, n_cells), dtype=np.float32)
+        for l in range(self.n_layers):
+            self._check("kvpot_tap_get", self.lib.kvpot_tap_get(
+                self.ctx, l, out[l].ctypes.data_as(api.c_f32_p), self.n_head_kv, n_cells))
+        return out
+
+    def logprobs_request(self, pos0: int, targets) -> None:
+        arr, ptr = _i32(targets)
+        self._check("kvpot_logprobs_request", self.lib.kvpot_logprobs_request(self.ctx, pos0, ptr, arr.size))
+
+    def logprobs_clear(self) -> None:
+        self._check("kvpot_logprobs_request", self.lib.kvpot_logprobs_request(self.ctx, 0, None, 0))
+
+    def logprobs_get(self, n: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.float32)
+        self._check("kvpot_logprobs_get", self.lib.kvpot_logprobs_get(self.ctx, out.ctypes.data_as(api.c_f32_p), n))
+        return out
+
+    def read(self, ipot: int, head: int, which: str, cell0: int, n_cells: int, head_dim: int) -> np.ndarray:
+        """[n_cells, head_dim] floats of K ('k', after RoPE) or V ('v') for one pot layer and KV head."""
+        out = np.zeros((n_cells, head_dim), dtype=np.float32)
+        self._check("kvpot_pot_read", self.lib.kvpot_pot_read(
+            self.ctx, ipot, head, 0 if which == "k" else 1, cell0, n_cells, out.ctypes.data_as(api.c_f32_p), out.size))
+        return out
+
+    def cell_positions(self, n: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int32)
+        self._check("kvpot_pot_cell_pos", self.lib.kvpot_pot_cell_pos(self.ctx, out.ctypes.data_as(api.c_i32_p), n))
+        return out
