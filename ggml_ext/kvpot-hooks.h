@@ -29,3 +29,6 @@ void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * r
 
 // llama_context::process_ubatch, after a successful graph_compute: read tapped outputs back
 void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch);
+
+// llama_context::~llama_context: drop the context's kvpot state (a later context may get its address)
+void kvpot_hook_context_free(const llama_context * lctx);

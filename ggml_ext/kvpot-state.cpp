@@ -1,5 +1,6 @@
 #include "kvpot-state.h"
 #include "kvpot.h"
+#include "kvpot-hooks.h"
 
 #include <memory>
 
@@ -33,4 +34,8 @@ void kvpot_set_error(const std::string & msg) {
 
 const char * kvpot_last_error(void) {
     return g_error.c_str();
+}
+
+void kvpot_hook_context_free(const llama_context * lctx) {
+    kvpot_state_drop(lctx);
 }

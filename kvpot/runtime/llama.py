@@ -87,7 +87,8 @@ class LlamaModel:
 class LlamaContext:
     """A llama_context with one sequence (0); owns its batch buffer."""
 
-    def __init__(self, model: LlamaModel, p: ContextParams):
+    def __init__(self, model: LlamaModel, p: ContextParams, cb_eval=None):
+        """cb_eval: a llama_cpp.ggml_backend_sched_eval_callback, for test oracles only."""
         import llama_cpp as L
 
         self._L = L
@@ -110,6 +111,9 @@ class LlamaContext:
         cp.type_v = CACHE_TYPES[p.type_v]
         cp.swa_full = False  # the sliding-window layers keep only their window
         cp.no_perf = True
+        if cb_eval is not None:
+            self._cb_eval = cb_eval  # keep the ctypes callback alive as long as the context
+            cp.cb_eval = cb_eval
         self.ptr = L.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise KvpotError(f"llama.cpp could not create a context of {p.n_ctx} cells")
