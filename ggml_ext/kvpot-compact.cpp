@@ -72,13 +72,15 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     const uint32_t n_used = cells.used_max_p1();
     const llama_pos p_next = cells.seq_pos_max(0) + 1;
 
-    // new positions: with CR-RoPE cell j sits at off + j; off > 0 only when an SWA window must stay at
-    // non-negative positions after its shift (iSWA models with fewer kept cells than the window holds)
+    // new positions: with CR-RoPE cell j sits at off + j. The sliding-window part shifts with the pot
+    // (cells pushed below 0 are dropped, as a stock K-shift does); off > 0 only when fewer cells are
+    // kept than the live window spans, so that no cell inside the window is lost
     llama_pos off = 0;
     if (cr_rope && pot.swa) {
         const llama_pos swa_min = pot.swa->seq_pos_min(0);
         if (swa_min >= 0) {
-            off = std::max<llama_pos>(0, (p_next - swa_min) - n_keep);
+            const llama_pos live = std::min<llama_pos>(p_next - swa_min, (llama_pos) hparams.n_swa);
+            off = std::max<llama_pos>(0, live - n_keep);
         }
     }
     const llama_pos next = cr_rope ? off + n_keep : p_next;
