@@ -41,7 +41,8 @@ class FeedEvent:
     """What the engine reports after each chunk (for progress bars and benchmarks)."""
 
     tokens_read: int
-    cells: int
+    cells: int             # cells after this step (after compaction, if any)
+    cells_peak: int        # cells right after the chunk was decoded, before compaction
     compacted: bool
     stats: PotStats
 
@@ -110,11 +111,11 @@ class Engine:
         for start in range(0, len(toks), step):
             piece = toks[start:start + step]
             nxt = toks[start + step] if start + step < len(toks) else -1
-            compacted = self._feed_chunk(piece, nxt)
+            compacted, peak = self._feed_chunk(piece, nxt)
             if on_chunk:
-                on_chunk(FeedEvent(self.tokens_seen, self.n_cells, compacted, self.pot.stats()))
+                on_chunk(FeedEvent(self.tokens_seen, self.n_cells, peak, compacted, self.pot.stats()))
 
-    def _feed_chunk(self, piece: list[int], next_token: int) -> bool:
+    def _feed_chunk(self, piece: list[int], next_token: int) -> tuple[bool, int]:
         n = len(piece)
         if self.n_cells + n > self.ctx.n_ctx:
             raise KvpotError(
@@ -155,7 +156,8 @@ class Engine:
         view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
                        scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen)
         self.policy.after_chunk(view)
-        return self._maybe_compact(view)
+        peak = self.n_cells
+        return self._maybe_compact(view), peak
 
     def _maybe_compact(self, view: PotView) -> bool:
         budget = self.config.budget
