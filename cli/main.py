@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import build, doctor, models, run
+from . import bench, build, doctor, models, run
 
 app = typer.Typer(
     name="kvpot",
@@ -20,6 +20,7 @@ app.command()(models.models)
 app.command()(run.run)
 app.command()(run.demo)
 app.command()(build.build)
+app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:

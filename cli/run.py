@@ -11,7 +11,7 @@ from kvpot import paths
 from kvpot.full_attention import GenSettings, check_fits, default_threads, open_llama, prompt_tokens, stream_answer
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL
-from kvpot.prompting import completion_prompt
+from kvpot.prompting import completion_prompt, document_prefix, question_suffix
 from kvpot.pull import pull as pull_model
 from kvpot.sample import logbook
 from kvpot.textfile import read_document
@@ -45,22 +45,61 @@ def _answer(model: str, document: str, question: str, ctx: int | None, threads: 
     return "".join(pieces)
 
 
+def _answer_with_pot(model: str, document: str, question: str, policy_spec: str, budget: int, chunk: int,
+                     threads: int | None, max_tokens: int) -> str:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from kvpot.engine import Engine, EngineConfig
+    from kvpot.policies import make_policy
+
+    policy = make_policy(policy_spec)
+    facts, _ = resolve_model(model)
+    cfg = EngineConfig(budget=budget, chunk=chunk, n_threads=threads or default_threads(), answer_reserve=max_tokens + 128)
+    with err.status(f"loading {facts.name}"):
+        eng = Engine(str(facts.path), policy, cfg)
+    tokens = eng.model.tokenize(document_prefix(document))
+    with Progress(TextColumn("reading"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+                  TextColumn("pot {task.fields[cells]} cells, {task.fields[compactions]} compactions"),
+                  TimeRemainingColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("read", total=len(tokens) + 1, cells=0, compactions=0)
+        eng.feed(tokens, on_chunk=lambda ev: progress.update(task, completed=ev.tokens_read, cells=ev.cells,
+                                                            compactions=ev.stats.n_compactions))
+    pieces = []
+    for piece in eng.answer(question_suffix(question), max_tokens=max_tokens):
+        if "\nQuestion:" in "".join(pieces) + piece:
+            break
+        pieces.append(piece)
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    eng.close()
+    return "".join(pieces)
+
+
 @user_errors
 def run(
     file: Path = typer.Option(..., "--file", "-f", help="the document to read (text)"),
     prompt: str = typer.Option(..., "--prompt", "-p", help="the question to ask about it"),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    ctx: int = typer.Option(None, "--ctx", "-c", min=64, help="context size in tokens (default: the model's, up to 8192)"),
+    policy: str = typer.Option("full", "--policy", "-P",
+                               help="full (stock llama.cpp), or a pot policy: truncate, streaming, snapkv, h2o (e.g. snapkv:window=32)"),
+    budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells the pot keeps (pot policies)"),
+    chunk: int = typer.Option(512, "--chunk", min=16, help="tokens read per step (pot policies)"),
+    ctx: int = typer.Option(None, "--ctx", "-c", min=64, help="context size in tokens for full attention (default: the model's, up to 8192)"),
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: all cores)"),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="longest answer, in tokens"),
     seed: int = typer.Option(0, "--seed", help="sampling seed"),
 ) -> None:
-    """Answer a question about a document with plain full attention (stock llama.cpp behaviour).
+    """Answer a question about a document.
 
-    The document must fit the context; the pot policies lift that limit.
+    With --policy full (the default) the document must fit the context, as in stock llama.cpp;
+    a pot policy reads any length in chunks and keeps at most --budget cells per layer and KV head.
     """
     document = read_document(file)
-    _answer(model, document, prompt, ctx, threads, max_tokens, seed)
+    if policy == "full":
+        _answer(model, document, prompt, ctx, threads, max_tokens, seed)
+    else:
+        _answer_with_pot(model, document, prompt, policy, budget, chunk, threads, max_tokens)
 
 
 @user_errors

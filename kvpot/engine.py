@@ -6,6 +6,7 @@ The engine never asks what kind of policy it holds: it calls the hooks of
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,7 @@ class Engine:
         self.tokens_seen = 0      # stream position of the next token
         self.pos_next = 0         # llama position of the next token (differs once CR-RoPE renumbers)
         self.n_compactions = 0
+        self.compact_seconds = 0.0  # wall time spent compacting (policy selection + runtime graph)
         self._carry_lp: float = float("nan")  # log p of the next chunk's first token, from this chunk's last row
         self._bos_done = False
 
@@ -163,10 +165,12 @@ class Engine:
         budget = self.config.budget
         if self.n_cells <= budget:
             return False
+        t0 = time.perf_counter()
         keep = self.policy.select(view, budget)
         if keep is None:
             return False
         self.compact(keep, self.policy.cr_rope)
+        self.compact_seconds += time.perf_counter() - t0
         return True
 
     def compact(self, keep: np.ndarray, cr_rope: bool) -> None:

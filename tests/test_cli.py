@@ -118,3 +118,47 @@ def test_bad_inputs_give_one_clear_line(case, needle, tmp_path, smollm2_path):
     res = _bad_run(tmp_path, smollm2_path, model=model, file=file)
     assert res.exit_code != 0
     assert_one_line_error(res.stderr, needle)
+
+
+def test_bench_is_listed_and_has_help():
+    res = runner.invoke(app, ["bench", "throughput", "--help"])
+    assert res.exit_code == 0
+    assert "stock" in res.stdout
+
+
+def test_run_with_a_pot_policy_reads_past_the_context(smollm2_path, tmp_path):
+    document, question, _ = logbook(n_entries=40, seed=4)
+    path = tmp_path / "long.txt"
+    path.write_text(document)
+    # full attention refuses this context size ...
+    full = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--ctx", "512", "-n", "8")
+    assert full.returncode != 0 and "more than the context size of 512" in full.stderr
+    # ... a pot policy reads it all with 256 cells
+    res = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--policy", "snapkv",
+                  "--budget", "256", "--chunk", "128", "-n", "8")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip()
+
+
+def test_bad_policy_spec_is_one_line(smollm2_path, tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text("hello\n")
+    res = runner.invoke(app, ["run", "-m", str(smollm2_path), "-f", str(path), "-p", "q", "--policy", "snapkv:windw=3"])
+    assert res.exit_code != 0
+    assert_one_line_error(res.stderr, "windw")
+
+
+def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
+    out = tmp_path / "tp.json"
+    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "--tokens", "512", "--stock-tokens", "256",
+                  "--budget", "128", "--chunk", "64", "--json", str(out), env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    import json
+
+    data = json.loads(out.read_text())
+    stock, pot = data["stock"], data["pot"][0]
+    assert stock["mode"] == "stock" and stock["tokens"] == 256
+    assert pot["tokens"] == 512 and pot["compactions"] > 0
+    assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
+    assert 0 < pot["kv_bytes"] <= pot["kv_bytes_allocated"]
+    assert "stock llama.cpp" in res.stderr
