@@ -33,8 +33,8 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
 
-    def cache_size(self) -> int:
-        return self.n_ctx or self.budget + self.chunk + self.answer_reserve
+    def cache_size(self, policy: Policy) -> int:
+        return self.n_ctx or policy.cache_cells(self.budget, self.chunk) + self.answer_reserve
 
 
 @dataclass
@@ -53,14 +53,15 @@ class Engine:
         facts = read_model_facts(model_path)  # a bad file never reaches llama.cpp
         if config.budget < 1 or config.chunk < 1:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
-        if config.cache_size() < config.budget + config.chunk:
-            raise KvpotError(f"context size {config.cache_size()} cannot hold budget {config.budget} + chunk {config.chunk}")
+        need = policy.cache_cells(config.budget, config.chunk)
+        if config.cache_size(policy) < need:
+            raise KvpotError(f"context size {config.cache_size(policy)} cannot hold budget {config.budget} + chunk {config.chunk}")
         self.facts = facts
         self.policy = policy
         self.config = config
         self.model = LlamaModel(model_path)
         self.ctx = LlamaContext(self.model, ContextParams(
-            n_ctx=config.cache_size(), n_batch=config.chunk, n_threads=config.n_threads,
+            n_ctx=config.cache_size(policy), n_batch=config.chunk, n_threads=config.n_threads,
             flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
         self.pot = Pot(self.ctx.ptr)
         self.pot.reset()
@@ -78,6 +79,7 @@ class Engine:
         self.compact_seconds = 0.0  # wall time spent compacting (policy selection + runtime graph)
         self._carry_lp: float = float("nan")  # log p of the next chunk's first token, from this chunk's last row
         self._bos_done = False
+        self.step = 0             # chunks read so far
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -103,21 +105,36 @@ class Engine:
     def feed_text(self, text: str, on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
         self.feed(self.model.tokenize(text), on_chunk)
 
+    def set_question(self, text: str) -> None:
+        """Tell the policy the question before reading (InfiniPot uses it as its catalyst, CaP-Q)."""
+        self.policy.set_question(text)
+
     def feed(self, tokens: Sequence[int], on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
         """Read tokens (the BOS is added before the first one) chunk by chunk, compacting as needed."""
         toks = list(tokens)
         if not self._bos_done:
             toks = self.model.bos() + toks
             self._bos_done = True
-        step = self.config.chunk
-        for start in range(0, len(toks), step):
-            piece = toks[start:start + step]
-            nxt = toks[start + step] if start + step < len(toks) else -1
-            compacted, peak = self._feed_chunk(piece, nxt)
+        self.policy.set_expected_length(self.tokens_seen + len(toks))
+        start = 0
+        while start < len(toks):
+            size = max(1, self.policy.chunk_size(self.step, self.config.chunk))
+            piece = toks[start:start + size]
+            start += len(piece)
+            nxt = toks[start] if start < len(toks) else -1
+            next_size = min(self.policy.chunk_size(self.step + 1, self.config.chunk), len(toks) - start)
+            compacted, peak = self._feed_chunk(piece, nxt, next_size)
+            self.step += 1
             if on_chunk:
                 on_chunk(FeedEvent(self.tokens_seen, self.n_cells, peak, compacted, self.pot.stats()))
 
-    def _feed_chunk(self, piece: list[int], next_token: int) -> tuple[bool, int]:
+    def _decode(self, tokens: list[int], pos0: int, logits: str) -> None:
+        """Decode in pieces of at most n_batch (a step may be longer, e.g. IMDC's first chunks)."""
+        nb = self.config.chunk
+        for s in range(0, len(tokens), nb):
+            self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits)
+
+    def _feed_chunk(self, piece: list[int], next_token: int, next_size: int) -> tuple[bool, int]:
         n = len(piece)
         if self.n_cells + n > self.ctx.n_ctx:
             raise KvpotError(
@@ -131,8 +148,8 @@ class Engine:
         if req.logprobs:
             self.pot.logprobs_request(pos0, piece[1:] + [next_token])
         try:
-            self.ctx.decode(piece, pos0, logits="all" if req.logprobs else "last")
             n_old = self.n_cells
+            self._decode(piece, pos0, "all" if req.logprobs else "last")
             scores = self.pot.tap_get(n_old + n) if req.tap_last else None
             logprobs = None
             if req.logprobs:
@@ -159,19 +176,46 @@ class Engine:
                        scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen)
         self.policy.after_chunk(view)
         peak = self.n_cells
-        return self._maybe_compact(view), peak
+        return self._maybe_compact(view, next_size), peak
 
-    def _maybe_compact(self, view: PotView) -> bool:
-        budget = self.config.budget
-        if self.n_cells <= budget:
+    def _maybe_compact(self, view: PotView, next_size: int) -> bool:
+        budget = self.policy.budget_at(self.step, self.config.budget)
+        if not self.policy.wants_compaction(self.n_cells, budget, next_size):
             return False
         t0 = time.perf_counter()
+        catalyst = self.policy.catalyst_text()
+        if catalyst:
+            view = self._append_catalyst(catalyst, view)
         keep = self.policy.select(view, budget)
         if keep is None:
+            if catalyst:
+                raise KvpotError(f"internal: {self.policy.name} read a catalyst but kept every cell")
             return False
+        keep = np.asarray(keep, dtype=np.int64)
+        if np.any(np.take_along_axis(self.positions, keep, axis=2) < 0):
+            raise KvpotError(f"internal: {self.policy.name} kept a catalyst cell")
         self.compact(keep, self.policy.cr_rope)
         self.compact_seconds += time.perf_counter() - t0
         return True
+
+    def _append_catalyst(self, text: str, view: PotView) -> PotView:
+        """Decode the catalyst after the pot with a tap on its rows; its cells are marked -1 and
+        vanish at the compaction that follows (the policy never keeps them)."""
+        toks = self.model.tokenize(text)
+        n_old, pos0 = self.n_cells, self.pos_next
+        if n_old + len(toks) > self.ctx.n_ctx:
+            raise KvpotError(f"the catalyst prompt ({len(toks)} tokens) does not fit the pot")
+        self.pot.tap_request(np.arange(pos0, pos0 + len(toks)))
+        try:
+            self._decode(toks, pos0, "last")
+            scores = self.pot.tap_get(n_old + len(toks))
+        finally:
+            self.pot.tap_clear()
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        self.positions = np.concatenate([self.positions, np.full((L, H, len(toks)), -1, dtype=np.int64)], axis=2)
+        self.pos_next = pos0 + len(toks)
+        return PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions, scores=scores,
+                       logprobs=view.logprobs, chunk_positions=view.chunk_positions, tokens_seen=self.tokens_seen)
 
     def compact(self, keep: np.ndarray, cr_rope: bool) -> None:
         """Apply a keep list [L, H, n]: the pot is rebuilt in the runtime, the bookkeeping follows."""
@@ -192,10 +236,8 @@ class Engine:
             self._bos_done = True
         if self.n_cells + len(toks) > self.ctx.n_ctx:
             raise KvpotError(f"the question ({len(toks)} tokens) does not fit the {self.ctx.n_ctx - self.n_cells} free cells")
-        for start in range(0, len(toks), self.config.chunk):
-            piece = toks[start:start + self.config.chunk]
-            self.ctx.decode(piece, self.pos_next, logits="last")
-            self._append_cells(len(piece))
+        self._decode(toks, self.pos_next, "last")
+        self._append_cells(len(toks))
         return self.ctx.logits_last()
 
     def _append_cells(self, n: int) -> None:

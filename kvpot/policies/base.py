@@ -36,7 +36,8 @@ class PotView:
     n_layer: int
     n_head_kv: int
     n_cells: int
-    # [L, H, N] int64: stream position (0-based index in everything read so far) of the token in each cell
+    # [L, H, N] int64: stream position (0-based index in everything read so far) of the token in each cell;
+    # -1 marks catalyst cells (appended only to be tapped; a policy must never keep them)
     positions: np.ndarray
     # [L, H, N] float32 or None: attention mass each cell received from the tapped rows of the last chunk
     # (query heads of a group summed, tapped rows summed); None when nothing was tapped
@@ -53,12 +54,19 @@ class Policy:
     """Base: keeps everything. Subclasses are small dataclasses that override what they need.
 
     Hooks, in the order the engine calls them:
-      before_chunk(n_tokens)  -> TapRequest for the chunk about to be decoded
-      after_chunk(view)       -> observe the chunk's taps (e.g. accumulate, H2O)
-      select(view, budget)    -> when the pot holds more than `budget` cells after a chunk:
-                                 int array [L, H, budget] of cell indices to keep (each row sorted,
-                                 no duplicates), or None to keep everything
-      after_compaction(keep)  -> the engine moved cells: keep[l, h, j] is now cell j
+      set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
+      set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
+      cache_cells(budget, chunk) -> cells the context must hold (default budget + chunk)
+      chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
+      before_chunk(n_tokens)     -> TapRequest for the chunk about to be decoded
+      after_chunk(view)          -> observe the chunk's taps and log-probs (e.g. accumulate, H2O)
+      wants_compaction(n_cells, budget, next_chunk) -> compact now? (default: n_cells > budget)
+      catalyst_text()            -> text appended before select, its rows tapped, then dropped (CaP)
+      budget_at(step, budget)    -> cells to keep after step `step` (default: the configured budget)
+      select(view, budget)       -> int array [L, H, n] of cell indices to keep (each row sorted,
+                                    no duplicates, no catalyst cell), or None to keep everything
+      after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
+      reset()                    -> forget the document
     """
 
     name = "base"
@@ -66,8 +74,29 @@ class Policy:
     # StreamingLLM's positions-within-the-cache); False keeps every token at its original position
     cr_rope = False
 
+    def set_question(self, text: str) -> None:
+        pass
+
+    def set_expected_length(self, n_tokens: int) -> None:
+        pass
+
+    def cache_cells(self, budget: int, chunk: int) -> int:
+        return budget + chunk
+
+    def chunk_size(self, step: int, chunk: int) -> int:
+        return chunk
+
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return NO_TAPS
+
+    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
+        return n_cells > budget
+
+    def catalyst_text(self) -> str | None:
+        return None
+
+    def budget_at(self, step: int, budget: int) -> int:
+        return budget
 
     def after_chunk(self, view: PotView) -> None:
         pass
