@@ -56,3 +56,97 @@ def throughput(
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
         err.print(f"results written to {json_out}")
+
+
+@app.command()
+@user_errors
+def niah(
+    model: str = typer.Option("gemma3-270m", "--model", "-m", help="a known model name or a path to a .gguf file"),
+    policy: list[str] = typer.Option(["infinipot:pot=2048,keep=1024"], "--policy", "-P",
+                                     help="policy specs to compare (repeatable)"),
+    lengths: list[int] = typer.Option([8192], "--length", "-n", min=256, help="haystack lengths in tokens (repeatable)"),
+    depths: list[float] = typer.Option([0.1, 0.5, 0.9], "--depth", "-d", min=0.0, max=1.0, help="needle depths (repeatable)"),
+    seeds: list[int] = typer.Option([0], "--seed", help="seeds: each draws another key (repeatable)"),
+    budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept by budget-driven policies"),
+    chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    json_out: Path = typer.Option(None, "--json", help="write every case here as JSON"),
+    png_out: Path = typer.Option(None, "--png", help="write an accuracy heatmap (length x depth per policy) here"),
+) -> None:
+    """Passkey retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt)."""
+    from kvpot.bench.grid import accuracy_table, heatmap_png, niah_grid
+
+    facts, _ = resolve_model(model)
+    for spec in policy:
+        make_policy(spec)
+    total = len(policy) * len(lengths) * len(depths) * len(seeds)
+    done = []
+    with err.status(f"0/{total} cases") as status:
+        results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
+                            on_case=lambda r: (done.append(r), status.update(
+                                f"{len(done)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
+                                f"{'found' if r['correct'] else 'missed'}")))
+    table = Table(title=f"passkey retrieval, {facts.name} (accuracy per depth)")
+    table.add_column("policy")
+    table.add_column("length", justify="right")
+    for d in depths:
+        table.add_column(f"{d:g}", justify="right")
+    table.add_column("mean", justify="right")
+    table.add_column("tok/s", justify="right")
+    table.add_column("distill %", justify="right")
+    acc = accuracy_table(results)
+    for spec in policy:
+        for n in lengths:
+            rows = [r for r in results if r["policy"] == spec and r["length"] == n]
+            cells = [acc[spec][n].get(d, float("nan")) for d in depths]
+            read = sum(r["read_seconds"] for r in rows)
+            table.add_row(spec, str(n), *[f"{c:.0%}" for c in cells], f"{sum(cells) / len(cells):.0%}",
+                          f"{sum(r['tokens'] for r in rows) / read:.0f}",
+                          f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}")
+    err.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=1))
+    if png_out:
+        heatmap_png(results, png_out)
+        err.print(f"heatmap written to {png_out}")
+
+
+@app.command()
+@user_errors
+def ppl(
+    file: Path = typer.Option(..., "--file", "-f", help="a long text file"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
+    policy: list[str] = typer.Option(["streaming"], "--policy", "-P", help="policy specs to compare (repeatable)"),
+    budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept"),
+    chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=64, help="read at most this many tokens of the file"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
+) -> None:
+    """Perplexity of a long text read under each policy (every token scored given the compressed past)."""
+    from kvpot.bench.grid import ppl_run
+    from kvpot.runtime.llama import LlamaModel
+    from kvpot.textfile import read_document
+
+    facts, _ = resolve_model(model)
+    for spec in policy:
+        make_policy(spec)
+    text = read_document(file)
+    lm = LlamaModel(str(facts.path))
+    tokens = lm.tokenize(text)[: max_tokens or None]
+    lm.close()
+    results = []
+    with err.status("measuring") as status:
+        for spec in policy:
+            status.update(f"{spec}: {len(tokens)} tokens")
+            results.append(ppl_run(str(facts.path), tokens, spec, budget, chunk, threads))
+    table = Table(title=f"perplexity, {facts.name}, {len(tokens)} tokens of {file.name}")
+    for col in ("policy", "ppl", "tok/s", "vs first", "distill %"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    base = results[0]["tok_s"]
+    for r in results:
+        table.add_row(r["policy"], f"{r['ppl']:.3f}", f"{r['tok_s']:.1f}", f"{r['tok_s'] / base:.2f}",
+                      f"{100 * r['distill_seconds'] / r['seconds']:.1f}")
+    err.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))

@@ -32,6 +32,7 @@ class EngineConfig:
     flash_attn: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
+    measure_nll: bool = False   # accumulate -log p of every token read (perplexity benchmarks)
 
     def cache_size(self, policy: Policy) -> int:
         return self.n_ctx or policy.cache_cells(self.budget, self.chunk) + self.answer_reserve
@@ -77,9 +78,12 @@ class Engine:
         self.pos_next = 0         # llama position of the next token (differs once CR-RoPE renumbers)
         self.n_compactions = 0
         self.compact_seconds = 0.0  # wall time spent compacting (policy selection + runtime graph)
+        self.nll_sum = 0.0          # with measure_nll: sum of -log p over tokens read, and their count
+        self.nll_count = 0
         self._carry_lp: float = float("nan")  # log p of the next chunk's first token, from this chunk's last row
         self._bos_done = False
         self.step = 0             # chunks read so far
+        self._catalyst_cache: tuple[str | None, list[int]] = (None, [])
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -141,6 +145,8 @@ class Engine:
                 f"{self.policy.name} keeps every token: {self.tokens_seen + n} tokens do not fit the context "
                 f"of {self.ctx.n_ctx} cells; choose an evicting policy or a larger context")
         req: TapRequest = self.policy.before_chunk(n)
+        if self.config.measure_nll and not req.logprobs:
+            req = TapRequest(tap_last=req.tap_last, logprobs=True)
         pos0 = self.pos_next
         if req.tap_last:
             k = n if req.tap_last < 0 else min(req.tap_last, n)
@@ -156,6 +162,9 @@ class Engine:
                 rows = self.pot.logprobs_get(n)
                 logprobs = np.concatenate([[self._carry_lp], rows[:-1]]).astype(np.float32)
                 self._carry_lp = float(rows[-1])
+                finite = logprobs[np.isfinite(logprobs)]
+                self.nll_sum -= float(finite.sum())
+                self.nll_count += int(finite.size)
         finally:
             if req.tap_last:
                 self.pot.tap_clear()
@@ -178,12 +187,20 @@ class Engine:
         peak = self.n_cells
         return self._maybe_compact(view, next_size), peak
 
+    def _catalyst_tokens(self, text: str | None) -> list[int]:
+        if not text:
+            return []
+        if self._catalyst_cache[0] != text:
+            self._catalyst_cache = (text, self.model.tokenize(text))
+        return self._catalyst_cache[1]
+
     def _maybe_compact(self, view: PotView, next_size: int) -> bool:
         budget = self.policy.budget_at(self.step, self.config.budget)
-        if not self.policy.wants_compaction(self.n_cells, budget, next_size):
+        catalyst = self.policy.catalyst_text()
+        # room for the next chunk and for the catalyst that precedes a distillation
+        if not self.policy.wants_compaction(self.n_cells, budget, next_size + len(self._catalyst_tokens(catalyst))):
             return False
         t0 = time.perf_counter()
-        catalyst = self.policy.catalyst_text()
         if catalyst:
             view = self._append_catalyst(catalyst, view)
         keep = self.policy.select(view, budget)
@@ -201,7 +218,7 @@ class Engine:
     def _append_catalyst(self, text: str, view: PotView) -> PotView:
         """Decode the catalyst after the pot with a tap on its rows; its cells are marked -1 and
         vanish at the compaction that follows (the policy never keeps them)."""
-        toks = self.model.tokenize(text)
+        toks = self._catalyst_tokens(text)
         n_old, pos0 = self.n_cells, self.pos_next
         if n_old + len(toks) > self.ctx.n_ctx:
             raise KvpotError(f"the catalyst prompt ({len(toks)} tokens) does not fit the pot")

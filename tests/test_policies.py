@@ -462,8 +462,10 @@ def test_h2o_refuses_bad_parameters():
 
 
 def test_registry_names():
+    from kvpot.policies import IMDC, InfiniPot
+
     assert POLICIES == {"full": FullAttention, "truncate": Truncate, "streaming": StreamingLLM,
-                        "snapkv": SnapKV, "h2o": H2O}
+                        "snapkv": SnapKV, "h2o": H2O, "infinipot": InfiniPot, "imdc": IMDC}
     for name, cls in POLICIES.items():
         assert cls.name == name
         assert cls.__doc__ and len(cls.__doc__) > 40

@@ -1,6 +1,8 @@
 """Pot policies: which cells each (layer, KV head) keeps when the pot is over budget.
 
-`make_policy("snapkv:window=16,kernel=7")` builds one from a command-line spec.
+`make_policy("snapkv:window=16,kernel=7")` builds one from a command-line spec. A parameter typed
+`X | None` also takes "none"; IMDC's `pruner` takes a registry name and builds that policy with
+its default parameters (`imdc:pruner=snapkv,m_max=1024,chunk=512,function=sqrt`).
 """
 
 from __future__ import annotations
@@ -12,18 +14,22 @@ from kvpot.errors import KvpotError
 from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, TapRequest
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.h2o import H2O
+from kvpot.policies.imdc import IMDC
+from kvpot.policies.infinipot import InfiniPot
 from kvpot.policies.snapkv import SnapKV
 from kvpot.policies.streaming_llm import StreamingLLM
 from kvpot.policies.truncate import Truncate
 
-POLICIES: dict[str, type] = {cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O)}
+POLICIES: dict[str, type] = {cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O, InfiniPot, IMDC)}
 
 __all__ = [
     "H2O",
+    "IMDC",
     "NO_TAPS",
     "POLICIES",
     "BudgetTooSmall",
     "FullAttention",
+    "InfiniPot",
     "Policy",
     "PotView",
     "SnapKV",
@@ -42,6 +48,16 @@ def policy_parameters(cls: type) -> dict[str, type]:
 
 
 def _convert(policy: str, key: str, raw: str, kind: type):
+    if kind is Policy:  # a wrapper's inner policy (IMDC's pruner): a registry name, default parameters
+        if raw.lower() not in POLICIES or raw.lower() == policy:
+            known = ", ".join(n for n in POLICIES if n != policy)
+            raise KvpotError(f"policy {policy}: {key} must name another policy ({known}), got {raw!r}")
+        return make_policy(raw)
+    options = typing.get_args(kind)
+    if type(None) in options and len(options) == 2:  # X | None
+        if raw.lower() == "none":
+            return None
+        kind = next(o for o in options if o is not type(None))
     try:
         if kind is bool:
             low = raw.lower()
@@ -74,4 +90,8 @@ def make_policy(spec: str) -> Policy:
         if key in kwargs:
             raise KvpotError(f"policy {name}: parameter {key!r} given twice")
         kwargs[key] = _convert(name, key, raw, params[key])
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise KvpotError(f"policy {name} needs {', '.join(missing)} (e.g. {name}:{missing[0]}=...)")
     return cls(**kwargs)

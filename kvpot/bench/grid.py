@@ -1,0 +1,79 @@
+"""Grids of niah cases and perplexity runs; results as dicts ready for JSON, tables and heatmaps."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+
+from kvpot.bench.niah import run_case
+from kvpot.engine import Engine, EngineConfig
+from kvpot.policies import make_policy
+
+
+def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
+              seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None) -> list[dict]:
+    """Every policy x length x depth x seed; one engine per (policy, length), reset between cases."""
+    results = []
+    for spec in policies:
+        for n in lengths:
+            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads))
+            try:
+                for depth in depths:
+                    for seed in seeds:
+                        r = asdict(run_case(eng, spec, model_name, n, depth, seed))
+                        results.append(r)
+                        on_case(r)
+            finally:
+                eng.close()
+    return results
+
+
+def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: int, threads: int) -> dict:
+    eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
+                                                              measure_nll=True))
+    try:
+        t0 = time.perf_counter()
+        eng.feed(tokens)
+        dt = time.perf_counter() - t0
+        nll = eng.nll_sum / max(1, eng.nll_count)
+        return {"policy": spec, "tokens": eng.tokens_seen, "scored_tokens": eng.nll_count, "nll": nll,
+                "ppl": math.exp(nll), "seconds": dt, "tok_s": eng.tokens_seen / dt,
+                "distill_seconds": eng.compact_seconds, "compactions": eng.n_compactions}
+    finally:
+        eng.close()
+
+
+def accuracy_table(results: list[dict]) -> dict:
+    """{policy: {length: {depth: accuracy}}}"""
+    acc: dict = {}
+    for r in results:
+        cell = acc.setdefault(r["policy"], {}).setdefault(r["length"], {}).setdefault(r["depth"], [])
+        cell.append(1.0 if r["correct"] else 0.0)
+    return {p: {n: {d: sum(v) / len(v) for d, v in sorted(ds.items())} for n, ds in sorted(ns.items())}
+            for p, ns in acc.items()}
+
+
+def heatmap_png(results: list[dict], path) -> None:
+    """One panel per policy: accuracy by input length (rows) and needle depth (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    table = accuracy_table(results)
+    policies = list(table)
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.2 * len(policies) + 1, 2.8), squeeze=False)
+    for ax, pol in zip(axes[0], policies):
+        lengths = sorted(table[pol])
+        depths = sorted({d for n in lengths for d in table[pol][n]})
+        grid = np.array([[table[pol][n].get(d, np.nan) for d in depths] for n in lengths])
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_title(pol, fontsize=8)
+        ax.set_xticks(range(len(depths)), [f"{d:.1f}" for d in depths], fontsize=7)
+        ax.set_yticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths], fontsize=7)
+        ax.set_xlabel("depth", fontsize=7)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,74 @@
+"""Passkey needle-in-a-haystack (InfiniPot table 4, Locret's R.PassKey): a random 5-digit key hidden
+in filler text at a chosen depth, asked for with a plain completion prompt."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the important information there.\n\n")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = "What is the pass key?"
+ANSWER_PREFIX = "\n\nWhat is the pass key? The pass key is"
+
+
+def needle(key: str) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key. "
+
+
+@dataclass(frozen=True)
+class Haystack:
+    tokens: list[int]      # the document (intro + filler with the needle), without BOS
+    key: str
+    depth: float
+    needle_at: int         # token index where the needle starts
+
+
+def make_haystack(model, n_tokens: int, depth: float, seed: int) -> Haystack:
+    """About n_tokens of document; the needle sits after `depth` of the filler, at a sentence boundary."""
+    key = str(random.Random(seed).randint(10000, 99999))
+    intro = model.tokenize(INTRO)
+    filler_one = model.tokenize(FILLER)
+    needle_t = model.tokenize(needle(key))
+    n_fill = max(1, (n_tokens - len(intro) - len(needle_t)) // len(filler_one))
+    at = int(round(depth * n_fill))
+    before = filler_one * at
+    after = filler_one * (n_fill - at)
+    tokens = intro + before + needle_t + after
+    return Haystack(tokens=tokens, key=key, depth=depth, needle_at=len(intro) + len(before))
+
+
+@dataclass
+class CaseResult:
+    model: str
+    policy: str
+    length: int            # requested haystack length
+    tokens: int            # tokens actually read (with BOS)
+    depth: float
+    seed: int
+    key: str
+    answer: str
+    correct: bool
+    tok_s: float
+    read_seconds: float
+    distill_seconds: float
+    peak_pot_bytes: int
+    compactions: int
+
+
+def run_case(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int) -> CaseResult:
+    """Read one haystack with the engine (reset first) and ask for the key."""
+    engine.reset()
+    hay = make_haystack(engine.model, n_tokens, depth, seed)
+    engine.set_question(QUESTION)
+    peak = [0]
+    t0 = time.perf_counter()
+    engine.feed(hay.tokens, on_chunk=lambda ev: peak.__setitem__(0, max(peak[0], ev.stats.bytes_used)))
+    read = time.perf_counter() - t0
+    answer = "".join(engine.answer(ANSWER_PREFIX, max_tokens=8))
+    return CaseResult(model=model_name, policy=policy_spec, length=n_tokens, tokens=engine.tokens_seen, depth=depth, seed=seed,
+                      key=hay.key, answer=answer.strip(), correct=hay.key in answer, tok_s=engine.tokens_seen / read,
+                      read_seconds=read, distill_seconds=engine.compact_seconds, peak_pot_bytes=peak[0],
+                      compactions=engine.n_compactions)

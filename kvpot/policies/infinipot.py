@@ -1,0 +1,145 @@
+"""InfiniPot: continual context distillation (CCD) with a catalyst prompt (CaP) and novelty (NuC)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.policies.base import Policy, PotView, TapRequest
+
+# Table 2 of the paper. CaP-Q's row is partly illegible in our copy; we append the question to CaP-G.
+CATALYSTS = {
+    "G": "Summarize the critical points highlighted in this section.",
+    "G1": "Summarize this section.",
+    "G2": "Highlight the critical points from this section.",
+    "P": "\n\n\n",
+    "U": "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
+}
+CAP_CHOICES = ("auto", "Q", "none", "custom", *CATALYSTS)
+
+
+def cap_q(question: str) -> str:
+    return f"{CATALYSTS['G']} Question: {question.strip()}"
+
+
+@dataclass
+class InfiniPot(Policy):
+    """InfiniPot (Kim et al. 2024), section 3 and appendix B.
+
+    pot:        |M|, cells the memory pot holds before a distillation (default 4096)
+    keep:       |C|, cells kept by each distillation, |C| < |M| (default 2048)
+    nuc_ratio:  alpha, share of |C| given to the highest-NuC tokens, T = alpha * |C| (default 0.5)
+    cap:        catalyst prompt: "auto" (CaP-Q when the question is known before reading, else
+                CaP-G), "G", "G1", "G2", "P", "U", "Q", "custom" (cap_text) or "none" (no CaP:
+                the slots NuC leaves go to the most recent tokens, the paper's "CCD w/o CaP")
+    cap_text:   the catalyst for cap="custom"
+    cr_rope:    CR-RoPE, positions restart at 0..|C|-1 after each distillation (section 3.5)
+
+    Each distillation: the catalyst is decoded after the pot and its rows tapped (eq. 2, per
+    layer and KV head), NuC is -log p of each token when it was read (eq. 4), T cells with the
+    highest NuC are taken first and the rest per head by CaP mass (appendix B), catalyst cells
+    are never kept.
+    """
+
+    name = "infinipot"
+    pot: int = 4096
+    keep: int = 2048
+    nuc_ratio: float = 0.5
+    cap: str = "auto"
+    cap_text: str = ""
+    cr_rope: bool = True
+    _question: str | None = field(default=None, init=False, repr=False, compare=False)
+    _nuc: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.keep < self.pot:
+            raise KvpotError(f"infinipot: keep (|C| = {self.keep}) must be at least 1 and below pot (|M| = {self.pot})")
+        if not 0.0 <= self.nuc_ratio <= 1.0:
+            raise KvpotError(f"infinipot: nuc_ratio must be within [0, 1], got {self.nuc_ratio}")
+        if self.cap not in CAP_CHOICES:
+            raise KvpotError(f"infinipot: cap must be one of {', '.join(CAP_CHOICES)}, got {self.cap!r}")
+        if self.cap == "custom" and not self.cap_text.strip():
+            raise KvpotError("infinipot: cap=custom needs cap_text")
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def set_question(self, text: str) -> None:
+        self._question = text
+
+    def cache_cells(self, budget: int, chunk: int) -> int:
+        return self.pot  # the pot never grows past |M|
+
+    def budget_at(self, step: int, budget: int) -> int:
+        return self.keep
+
+    def before_chunk(self, n_tokens: int) -> TapRequest:
+        return TapRequest(logprobs=self.nuc_ratio > 0)
+
+    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
+        # next_chunk already includes the catalyst's length (the engine adds it)
+        return n_cells + next_chunk > self.pot
+
+    def catalyst_text(self) -> str | None:
+        if self.cap == "none":
+            return None
+        if self.cap == "custom":
+            return self.cap_text
+        if self.cap == "Q" or (self.cap == "auto" and self._question):
+            return cap_q(self._question or "")
+        return CATALYSTS["G" if self.cap == "auto" else self.cap]
+
+    def after_chunk(self, view: PotView) -> None:
+        L, H, N = view.positions.shape
+        n_new = view.chunk_positions.size
+        if self._nuc is None:
+            self._nuc = np.zeros((L, H, 0), dtype=np.float32)
+        new = np.zeros(n_new, dtype=np.float32)
+        if view.logprobs is not None:
+            new = np.nan_to_num(-view.logprobs.astype(np.float32), nan=0.0)  # the stream's first token has none
+        self._nuc = np.concatenate([self._nuc, np.broadcast_to(new, (L, H, n_new))], axis=2)
+
+    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        C = self.keep
+        real = view.positions >= 0                                  # catalyst cells are -1
+        n_real = int(real[0, 0].sum())
+        if n_real <= C:
+            raise KvpotError(f"infinipot: the pot holds {n_real} tokens, not more than keep ({C}); raise pot or lower keep")
+        nuc = self._padded_nuc(view.n_cells)
+        return select_ccd(view.scores, nuc, view.positions, C, self.nuc_ratio)
+
+    def after_compaction(self, keep: np.ndarray) -> None:
+        if self._nuc is not None:
+            self._nuc = np.take_along_axis(self._padded_nuc(int(keep.max()) + 1), keep, axis=2)
+
+    def reset(self) -> None:
+        self._nuc = None
+        self._question = None
+
+    def _padded_nuc(self, n_cells: int) -> np.ndarray:
+        """NuC per cell; catalyst cells (appended after the last chunk) get 0."""
+        nuc = self._nuc
+        if nuc.shape[2] < n_cells:
+            pad = np.zeros(nuc.shape[:2] + (n_cells - nuc.shape[2],), dtype=np.float32)
+            nuc = np.concatenate([nuc, pad], axis=2)
+        return nuc[:, :, :n_cells]
+
+
+def select_ccd(scores: np.ndarray | None, nuc: np.ndarray, positions: np.ndarray, keep: int,
+               nuc_ratio: float) -> np.ndarray:
+    """Appendix B: T = alpha*|C| highest-NuC cells first (their CaP score raised to the maximum), then
+    per (layer, head) the top |C| by CaP score; catalyst cells (position -1) are never chosen.
+    Without CaP scores, recency (stream position) ranks the remaining slots."""
+    L, H, N = positions.shape
+    real = positions >= 0
+    rep = scores.astype(np.float64) if scores is not None else positions.astype(np.float64)
+    rep = np.where(real, rep, -np.inf)
+    T = int(round(nuc_ratio * keep))
+    if T > 0:
+        novelty = np.where(real, nuc.astype(np.float64), -np.inf)
+        top_nuc = np.argsort(-novelty, axis=2, kind="stable")[:, :, :T]
+        boost = np.nanmax(np.where(real, rep, -np.inf), axis=2, keepdims=True) + 1.0
+        np.put_along_axis(rep, top_nuc, np.broadcast_to(boost, top_nuc.shape), axis=2)
+    chosen = np.argsort(-rep, axis=2, kind="stable")[:, :, :keep]
+    return np.sort(chosen, axis=2)
