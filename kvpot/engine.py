@@ -216,8 +216,8 @@ class Engine:
         return True
 
     def _append_catalyst(self, text: str, view: PotView) -> PotView:
-        """Decode the catalyst after the pot with a tap on its rows; its cells are marked -1 and
-        vanish at the compaction that follows (the policy never keeps them)."""
+        """Decode the catalyst after the pot with a tap on its rows, then remove it from every cache;
+        its (now empty) cells are marked -1 until the compaction that follows rebuilds the pot."""
         toks = self._catalyst_tokens(text)
         n_old, pos0 = self.n_cells, self.pos_next
         if n_old + len(toks) > self.ctx.n_ctx:
@@ -228,9 +228,11 @@ class Engine:
             scores = self.pot.tap_get(n_old + len(toks))
         finally:
             self.pot.tap_clear()
+            # the catalyst leaves every cache at once, the sliding-window layers' included
+            # (the pot's compaction would drop its cells there anyway, but not in the window part)
+            self.ctx.remove_from(pos0)
         L, H = self.pot.n_layers, self.pot.n_head_kv
         self.positions = np.concatenate([self.positions, np.full((L, H, len(toks)), -1, dtype=np.int64)], axis=2)
-        self.pos_next = pos0 + len(toks)
         return PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions, scores=scores,
                        logprobs=view.logprobs, chunk_positions=view.chunk_positions, tokens_seen=self.tokens_seen)
 

@@ -144,6 +144,11 @@ class LlamaContext:
         ptr = self._L.llama_get_logits_ith(self.ptr, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
+    def remove_from(self, pos: int) -> None:
+        """Drop sequence 0's tokens at positions >= pos from every cache of the context (stock seq_rm)."""
+        if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
+            raise KvpotError(f"llama.cpp could not remove positions from {pos}")
+
     def clear(self) -> None:
         self._L.llama_memory_clear(self._L.llama_get_memory(self.ptr), True)
 
