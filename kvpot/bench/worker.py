@@ -24,7 +24,8 @@ def run_stock(model_path: str, n_tokens: int, chunk: int, threads: int, flash_at
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 
     model = LlamaModel(model_path)
-    tokens = model.bos() + generated_tokens(model, n_tokens - 1)
+    bos = model.bos()  # some models (SmolLM2) add none
+    tokens = bos + generated_tokens(model, n_tokens - len(bos))
     ctx = LlamaContext(model, ContextParams(n_ctx=n_tokens + 16, n_batch=chunk, n_threads=threads, flash_attn=flash_attn))
     t0 = time.perf_counter()
     for s in range(0, len(tokens), chunk):
@@ -41,7 +42,7 @@ def run_pot(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int
 
     eng = Engine(model_path, make_policy(policy), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
                                                                 flash_attn=flash_attn))
-    tokens = generated_tokens(eng.model, n_tokens - 1)
+    tokens = generated_tokens(eng.model, n_tokens - len(eng.model.bos()))  # the engine adds the BOS
     peak_bytes = [0]
 
     def on_chunk(ev):

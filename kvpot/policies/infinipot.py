@@ -91,7 +91,7 @@ class InfiniPot(Policy):
         return CATALYSTS["G" if self.cap == "auto" else self.cap]
 
     def after_chunk(self, view: PotView) -> None:
-        L, H, N = view.positions.shape
+        L, H = view.positions.shape[:2]
         n_new = view.chunk_positions.size
         if self._nuc is None:
             self._nuc = np.zeros((L, H, 0), dtype=np.float32)
@@ -131,11 +131,10 @@ def select_ccd(scores: np.ndarray | None, nuc: np.ndarray, positions: np.ndarray
     """Appendix B: T = alpha*|C| highest-NuC cells first (their CaP score raised to the maximum), then
     per (layer, head) the top |C| by CaP score; catalyst cells (position -1) are never chosen.
     Without CaP scores, recency (stream position) ranks the remaining slots."""
-    L, H, N = positions.shape
     real = positions >= 0
     rep = scores.astype(np.float64) if scores is not None else positions.astype(np.float64)
     rep = np.where(real, rep, -np.inf)
-    T = int(round(nuc_ratio * keep))
+    T = round(nuc_ratio * keep)
     if T > 0:
         novelty = np.where(real, nuc.astype(np.float64), -np.inf)
         top_nuc = np.argsort(-novelty, axis=2, kind="stable")[:, :, :T]
