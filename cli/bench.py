@@ -70,7 +70,8 @@ def niah(
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept by budget-driven policies"),
     chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    json_out: Path = typer.Option(None, "--json", help="write every case here as JSON"),
+    json_out: Path = typer.Option(None, "--json", help="write every case here as JSON (rewritten after each case)"),
+    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
     png_out: Path = typer.Option(None, "--png", help="write an accuracy heatmap (length x depth per policy) here"),
 ) -> None:
     """Passkey retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt)."""
@@ -80,12 +81,19 @@ def niah(
     for spec in policy:
         make_policy(spec)
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
-    done = []
-    with err.status(f"0/{total} cases") as status:
+    previous = _load_cases(json_out) if resume else []
+    results: list[dict] = list(previous)
+
+    def on_case(r: dict) -> None:
+        results.append(r)
+        if json_out:  # after every case, so a long grid survives an interruption (--resume)
+            _write_json(json_out, results)
+        status.update(f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
+                      f"{'found' if r['correct'] else 'missed'}")
+
+    with err.status(f"{len(previous)}/{total} cases") as status:
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
-                            on_case=lambda r: (done.append(r), status.update(
-                                f"{len(done)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
-                                f"{'found' if r['correct'] else 'missed'}")))
+                            on_case=on_case, done=previous)
     table = Table(title=f"passkey retrieval, {facts.name} (accuracy per depth)")
     table.add_column("policy")
     table.add_column("length", justify="right")
@@ -105,10 +113,29 @@ def niah(
                           f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}")
     err.print(table)
     if json_out:
-        json_out.write_text(json.dumps(results, indent=1))
+        _write_json(json_out, results)
     if png_out:
         heatmap_png(results, png_out)
         err.print(f"heatmap written to {png_out}")
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _load_cases(path: Path | None) -> list[dict]:
+    if path is None:
+        raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
+    if not path.exists():
+        return []
+    try:
+        cases = json.loads(path.read_text())
+        assert isinstance(cases, list) and all({"policy", "length", "depth", "seed"} <= set(c) for c in cases)
+    except (ValueError, AssertionError):
+        raise KvpotError(f"{path} is not a niah results file; remove it or drop --resume") from None
+    return cases
 
 
 @app.command()

@@ -9,6 +9,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-taps.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-snapshot.cpp
 )
 
 target_sources(llama PRIVATE ${KVPOT_EXT_SOURCES} ${CMAKE_CURRENT_LIST_DIR}/kvpot.h)

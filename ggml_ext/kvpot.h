@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 2
+#define KVPOT_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,6 +108,16 @@ KVPOT_API int32_t kvpot_pot_read(struct llama_context * ctx, int32_t ipot, int32
 
 // cell positions (-1 for an empty cell) of cells [0, n)
 KVPOT_API int32_t kvpot_pot_cell_pos(struct llama_context * ctx, int32_t * out, int32_t n);
+
+// kvpot's own state of a context (per-head RoPE positions of compacted cells, budget, counters) as
+// bytes, to save beside llama_state_seq_get_data. size: bytes needed; get: writes them, returns the
+// count; set: restores them after llama_state_seq_set_data (checks the pot's shape and cells)
+KVPOT_API int64_t kvpot_pot_state_size(struct llama_context * ctx);
+KVPOT_API int64_t kvpot_pot_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
+KVPOT_API int64_t kvpot_pot_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
+
+// apply the K-shifts llama.cpp keeps pending until the next decode; call before saving a sequence state
+KVPOT_API int32_t kvpot_pot_settle(struct llama_context * ctx);
 
 #ifdef __cplusplus
 }

@@ -7,11 +7,12 @@ The engine never asks what kind of policy it holds: it calls the hooks of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvpot.engine_state import EngineState, decode_tree, encode_tree
 from kvpot.errors import KvpotError
 from kvpot.gguf_file import read_model_facts
 from kvpot.policies.base import Policy, PotView, TapRequest
@@ -20,6 +21,11 @@ from kvpot.runtime.pot import Pot, PotStats
 
 # cells kept free past budget + chunk for the question and the answer
 DEFAULT_ANSWER_RESERVE = 256
+# cells an answer leaves free (besides the catalyst) so the next chat turn can start
+MIN_TURN_ROOM = 64
+# engine bookkeeping saved with a context (see export_state)
+_SAVED_SCALARS = ("tokens_seen", "pos_next", "n_compactions", "compact_seconds", "nll_sum", "nll_count",
+                  "_carry_lp", "_bos_done", "step")
 
 
 @dataclass(frozen=True)
@@ -115,22 +121,57 @@ class Engine:
 
     def feed(self, tokens: Sequence[int], on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
         """Read tokens (the BOS is added before the first one) chunk by chunk, compacting as needed."""
-        toks = list(tokens)
+        self.feed_stream([tokens], expected=len(tokens), on_chunk=on_chunk)
+
+    def feed_stream(self, pieces: Iterable[Sequence[int]], expected: int | None = None,
+                    on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
+        """Read token lists as they arrive (e.g. from the incremental tokenizer) in the policy's chunks.
+
+        `expected`: tokens about to be read, when known or estimated (IMDC plans its chunks by it).
+        At most two chunks plus one piece are held in memory. An exception raised by `on_chunk`
+        stops reading with the engine in a consistent state (everything before it was read)."""
+        buf: list[int] = []
         if not self._bos_done:
-            toks = self.model.bos() + toks
+            buf = self.model.bos()
             self._bos_done = True
-        self.policy.set_expected_length(self.tokens_seen + len(toks))
-        start = 0
-        while start < len(toks):
+        if expected is not None:
+            self.policy.set_expected_length(self.tokens_seen + len(buf) + expected)
+        it = iter(pieces)
+        ended = False
+        while True:
             size = max(1, self.policy.chunk_size(self.step, self.config.chunk))
-            piece = toks[start:start + size]
-            start += len(piece)
-            nxt = toks[start] if start < len(toks) else -1
-            next_size = min(self.policy.chunk_size(self.step + 1, self.config.chunk), len(toks) - start)
+            nominal_next = max(1, self.policy.chunk_size(self.step + 1, self.config.chunk))
+            while not ended and len(buf) < size + nominal_next:
+                more = next(it, None)
+                if more is None:
+                    ended = True
+                else:
+                    buf.extend(more)
+            if not buf:
+                break
+            piece = buf[:min(size, self._room())]
+            del buf[:len(piece)]
+            nxt = buf[0] if buf else -1
+            next_size = min(nominal_next, len(buf)) if ended else nominal_next
             compacted, peak = self._feed_chunk(piece, nxt, next_size)
             self.step += 1
             if on_chunk:
                 on_chunk(FeedEvent(self.tokens_seen, self.n_cells, peak, compacted, self.pot.stats()))
+
+    def _room(self) -> int:
+        """Tokens the next chunk may hold: up to the policy's capacity less the catalyst that may have
+        to follow (so InfiniPot's pot fills to |M| - |P| before it distills), or into the answer
+        reserve when a question and its answer used part of it."""
+        cat = len(self._catalyst_tokens(self.policy.catalyst_text()))
+        capacity = min(self.policy.cache_cells(self.config.budget, self.config.chunk), self.ctx.n_ctx)
+        room = capacity - self.n_cells - cat
+        if room < 1:
+            room = self.ctx.n_ctx - self.n_cells - cat
+        if room < 1:
+            raise KvpotError(
+                f"{self.policy.name} keeps every token: {self.tokens_seen + 1} tokens do not fit the context "
+                f"of {self.ctx.n_ctx} cells; choose an evicting policy or a larger context")
+        return room
 
     def _decode(self, tokens: list[int], pos0: int, logits: str) -> None:
         """Decode in pieces of at most n_batch (a step may be longer, e.g. IMDC's first chunks)."""
@@ -140,10 +181,6 @@ class Engine:
 
     def _feed_chunk(self, piece: list[int], next_token: int, next_size: int) -> tuple[bool, int]:
         n = len(piece)
-        if self.n_cells + n > self.ctx.n_ctx:
-            raise KvpotError(
-                f"{self.policy.name} keeps every token: {self.tokens_seen + n} tokens do not fit the context "
-                f"of {self.ctx.n_ctx} cells; choose an evicting policy or a larger context")
         req: TapRequest = self.policy.before_chunk(n)
         if self.config.measure_nll and not req.logprobs:
             req = TapRequest(tap_last=req.tap_last, logprobs=True)
@@ -176,10 +213,7 @@ class Engine:
         if not np.array_equal(cell_pos[n_old:], np.arange(pos0, pos0 + n)):
             raise KvpotError("internal: the chunk did not land in the cells after the pot")
         L, H = self.pot.n_layers, self.pot.n_head_kv
-        chunk_stream = np.arange(self.tokens_seen, self.tokens_seen + n, dtype=np.int64)
-        self.positions = np.concatenate([self.positions, np.broadcast_to(chunk_stream, (L, H, n))], axis=2)
-        self.tokens_seen += n
-        self.pos_next = pos0 + n
+        chunk_stream = self._append_cells(n)
 
         view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
                        scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen)
@@ -249,26 +283,43 @@ class Engine:
 
     def next_logits(self, text: str) -> np.ndarray:
         """Feed text (no eviction past the reserve) and return the logits for the token after it."""
-        toks = self.model.tokenize(text)
+        return self.prompt(self.model.tokenize(text))
+
+    def prompt(self, toks: Sequence[int], on_chunk: Callable[[FeedEvent], None] | None = None) -> np.ndarray:
+        """Decode a question (or a chat turn) and return the logits for the token after it.
+
+        A turn that fits the free cells (keeping room for the next turn) is decoded as it is; a
+        longer one is read through the pot like the document, all but its last token."""
+        toks = list(toks)
         if not self._bos_done:
             toks = self.model.bos() + toks
             self._bos_done = True
-        if self.n_cells + len(toks) > self.ctx.n_ctx:
-            raise KvpotError(f"the question ({len(toks)} tokens) does not fit the {self.ctx.n_ctx - self.n_cells} free cells")
+        if not toks:
+            raise KvpotError("nothing to ask: the question is empty")
+        if self.n_cells + len(toks) > self.ctx.n_ctx - self._turn_room():
+            self.feed_stream([toks[:-1]], on_chunk=on_chunk)
+            toks = toks[-1:]
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
         return self.ctx.logits_last()
 
-    def _append_cells(self, n: int) -> None:
+    def _turn_room(self) -> int:
+        """Cells an answer leaves free so the next chat turn can start a chunk (and a catalyst)."""
+        return len(self._catalyst_tokens(self.policy.catalyst_text())) + MIN_TURN_ROOM
+
+    def _append_cells(self, n: int) -> np.ndarray:
+        """Book n tokens just decoded after the pot; returns their stream positions."""
         L, H = self.pot.n_layers, self.pot.n_head_kv
         stream = np.arange(self.tokens_seen, self.tokens_seen + n, dtype=np.int64)
         self.positions = np.concatenate([self.positions, np.broadcast_to(stream, (L, H, n))], axis=2)
         self.tokens_seen += n
         self.pos_next += n
+        return stream
 
-    def answer(self, question_text: str, max_tokens: int = 64) -> Iterator[str]:
-        """Greedy answer, streamed as text pieces (UTF-8 safe)."""
-        logits = self.next_logits(question_text)
+    def generate(self, logits: np.ndarray, max_tokens: int = 64) -> Iterator[str]:
+        """Greedy answer from the given logits, streamed as text pieces (UTF-8 safe). Every token
+        yielded except the last is in the cache; it stops at end-of-generation, at max_tokens, or
+        when the cache must keep room for the next turn."""
         pending = b""
         for _ in range(max_tokens):
             tok = int(np.argmax(logits))
@@ -281,10 +332,39 @@ class Engine:
                 yield text
             except UnicodeDecodeError:
                 pass
-            if self.n_cells + 1 > self.ctx.n_ctx:
+            if self.n_cells + 1 > self.ctx.n_ctx - self._turn_room():
                 break
             self.ctx.decode([tok], self.pos_next, logits="last")
             self._append_cells(1)
             logits = self.ctx.logits_last()
         if pending:
             yield pending.decode("utf-8", errors="replace")
+
+    def answer(self, question_text: str, max_tokens: int = 64) -> Iterator[str]:
+        """Greedy answer to a plain-text question, streamed as text pieces."""
+        return self.generate(self.next_logits(question_text), max_tokens)
+
+    # -- saving ------------------------------------------------------------------------------------
+
+    def export_state(self) -> EngineState:
+        """Everything needed to continue later: llama.cpp's sequence state, kvpot's per-head state,
+        the engine's bookkeeping and the policy's per-document state."""
+        self.pot.settle()
+        values = {name: getattr(self, name) for name in _SAVED_SCALARS}
+        arrays = {"positions": np.ascontiguousarray(self.positions)}
+        values["policy"] = encode_tree(self.policy.state_dict(), arrays, "policy")
+        return EngineState(seq=self.ctx.seq_state(), pot=self.pot.state_bytes(), values=values, arrays=arrays)
+
+    def import_state(self, state: EngineState) -> None:
+        """Continue from an exported state (same model, policy and config; the caller checks)."""
+        self.reset()
+        self.ctx.set_seq_state(state.seq)
+        self.pot.set_state_bytes(state.pot)
+        positions = state.arrays["positions"]
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        if positions.ndim != 3 or positions.shape[:2] != (L, H) or positions.shape[2] != self.pot.stats().n_cells_used:
+            raise KvpotError("saved engine state does not match the restored cache")
+        self.positions = positions.astype(np.int64)
+        for name in _SAVED_SCALARS:
+            setattr(self, name, type(getattr(self, name))(state.values[name]))
+        self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))

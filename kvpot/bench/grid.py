@@ -12,21 +12,30 @@ from kvpot.policies import make_policy
 
 
 def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
-              seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None) -> list[dict]:
-    """Every policy x length x depth x seed; one engine per (policy, length), reset between cases."""
-    results = []
+              seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None,
+              done: list[dict] = ()) -> list[dict]:
+    """Every policy x length x depth x seed; one engine per (policy, length), reset between cases.
+    Cases already in `done` (same policy, length, depth, seed) are kept and not run again."""
+    results = list(done)
+    have = {case_key(r) for r in results}
     for spec in policies:
         for n in lengths:
+            todo = [(d, s) for d in depths for s in seeds if (spec, n, d, s) not in have]
+            if not todo:
+                continue
             eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads))
             try:
-                for depth in depths:
-                    for seed in seeds:
-                        r = asdict(run_case(eng, spec, model_name, n, depth, seed))
-                        results.append(r)
-                        on_case(r)
+                for depth, seed in todo:
+                    r = asdict(run_case(eng, spec, model_name, n, depth, seed))
+                    results.append(r)
+                    on_case(r)
             finally:
                 eng.close()
     return results
+
+
+def case_key(r: dict) -> tuple:
+    return (r["policy"], r["length"], r["depth"], r["seed"])
 
 
 def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: int, threads: int) -> dict:

@@ -7,6 +7,7 @@ which tokens those cells hold may differ per (layer, head).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,31 @@ class Policy:
 
     def reset(self) -> None:
         """Forget per-document state (the engine calls this on reset)."""
+
+    def state_dict(self) -> dict:
+        """Per-document state, for saved contexts: the dataclass fields declared with init=False
+        (parameters are saved as the policy spec), and those of any policy this one wraps."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not f.init:
+                out[f.name] = value
+            elif isinstance(value, Policy):
+                out[f.name] = {"wrapped": value.state_dict()}
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        fields = {f.name: f for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) else {}
+        for name, value in state.items():
+            f = fields.get(name)
+            if f is None:
+                raise KvpotError(f"saved state of {self.name} has an unknown field {name!r}")
+            if f.init:
+                getattr(self, name).load_state_dict(value["wrapped"])
+            else:
+                setattr(self, name, value)
 
 
 def same_for_all_heads(cells: np.ndarray, n_layer: int, n_head_kv: int) -> np.ndarray:

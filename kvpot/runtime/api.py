@@ -70,6 +70,14 @@ SIGNATURES: list[tuple[str, object, list]] = [
                                         ctypes.c_int32, c_f32_p, ctypes.c_int32]),
     # int32_t kvpot_pot_cell_pos(struct llama_context * ctx, int32_t * out, int32_t n);
     ("kvpot_pot_cell_pos", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32]),
+    # int64_t kvpot_pot_state_size(struct llama_context * ctx);
+    ("kvpot_pot_state_size", ctypes.c_int64, [c_ctx_p]),
+    # int64_t kvpot_pot_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
+    ("kvpot_pot_state_get", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
+    # int64_t kvpot_pot_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
+    ("kvpot_pot_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
+    # int32_t kvpot_pot_settle(struct llama_context * ctx);
+    ("kvpot_pot_settle", ctypes.c_int32, [c_ctx_p]),
 ]
 
 

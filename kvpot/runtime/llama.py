@@ -149,6 +149,20 @@ class LlamaContext:
         if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
             raise KvpotError(f"llama.cpp could not remove positions from {pos}")
 
+    def seq_state(self) -> bytes:
+        """llama.cpp's state of sequence 0 (cells, positions, K and V of every layer)."""
+        size = self._L.llama_state_seq_get_size(self.ptr, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = self._L.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        if n != size:
+            raise KvpotError(f"llama.cpp wrote {n} of {size} bytes of sequence state")
+        return bytes(buf)
+
+    def set_seq_state(self, data: bytes) -> None:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if self._L.llama_state_seq_set_data(self.ptr, buf, len(data), 0) != len(data):
+            raise KvpotError("llama.cpp refused the saved sequence state (another model or context size?)")
+
     def clear(self) -> None:
         self._L.llama_memory_clear(self._L.llama_get_memory(self.ptr), True)
 

@@ -114,6 +114,19 @@ class Pot:
             self.ctx, ipot, head, 0 if which == "k" else 1, cell0, n_cells, out.ctypes.data_as(api.c_f32_p), out.size))
         return out
 
+    def settle(self) -> None:
+        """Apply llama.cpp's pending K-shifts now (before saving the sequence state)."""
+        self._check("kvpot_pot_settle", self.lib.kvpot_pot_settle(self.ctx))
+
+    def state_bytes(self) -> bytes:
+        size = self._check("kvpot_pot_state_size", self.lib.kvpot_pot_state_size(self.ctx))
+        buf = ctypes.create_string_buffer(size)
+        self._check("kvpot_pot_state_get", self.lib.kvpot_pot_state_get(self.ctx, buf, size))
+        return buf.raw[:size]
+
+    def set_state_bytes(self, data: bytes) -> None:
+        self._check("kvpot_pot_state_set", self.lib.kvpot_pot_state_set(self.ctx, data, len(data)))
+
     def cell_positions(self, n: int) -> np.ndarray:
         out = np.zeros(n, dtype=np.int32)
         self._check("kvpot_pot_cell_pos", self.lib.kvpot_pot_cell_pos(self.ctx, out.ctypes.data_as(api.c_i32_p), n))

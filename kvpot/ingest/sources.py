@@ -1,0 +1,170 @@
+"""Where the text comes from: files, directories (with a glob filter) and stdin, read lazily.
+
+Nothing here holds a whole file: `SourceSet.pieces()` yields decoded text a piece at a time.
+Invalid UTF-8 is replaced with U+FFFD and counted; binary files are skipped with a notice
+(they are named in `skipped`); several sources are joined with their names as headers.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from kvpot.errors import KvpotError
+from kvpot.textfile import SNIFF_BYTES, looks_binary
+
+PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
+STDIN = "-"
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str               # shown in headers and in saved contexts
+    path: Path | None       # None for stdin
+    size: int | None        # bytes; None for stdin (unknown until read)
+
+
+def header(name: str) -> str:
+    return f"\n\n===== {name} =====\n\n"
+
+
+@dataclass
+class SourceSet:
+    sources: list[Source]
+    skipped: list[str] = field(default_factory=list)    # binary files left out
+    replaced: int = 0       # invalid UTF-8 sequences replaced so far
+    bytes_read: int = 0
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Total size when every source has one (stdin has none)."""
+        if any(s.size is None for s in self.sources):
+            return None
+        return sum(s.size for s in self.sources)
+
+    def pieces(self, piece_bytes: int = PIECE_BYTES, stdin: BinaryIO | None = None) -> Iterator[str]:
+        """Decoded text, piece by piece; headers between sources when there are several."""
+        multi = len(self.sources) > 1
+        for i, src in enumerate(self.sources):
+            if multi:
+                yield header(src.name).lstrip("\n") if i == 0 else header(src.name)
+            if src.path is None:
+                yield from self._decode(stdin or sys.stdin.buffer, piece_bytes, src.name)
+            else:
+                try:
+                    with open(src.path, "rb") as f:
+                        yield from self._decode(f, piece_bytes, src.name)
+                except OSError as e:
+                    raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+
+    def _decode(self, f: BinaryIO, piece_bytes: int, name: str) -> Iterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors=_COUNTING)
+        n = 0
+        while True:
+            raw = f.read(piece_bytes)
+            final = not raw
+            with _count_into(self):
+                text = decoder.decode(raw, final=final)
+            n += len(raw)
+            self.bytes_read += len(raw)
+            if text:
+                yield text
+            if final:
+                break
+        if n == 0 and name == STDIN:
+            raise KvpotError("stdin was empty (closed before any text arrived)")
+
+
+# -- counting replacements: a codecs error handler that replaces like errors="replace" and counts
+
+_COUNTING = "kvpot-count-replace"
+_counter: list[SourceSet] = []
+
+
+def _replace_and_count(exc: UnicodeDecodeError) -> tuple[str, int]:
+    if _counter:
+        _counter[-1].replaced += 1
+    return "\ufffd", exc.end
+
+
+codecs.register_error(_COUNTING, _replace_and_count)
+
+
+class _count_into:
+    def __init__(self, target: SourceSet):
+        self.target = target
+
+    def __enter__(self):
+        _counter.append(self.target)
+
+    def __exit__(self, *exc):
+        _counter.pop()
+
+
+# -- collecting sources -------------------------------------------------------------------------
+
+def _sniff(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(SNIFF_BYTES)
+    except OSError as e:
+        raise KvpotError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _walk(root: Path, glob: str) -> list[Path]:
+    """Files under root matching glob, sorted, hidden files and folders (.git, ...) left out."""
+    out = []
+    for p in sorted(root.rglob(glob)):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.is_file():
+            out.append(p)
+    return out
+
+
+def collect_sources(inputs: list[str], glob: str = "*",
+                    notice: Callable[[str], None] = lambda msg: None) -> SourceSet:
+    """Resolve the user's inputs into sources; refuse what cannot be read with one clear line."""
+    if not inputs:
+        raise KvpotError("no input: pass a file, a directory, or - for stdin")
+    if inputs.count(STDIN) > 1:
+        raise KvpotError("stdin (-) can be read only once")
+    sources: list[Source] = []
+    skipped: list[str] = []
+    for item in inputs:
+        if item == STDIN:
+            sources.append(Source(STDIN, None, None))
+            continue
+        path = Path(item)
+        if not path.exists():
+            raise KvpotError(f"input {item} does not exist")
+        if path.is_dir():
+            files = _walk(path, glob)
+            text_files = []
+            for p in files:
+                head = _sniff(p)
+                if looks_binary(head):
+                    skipped.append(str(p))
+                    notice(f"skipping binary file {p}")
+                elif head:
+                    text_files.append(p)
+            if not text_files:
+                raise KvpotError(f"directory {item} has no text files matching {glob!r}")
+            sources += [Source(str(p), p, p.stat().st_size) for p in text_files]
+            continue
+        head = _sniff(path)
+        if looks_binary(head):
+            skipped.append(str(path))
+            notice(f"skipping binary file {path}")
+            continue
+        sources.append(Source(str(path), path, path.stat().st_size))
+    if not sources:
+        raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
+    if all(s.size == 0 for s in sources):
+        raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
+    return SourceSet(sources=sources, skipped=skipped)
