@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, build, doctor, models, run
+from . import ask, bench, build, doctor, models, run
 
 app = typer.Typer(
     name="kvpot",
@@ -14,6 +14,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+app.command()(ask.ask)
+app.command()(ask.chat)
 app.command()(doctor.doctor)
 app.command()(models.pull)
 app.command()(models.models)

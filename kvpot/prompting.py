@@ -1,10 +1,22 @@
-"""Prompt layout for questions about a document.
+"""How a document and questions become a prompt: the model's chat template or plain completion.
 
-A plain completion prompt: small models retrieve facts from a long document far more
-reliably this way than behind a chat template (see DESIGN.md, test models).
+A prompt is a list of segments; template markup is tokenized with control tokens parsed, the
+user's text (document, question) never is, so a document that contains "<|im_end|>" stays text.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpot.errors import KvpotError
+
+PROMPT_CHOICES = ("auto", "chat", "completion")
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    special: bool = False   # parse control tokens (template markup only)
 
 
 def document_prefix(document: str) -> str:
@@ -17,3 +29,62 @@ def question_suffix(question: str) -> str:
 
 def completion_prompt(document: str, question: str) -> str:
     return document_prefix(document) + question_suffix(question)
+
+
+class CompletionFormat:
+    """Plain completion: the document, then "Question: ...\\nAnswer:" (for base models)."""
+
+    name = "completion"
+    stop = ("\nQuestion:",)   # a base model goes on to invent the next question
+
+    def document_open(self) -> list[Segment]:
+        return []
+
+    def first_question(self, question: str) -> list[Segment]:
+        return [Segment("\n\n" + question_suffix(question))]
+
+    def follow_up(self, question: str) -> list[Segment]:
+        return self.first_question(question)
+
+
+# sentinels that cannot occur in a template's own markup
+_U1, _A1, _U2 = "\x01kvpot-user-1\x01", "\x01kvpot-assistant-1\x01", "\x01kvpot-user-2\x01"
+
+
+class ChatFormat:
+    """The model's chat template: the document and the first question form the first user turn;
+    each follow-up closes the answer and opens a new user turn. The template is rendered once by
+    llama.cpp with sentinel messages and cut at them, so any template llama.cpp knows works."""
+
+    name = "chat"
+    stop: tuple[str, ...] = ()   # answers end at the template's end-of-turn token
+
+    def __init__(self, render):
+        one = render([("user", _U1)], True)
+        two = render([("user", _U1), ("assistant", _A1), ("user", _U2)], True)
+        if _U1 not in one or _U2 not in two or _A1 not in two:
+            raise KvpotError("the model's chat template drops message text; use --prompt completion")
+        self._open, self._close_user = one.split(_U1)
+        self._between = two.split(_A1)[1].split(_U2)[0]      # end of answer .. start of next user turn
+        self._close_user2 = two.split(_U2)[1]
+
+    def document_open(self) -> list[Segment]:
+        return [Segment(self._open, True)]
+
+    def first_question(self, question: str) -> list[Segment]:
+        return [Segment("\n\n" + question.strip()), Segment(self._close_user, True)]
+
+    def follow_up(self, question: str) -> list[Segment]:
+        return [Segment(self._between, True), Segment(question.strip()), Segment(self._close_user2, True)]
+
+
+def choose_format(model, choice: str = "auto"):
+    """auto: the chat template when the GGUF has one (instruct models), else plain completion."""
+    if choice not in PROMPT_CHOICES:
+        raise KvpotError(f"prompt format must be one of {', '.join(PROMPT_CHOICES)}, got {choice!r}")
+    template = model.chat_template()
+    if choice == "completion" or (choice == "auto" and not template):
+        return CompletionFormat()
+    if not template:
+        raise KvpotError("this model has no chat template (a base model); use --prompt completion")
+    return ChatFormat(lambda msgs, add: model.apply_template(template, msgs, add))

@@ -29,6 +29,8 @@ class IncrementalTokenizer:
         self.max_hold = max_hold        # characters we may hold back while looking for a boundary
         self.hard_cuts = 0              # cuts that were not at a safe boundary (see module doc)
         self.chars = 0                  # characters tokenized so far
+        self.bytes = 0                  # their UTF-8 size
+        self.tokens = 0                 # tokens produced so far
 
     def feed(self, text: str) -> list[int]:
         """Tokens for the text up to the last safe boundary seen so far."""
@@ -43,14 +45,19 @@ class IncrementalTokenizer:
             cut = nl + 1 if nl > 0 else len(self._buf)
             self.hard_cuts += 1
         head, self._buf = self._buf[:cut], self._buf[cut:]
-        self.chars += len(head)
-        return self._tokenize(head)
+        return self._count(head)
 
     def flush(self) -> list[int]:
         """Tokens for whatever is left (end of input)."""
         head, self._buf = self._buf, ""
+        return self._count(head) if head else []
+
+    def _count(self, head: str) -> list[int]:
+        toks = self._tokenize(head)
         self.chars += len(head)
-        return self._tokenize(head) if head else []
+        self.bytes += len(head.encode("utf-8"))
+        self.tokens += len(toks)
+        return toks
 
     @staticmethod
     def _safe_cut(buf: str) -> int:

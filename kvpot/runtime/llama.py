@@ -38,9 +38,9 @@ class LlamaModel:
 
         self._L = L
         # llama.cpp's info logs would drown the progress bar; errors still reach stderr
-        from llama_cpp._logger import set_verbose
+        from kvpot.runtime import logs
 
-        set_verbose(False)
+        logs.install()
         L.llama_backend_init()
         params = L.llama_model_default_params()
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
@@ -51,15 +51,41 @@ class LlamaModel:
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
         self.path = str(path)
 
-    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+        """special=True parses control tokens written as text (chat template markup); user text never."""
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._L.llama_token * n_max)()
-        n = self._L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, False)
+        n = self._L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, special)
         if n < 0:
             buf = (self._L.llama_token * -n)()
-            n = self._L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_bos, False)
+            n = self._L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_bos, special)
         return list(buf[:n])
+
+    def chat_template(self) -> str | None:
+        """The GGUF's default chat template (tokenizer.chat_template), if it has one."""
+        raw = self._L.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def apply_template(self, template: str, messages: list[tuple[str, str]], add_assistant: bool) -> str:
+        """Render (role, content) messages with llama.cpp's built-in template handling."""
+        L = self._L
+        arr = (L.llama_chat_message * len(messages))()
+        keep = []
+        for i, (role, content) in enumerate(messages):
+            r, c = role.encode(), content.encode("utf-8")
+            keep += [r, c]
+            arr[i].role, arr[i].content = r, c
+        tmpl = template.encode("utf-8")
+        size = 4096 + sum(len(c) for _, c in messages) * 2
+        buf = ctypes.create_string_buffer(size)
+        n = L.llama_chat_apply_template(tmpl, arr, len(messages), add_assistant, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = L.llama_chat_apply_template(tmpl, arr, len(messages), add_assistant, buf, n)
+        if n < 0:
+            raise KvpotError("llama.cpp does not know this model's chat template; use --prompt completion")
+        return buf.raw[:n].decode("utf-8", errors="replace")
 
     def bos(self) -> list[int]:
         return self.tokenize("", add_bos=True)

@@ -1,0 +1,29 @@
+"""Ctrl-C as a flag: long work checks it at safe points (between chunks, between answer tokens)
+instead of being torn apart mid-update. A second Ctrl-C while the first is pending stops at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class Interrupts:
+    def __init__(self):
+        self.hit = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __enter__(self) -> Interrupts:
+        self.hit = False
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None

@@ -1,0 +1,104 @@
+"""Reading a document with progress on stderr: a Rich bar on a terminal, plain lines elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from kvpot.ingest import SourceSet
+from kvpot.session import ReadingStopped, ReadProgress, Session
+
+from ._common import err
+from ._interrupt import Interrupts
+
+PLAIN_EVERY_S = 5.0   # seconds between progress lines when stderr is not a terminal
+
+
+class _Rate(ProgressColumn):
+    def render(self, task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} tok/s" if speed else "… tok/s")
+
+
+def _describe(sources: SourceSet) -> str:
+    total = sources.total_bytes
+    size = f"{total / 2**20:,.1f} MiB" if total is not None else "stdin"
+    n = len(sources.sources)
+    return f"{n} file{'s' if n != 1 else ''}, {size}"
+
+
+def read_with_progress(session: Session, sources: SourceSet) -> bool:
+    """Read the sources; returns True when everything was read, False when the user stopped it
+    with Ctrl-C and chose to keep what was read. Raises KeyboardInterrupt when they chose not to."""
+    err.print(f"[bold]reading[/bold] {_describe(sources)} with {session.policy_spec} "
+              f"({session.engine.ctx.n_ctx} cells), prompt: {session.format.name}", soft_wrap=True)
+    with Interrupts() as stop:
+        try:
+            if err.is_terminal:
+                _read_rich(session, sources, stop)
+            else:
+                _read_plain(session, sources, stop)
+        except ReadingStopped:
+            return _offer_to_keep(session)
+    _summary(session, sources)
+    return True
+
+
+def _read_rich(session: Session, sources: SourceSet, stop: Interrupts) -> None:
+    columns = (TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.completed:,}/{task.fields[est]} tokens"),
+               _Rate(), TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"),
+               TextColumn("{task.fields[comp]} compactions"), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("read", total=None, est="?", cells=0, cap=session.engine.ctx.n_ctx, comp=0)
+
+        def on_progress(p: ReadProgress) -> None:
+            progress.update(task, completed=p.tokens, total=p.est_total, est=f"~{p.est_total:,}" if p.est_total else "?",
+                            cells=p.cells, comp=p.compactions)
+            if stop.hit:
+                raise ReadingStopped
+
+        session.read(sources, on_progress)
+
+
+def _read_plain(session: Session, sources: SourceSet, stop: Interrupts) -> None:
+    t0 = last = time.perf_counter()
+
+    def on_progress(p: ReadProgress) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last >= PLAIN_EVERY_S:
+            last = now
+            of = f" of ~{p.est_total:,}" if p.est_total else ""
+            err.print(f"read {p.tokens:,}{of} tokens, {p.tokens / (now - t0):,.0f} tok/s, pot {p.cells:,}/{p.capacity:,} "
+                      f"cells, {p.compactions} compactions", soft_wrap=True)
+        if stop.hit:
+            raise ReadingStopped
+
+    session.read(sources, on_progress)
+
+
+def _summary(session: Session, sources: SourceSet) -> None:
+    st = session.stats()
+    extra = f", {sources.replaced} invalid UTF-8 sequences replaced" if sources.replaced else ""
+    err.print(f"read {st['document tokens']:,} tokens in {session.read_seconds:.1f}s ({st['read tok/s']} tok/s); "
+              f"pot {st['tokens in pot']:,} cells, {st['compactions']} compactions{extra}", soft_wrap=True)
+
+
+def _offer_to_keep(session: Session) -> bool:
+    n = session.doc_tokens
+    err.print(f"[yellow]stopped[/yellow] after {n:,} tokens")
+    if err.is_terminal:
+        from rich.prompt import Confirm
+
+        try:
+            keep = Confirm.ask(f"keep the {n:,} tokens read so far and go on?", console=err, default=True)
+        except (KeyboardInterrupt, EOFError):
+            keep = False
+    else:
+        keep = False
+    if not keep:
+        raise KeyboardInterrupt
+    session.finish_reading()
+    return False

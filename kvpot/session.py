@@ -1,0 +1,196 @@
+"""A document session: read sources into the pot, answer questions in turns, save and reopen.
+
+This is what `kvpot ask` and `kvpot chat` drive; it knows nothing about terminals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvpot import __version__
+from kvpot.context_file import SavedContext, read_context, write_context
+from kvpot.engine import MIN_TURN_ROOM, Engine, EngineConfig, FeedEvent
+from kvpot.engine_state import EngineState
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import ModelFacts
+from kvpot.ingest import IncrementalTokenizer, SourceSet
+from kvpot.model_hash import model_sha256
+from kvpot.policies import make_policy
+from kvpot.prompting import Segment, choose_format
+from kvpot.runtime import library
+from kvpot.settings import RunSettings
+
+# room for the first question's tokens in the answer reserve (longer questions go through the pot)
+QUESTION_ROOM = 128
+# assumed bytes per token before any text has been tokenized
+BYTES_PER_TOKEN_GUESS = 4.0
+
+
+class ReadingStopped(Exception):
+    """Raised from a progress callback to stop reading; what was read so far stays in the pot."""
+
+
+@dataclass
+class ReadProgress:
+    tokens: int              # tokens read so far (document only)
+    est_total: int | None    # estimated tokens in the whole input (None: unknown, e.g. stdin)
+    cells: int               # cells in the pot
+    capacity: int            # cells the context holds
+    compactions: int
+    bytes_read: int
+    replaced: int            # invalid UTF-8 sequences replaced so far
+
+
+class Session:
+    def __init__(self, facts: ModelFacts, model_name: str, settings: RunSettings, n_ctx: int | None = None):
+        self.facts = facts
+        self.model_name = model_name
+        self.settings = settings
+        self.policy_spec = settings.policy_spec()
+        reserve = settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
+        self.engine = Engine(str(facts.path), make_policy(self.policy_spec), EngineConfig(
+            budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,
+            n_ctx=n_ctx))
+        self.format = choose_format(self.engine.model, settings.prompt)
+        self.sources: list[dict] = []
+        self.doc_tokens = 0
+        self.turns = 0
+        self.read_seconds = 0.0
+        self._after_reading: EngineState | None = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def set_question(self, question: str) -> None:
+        """The question, known before reading, becomes InfiniPot's catalyst (CaP-Q)."""
+        self.engine.set_question(question)
+
+    def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None) -> None:
+        """Stream the sources into the pot. A ReadingStopped from on_progress ends reading early;
+        it propagates after the session is left consistent (keep it with `finish_reading`)."""
+        eng = self.engine
+        self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
+        tok = IncrementalTokenizer(eng.model.tokenize)
+        total_bytes = sources.total_bytes
+        start_tokens = eng.tokens_seen
+
+        def pieces() -> Iterator[list[int]]:
+            for seg in self.format.document_open():
+                yield eng.model.tokenize(seg.text, special=seg.special)
+            yield from tok.stream(sources.pieces())
+
+        def on_chunk(ev: FeedEvent) -> None:
+            self.doc_tokens = ev.tokens_read - start_tokens
+            est = None
+            if total_bytes:
+                # bytes per token of the text tokenized so far (the reader runs a piece ahead)
+                per = tok.bytes / tok.tokens if tok.tokens else BYTES_PER_TOKEN_GUESS
+                est = max(self.doc_tokens, int(total_bytes / max(per, 0.5)))
+            on_progress(ReadProgress(self.doc_tokens, est, ev.cells, eng.ctx.n_ctx, ev.stats.n_compactions,
+                                     sources.bytes_read, sources.replaced))
+
+        t0 = time.perf_counter()
+        try:
+            expected = int(total_bytes / BYTES_PER_TOKEN_GUESS) if total_bytes else None
+            eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk)
+        finally:
+            self.read_seconds += time.perf_counter() - t0
+            self.doc_tokens = eng.tokens_seen - start_tokens
+        if self.doc_tokens <= len(eng.model.bos()):
+            raise KvpotError("the input holds no text")
+        self.finish_reading()
+
+    def finish_reading(self) -> None:
+        """Mark the document as read (also after an interrupted read the user chose to keep)."""
+        self._after_reading = self.engine.export_state()
+
+    # -- asking ----------------------------------------------------------------------------------
+
+    def _tokens(self, segments: list[Segment]) -> list[int]:
+        out: list[int] = []
+        for seg in segments:
+            out += self.engine.model.tokenize(seg.text, special=seg.special)
+        return out
+
+    def ask(self, question: str, max_tokens: int | None = None) -> Iterator[str]:
+        """Stream the answer to a question; the exchange stays in the pot for the next turn."""
+        if not question.strip():
+            raise KvpotError("the question is empty")
+        segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
+        logits = self.engine.prompt(self._tokens(segs))
+        self.turns += 1
+        said = ""
+        for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens):
+            said += piece
+            cut = min((said.find(s) for s in self.format.stop if s in said), default=-1)
+            if cut >= 0:  # a base model starts the next question: stop before it
+                rest = len(said) - len(piece)
+                if cut > rest:
+                    yield said[rest:cut]
+                break
+            yield piece
+
+    def reset_conversation(self) -> None:
+        """Back to the moment the document was read (the conversation is forgotten)."""
+        if self._after_reading is None:
+            raise KvpotError("nothing has been read yet")
+        self.engine.import_state(self._after_reading)
+        self.turns = 0
+
+    def stats(self) -> dict:
+        st = self.engine.stats()
+        return {"model": self.model_name, "policy": self.policy_spec, "prompt": self.format.name,
+                "document tokens": self.doc_tokens, "tokens in pot": st.n_cells_used,
+                "pot capacity": st.n_cells_total, "pot MiB": round(st.bytes_used / 2**20, 1),
+                "compactions": st.n_compactions, "turns": self.turns,
+                "read tok/s": round(self.doc_tokens / self.read_seconds, 1) if self.read_seconds else None}
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def save(self, path: Path) -> int:
+        rt = library.info()
+        header = {
+            "format": "kvpot saved context",
+            "kvpot_version": __version__,
+            "runtime": {"abi": rt.abi, "llama_commit": rt.llama_commit},
+            "model": {"name": self.model_name, "path": str(self.facts.path), "sha256": model_sha256(self.facts.path),
+                      "architecture": self.facts.arch},
+            "policy": self.policy_spec,
+            "settings": asdict(self.settings),
+            "n_ctx": self.engine.ctx.n_ctx,
+            "prompt_format": self.format.name,
+            "tokens_read": self.doc_tokens,
+            "sources": self.sources,
+            "turns": self.turns,
+        }
+        return write_context(path, SavedContext(header=header, state=self.engine.export_state()))
+
+    @classmethod
+    def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None) -> Session:
+        """Reopen a saved context with the given model; refuses another model or runtime."""
+        saved = read_context(path)
+        h = saved.header
+        rt = library.info()
+        if h["runtime"]["abi"] != rt.abi:
+            raise KvpotError(f"{path} was saved by kvpot ABI {h['runtime']['abi']}; this runtime is ABI {rt.abi}")
+        if h["runtime"]["llama_commit"] != rt.llama_commit:
+            raise KvpotError(f"{path} was saved with llama.cpp {h['runtime']['llama_commit']}; this runtime is {rt.llama_commit}")
+        sha = model_sha256(facts.path)
+        if sha != h["model"]["sha256"]:
+            raise KvpotError(f"{path} was saved with model {h['model']['name']} (sha256 {h['model']['sha256'][:12]}…), "
+                             f"not {model_name} (sha256 {sha[:12]}…)")
+        settings = RunSettings(**h["settings"])
+        if threads:
+            settings = RunSettings(**dict(h["settings"], threads=threads))
+        s = cls(facts, model_name, settings, n_ctx=h["n_ctx"])
+        if s.policy_spec != h["policy"]:
+            raise KvpotError(f"{path}: saved policy {h['policy']} does not match its settings")
+        try:
+            s.engine.import_state(saved.state)
+        except KvpotError as e:
+            raise KvpotError(f"{path} cannot be restored: {e}") from None
+        s.sources, s.doc_tokens, s.turns = h["sources"], h["tokens_read"], h["turns"]
+        s._after_reading = saved.state if s.turns == 0 else None
+        return s

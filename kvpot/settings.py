@@ -1,0 +1,85 @@
+"""Settings for `ask` and `chat`: built-in defaults < the model's registry defaults < the config
+file in the kvpot home (`config.toml`: a [defaults] table and [models."NAME"] tables) < the
+command line. Each layer sets only the keys it names."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from kvpot import paths
+from kvpot.errors import KvpotError
+from kvpot.prompting import PROMPT_CHOICES
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    policy: str = "infinipot"   # a policy spec; a bare "infinipot" takes |M| = budget, |C| = budget / 2
+    budget: int = 2048          # cells the memory may hold (InfiniPot's pot |M|; what others keep)
+    chunk: int = 512            # tokens per step
+    threads: int = 0            # 0: every core
+    prompt: str = "auto"        # auto | chat | completion
+    max_tokens: int = 256       # longest answer
+
+    def check(self) -> RunSettings:
+        if self.budget < 16:
+            raise KvpotError(f"budget {self.budget} is too small: the pot needs at least 16 cells")
+        if self.chunk < 16:
+            raise KvpotError(f"chunk {self.chunk} is too small: read at least 16 tokens per step")
+        if self.prompt not in PROMPT_CHOICES:
+            raise KvpotError(f"prompt must be one of {', '.join(PROMPT_CHOICES)}, got {self.prompt!r}")
+        if self.max_tokens < 1:
+            raise KvpotError("max_tokens must be at least 1")
+        return replace(self, threads=self.threads or max(1, os.cpu_count() or 1))
+
+    def policy_spec(self) -> str:
+        """The policy with the budget filled in where the spec leaves it open."""
+        name, _, args = self.policy.partition(":")
+        if name == "infinipot" and "pot=" not in args and "keep=" not in args:
+            sized = f"pot={self.budget},keep={self.budget // 2}"
+            return f"infinipot:{sized},{args}" if args else f"infinipot:{sized}"
+        return self.policy
+
+
+KEYS = {f.name: f.type for f in fields(RunSettings)}
+
+
+def config_path() -> Path:
+    return paths.home() / "config.toml"
+
+
+def _layer(table: dict, where: str) -> dict:
+    out = {}
+    for key, value in table.items():
+        if key not in KEYS:
+            raise KvpotError(f"{where}: unknown setting {key!r} (known: {', '.join(KEYS)})")
+        want = int if KEYS[key] == "int" else str
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise KvpotError(f"{where}: {key} must be a{'n integer' if want is int else ' string'}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def load_config(path: Path | None = None) -> dict:
+    path = path or config_path()
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise KvpotError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict, path: Path | None = None) -> RunSettings:
+    """Merge the layers; `cli` holds only the options the user gave (None values are ignored)."""
+    cfg = load_config(path)
+    where = str(path or config_path())
+    merged: dict = {}
+    merged.update(_layer({k: v for k, v in registry_defaults.items() if k in KEYS}, "model registry"))
+    merged.update(_layer(cfg.get("defaults", {}), f"{where} [defaults]"))
+    if model_name:
+        merged.update(_layer(cfg.get("models", {}).get(model_name, {}), f"{where} [models.{model_name}]"))
+    merged.update({k: v for k, v in cli.items() if v is not None})
+    return RunSettings(**merged).check()
