@@ -2,7 +2,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-MODEL   ?= smollm2-135m
+MODEL   ?= gemma3-270m
 export PYTHONPATH :=
 
 .PHONY: all venv runtime install pull pull-test-models demo test clean-venv

@@ -20,7 +20,7 @@ from ._common import err, user_errors
 from ._interrupt import Interrupts
 from .reading import read_with_progress
 
-MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else smollm2-135m)"
+MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
 POLICY_HELP = ("how the pot chooses what to keep: infinipot (default), streaming, snapkv, h2o, truncate, imdc, "
                "with parameters as in `infinipot:pot=4096,keep=2048`")
 
@@ -35,9 +35,9 @@ def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
 
 
 def _new_session(inputs: list[str], glob: str, model: str, question: str | None, **opts) -> tuple[Session, object]:
+    settings = _settings(model, **opts)  # options first: they are cheap to check
     sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]"))
     facts, known = resolve_model(model)
-    settings = _settings(model, **opts)
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
     if question:

@@ -158,13 +158,16 @@ class Engine:
             if on_chunk:
                 on_chunk(FeedEvent(self.tokens_seen, self.n_cells, peak, compacted, self.pot.stats()))
 
+    def _capacity(self) -> int:
+        """Cells the policy works in (the context less the answer reserve)."""
+        return min(self.policy.cache_cells(self.config.budget, self.config.chunk), self.ctx.n_ctx)
+
     def _room(self) -> int:
         """Tokens the next chunk may hold: up to the policy's capacity less the catalyst that may have
         to follow (so InfiniPot's pot fills to |M| - |P| before it distills), or into the answer
         reserve when a question and its answer used part of it."""
         cat = len(self._catalyst_tokens(self.policy.catalyst_text()))
-        capacity = min(self.policy.cache_cells(self.config.budget, self.config.chunk), self.ctx.n_ctx)
-        room = capacity - self.n_cells - cat
+        room = self._capacity() - self.n_cells - cat
         if room < 1:
             room = self.ctx.n_ctx - self.n_cells - cat
         if room < 1:
@@ -231,8 +234,13 @@ class Engine:
     def _maybe_compact(self, view: PotView, next_size: int) -> bool:
         budget = self.policy.budget_at(self.step, self.config.budget)
         catalyst = self.policy.catalyst_text()
+        n_cat = len(self._catalyst_tokens(catalyst))
+        # the next chunk is cut to the room left (see _room), so while any is left it fits
+        fit = self._capacity() - self.n_cells - n_cat
+        if next_size and fit >= 1:
+            next_size = min(next_size, fit)
         # room for the next chunk and for the catalyst that precedes a distillation
-        if not self.policy.wants_compaction(self.n_cells, budget, next_size + len(self._catalyst_tokens(catalyst))):
+        if not self.policy.wants_compaction(self.n_cells, budget, next_size + n_cat):
             return False
         t0 = time.perf_counter()
         if catalyst:

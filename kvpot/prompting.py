@@ -35,7 +35,7 @@ class CompletionFormat:
     """Plain completion: the document, then "Question: ...\\nAnswer:" (for base models)."""
 
     name = "completion"
-    stop = ("\nQuestion:",)   # a base model goes on to invent the next question
+    stop = ("\nQuestion:", "\nAnswer:")   # a base model goes on to invent the next exchange
 
     def document_open(self) -> list[Segment]:
         return []

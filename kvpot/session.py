@@ -29,6 +29,17 @@ QUESTION_ROOM = 128
 BYTES_PER_TOKEN_GUESS = 4.0
 
 
+def _partial_stop(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is the beginning of a stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                best = max(best, n)
+                break
+    return best
+
+
 class ReadingStopped(Exception):
     """Raised from a progress callback to stop reading; what was read so far stays in the pot."""
 
@@ -121,16 +132,20 @@ class Session:
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
         logits = self.engine.prompt(self._tokens(segs))
         self.turns += 1
-        said = ""
+        held = ""  # text that may be the start of a stop string is held until it is decided
         for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens):
-            said += piece
-            cut = min((said.find(s) for s in self.format.stop if s in said), default=-1)
-            if cut >= 0:  # a base model starts the next question: stop before it
-                rest = len(said) - len(piece)
-                if cut > rest:
-                    yield said[rest:cut]
-                break
-            yield piece
+            held += piece
+            cut = min((held.find(x) for x in self.format.stop if x in held), default=-1)
+            if cut >= 0:  # a base model starts the next exchange: stop before it
+                if cut:
+                    yield held[:cut]
+                return
+            keep = _partial_stop(held, self.format.stop)
+            if len(held) > keep:
+                yield held[:len(held) - keep]
+                held = held[len(held) - keep:]
+        if held:
+            yield held
 
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""

@@ -1,0 +1,111 @@
+"""`kvpot ask` and `kvpot chat` through Typer's CliRunner: the flows and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from kvpot.cli.main import app
+from kvpot.sample import logbook
+
+from conftest import assert_one_line_error
+
+runner = CliRunner()
+FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt", "completion",
+        "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory, smollm2_path):
+    text, question, answer = logbook()
+    path = tmp_path_factory.mktemp("doc") / "logbook.txt"
+    path.write_text(text)
+    return path, question, answer
+
+
+@pytest.fixture(scope="module")
+def saved(doc, tmp_path_factory):
+    path, question, _ = doc
+    ctx = tmp_path_factory.mktemp("ctx") / "logbook.kvctx"
+    res = runner.invoke(app, ["ask", str(path), question, "--save-context", str(ctx), *FAST])
+    assert res.exit_code == 0, res.output
+    return ctx, res.stdout
+
+
+def test_ask_reads_answers_and_saves(saved, doc):
+    ctx, answer = saved
+    assert ctx.stat().st_size > 0 and answer.strip()
+
+
+def test_ask_on_a_saved_context_answers_the_same(saved, doc):
+    ctx, first = saved
+    _, question, _ = doc
+    res = runner.invoke(app, ["ask", "--context", str(ctx), question])
+    assert res.exit_code == 0, res.output
+    assert "reopened" in res.stderr
+    assert res.stdout == first
+
+
+def test_chat_commands(doc, tmp_path):
+    path, question, _ = doc
+    ctx = tmp_path / "chat.kvctx"
+    script = f"{question}\n/stats\n/bogus\n/save {ctx}\nWho mended the foresail?\n/reset\n/help\n/quit\n"
+    res = runner.invoke(app, ["chat", str(path), *FAST], input=script)
+    assert res.exit_code == 0, res.output
+    assert "tokens in pot" in res.stderr and "unknown command /bogus" in res.stderr
+    assert "conversation forgotten" in res.stderr and "/save PATH" in res.stderr
+    assert ctx.exists() and len(res.stdout.strip().splitlines()) >= 2
+
+
+def test_context_from_another_model_is_refused(saved, doc):
+    ctx, _ = saved
+    res = runner.invoke(app, ["ask", "--context", str(ctx), "-m", "gemma3-270m", "q?"])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "was saved with model smollm2-135m")
+
+
+def test_truncated_context_is_refused(saved, tmp_path):
+    ctx, _ = saved
+    bad = tmp_path / "bad.kvctx"
+    bad.write_bytes(ctx.read_bytes()[:4096])
+    res = runner.invoke(app, ["chat", "--context", str(bad)])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "truncated or corrupted")
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: d.mkdir() or [str(d)], "has no text files"),
+    (lambda d: (d.write_bytes(b"\x00\x01" * 64), [str(d)])[1], "every input is binary"),
+    (lambda d: (d.write_text(""), [str(d)])[1], "the input is empty"),
+    (lambda d: [str(d / "missing.txt")], "does not exist"),
+])
+def test_bad_inputs_are_one_line(tmp_path, make, needle):
+    args = make(tmp_path / "in")
+    res = runner.invoke(app, ["ask", *args, "q?", *FAST])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, needle)
+
+
+def test_stdin_closed_early_is_refused():
+    res = runner.invoke(app, ["ask", "-", "q?", *FAST], input="")
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "stdin was empty")
+
+
+def test_stdin_is_read(doc):
+    path, question, _ = doc
+    res = runner.invoke(app, ["ask", "-", question, *FAST], input=path.read_text())
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["chat", "-"], "chat reads your questions from stdin"),
+    (["ask", "  "], "the question is empty"),
+    (["ask", "q?"], "pass the files to read"),
+    (["ask", "x.txt", "q?", "--policy", "nope"], "unknown policy"),
+])
+def test_usage_mistakes_are_one_line(args, needle, tmp_path):
+    res = runner.invoke(app, [*args, *FAST])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, needle)

@@ -1,0 +1,45 @@
+"""Settings layers: built-in < registry < config [defaults] < config [models.NAME] < command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpot.errors import KvpotError
+from kvpot.settings import RunSettings, resolve_settings
+
+
+def test_layers_override_in_order(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[defaults]\nchunk = 256\nbudget = 3000\n\n[models."gemma3-270m"]\nbudget = 1500\n')
+    reg = {"policy": "snapkv", "budget": 2048, "n_ctx": 8192}
+    s = resolve_settings("gemma3-270m", reg, {"threads": 3, "chunk": None}, cfg)
+    assert (s.policy, s.budget, s.chunk, s.threads) == ("snapkv", 1500, 256, 3)
+    s = resolve_settings("other", reg, {"budget": 999}, cfg)
+    assert (s.budget, s.chunk) == (999, 256)
+    assert resolve_settings(None, {}, {}, tmp_path / "none.toml").policy == RunSettings().policy
+
+
+def test_infinipot_takes_its_sizes_from_the_budget():
+    assert RunSettings(budget=2048).policy_spec() == "infinipot:pot=2048,keep=1024"
+    assert RunSettings(policy="infinipot:nuc_ratio=0", budget=1000).policy_spec() == "infinipot:pot=1000,keep=500,nuc_ratio=0"
+    assert RunSettings(policy="infinipot:pot=64,keep=8").policy_spec() == "infinipot:pot=64,keep=8"
+    assert RunSettings(policy="snapkv").policy_spec() == "snapkv"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[defaults]\nbudjet = 5\n", "unknown setting 'budjet'"),
+    ("[defaults]\nbudget = 'big'\n", "budget must be an integer"),
+    ("[defaults\n", "not valid TOML"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, text, needle):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    with pytest.raises(KvpotError, match=needle):
+        resolve_settings(None, {}, {}, cfg)
+
+
+@pytest.mark.parametrize("cli, needle", [({"budget": 4}, "too small"), ({"chunk": 2}, "too small"),
+                                         ({"prompt": "jinja"}, "prompt must be one of")])
+def test_impossible_settings_are_refused(tmp_path, cli, needle):
+    with pytest.raises(KvpotError, match=needle):
+        resolve_settings(None, {}, cli, tmp_path / "none.toml")
