@@ -36,7 +36,7 @@ def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
 
 def _new_session(inputs: list[str], glob: str, model: str, question: str | None, **opts) -> tuple[Session, object]:
     settings = _settings(model, **opts)  # options first: they are cheap to check
-    sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]"))
+    sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
     facts, known = resolve_model(model)
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)

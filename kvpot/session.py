@@ -5,10 +5,13 @@ This is what `kvpot ask` and `kvpot chat` drive; it knows nothing about terminal
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from kvpot import __version__
 from kvpot.context_file import SavedContext, read_context, write_context
@@ -23,6 +26,8 @@ from kvpot.prompting import Segment, choose_format
 from kvpot.runtime import library
 from kvpot.settings import RunSettings
 
+# a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
+SAVE_LOGITS_ENV = "KVPOT_SAVE_LOGITS"
 # room for the first question's tokens in the answer reserve (longer questions go through the pot)
 QUESTION_ROOM = 128
 # assumed bytes per token before any text has been tokenized
@@ -132,6 +137,8 @@ class Session:
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
         logits = self.engine.prompt(self._tokens(segs))
         self.turns += 1
+        if os.environ.get(SAVE_LOGITS_ENV):  # diagnostics: compare answers across processes
+            np.save(Path(os.environ[SAVE_LOGITS_ENV]) / f"turn-{self.turns}.npy", logits)
         held = ""  # text that may be the start of a stop string is held until it is decided
         for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens):
             held += piece

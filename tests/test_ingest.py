@@ -11,7 +11,6 @@ import pytest
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, collect_sources
-from kvpot.ingest.sources import SourceSet, Source
 from textgen import text_block, write_big_file
 
 
@@ -97,10 +96,15 @@ def test_binary_only_and_empty_inputs_are_refused(tmp_path):
         collect_sources([str(tmp_path / "missing.txt")])
 
 
-def test_empty_stdin_is_refused():
-    src = SourceSet(sources=[Source("-", None, None)])
+def test_stdin_is_checked_up_front_and_read_whole():
     with pytest.raises(KvpotError, match="stdin was empty"):
-        list(src.pieces(stdin=io.BytesIO(b"")))
+        collect_sources(["-"], stdin=io.BytesIO(b""))
+    with pytest.raises(KvpotError, match="stdin looks binary"):
+        collect_sources(["-"], stdin=io.BytesIO(b"\x00\x01" * 100))
+    data = ("line of text " * 5000).encode()
+    stream = io.BytesIO(data)
+    src = collect_sources(["-"], stdin=stream)
+    assert "".join(src.pieces(piece_bytes=1000, stdin=stream)) == data.decode()
 
 
 _RSS_PROBE = r"""

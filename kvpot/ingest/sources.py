@@ -26,6 +26,7 @@ class Source:
     name: str               # shown in headers and in saved contexts
     path: Path | None       # None for stdin
     size: int | None        # bytes; None for stdin (unknown until read)
+    head: bytes = b""       # stdin only: the first bytes, read up front to refuse an empty or binary stream
 
 
 def header(name: str) -> str:
@@ -53,7 +54,7 @@ class SourceSet:
             if multi:
                 yield header(src.name).lstrip("\n") if i == 0 else header(src.name)
             if src.path is None:
-                yield from self._decode(stdin or sys.stdin.buffer, piece_bytes, src.name)
+                yield from self._decode(_Prefixed(src.head, stdin or sys.stdin.buffer), piece_bytes, src.name)
             else:
                 try:
                     with open(src.path, "rb") as f:
@@ -77,6 +78,31 @@ class SourceSet:
                 break
         if n == 0 and name == STDIN:
             raise KvpotError("stdin was empty (closed before any text arrived)")
+
+
+class _Prefixed:
+    """A binary stream with bytes already taken from it put back in front."""
+
+    def __init__(self, head: bytes, rest: BinaryIO):
+        self.head, self.rest = head, rest
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        return self.rest.read(n)
+
+
+def _stdin_head(stream: BinaryIO) -> bytes:
+    """Wait for the first bytes on stdin (or its end) so an empty or binary stream is refused
+    before a model is loaded."""
+    read1 = getattr(stream, "read1", None)
+    head = read1(SNIFF_BYTES) if read1 else stream.read(SNIFF_BYTES)
+    if not head:
+        raise KvpotError("stdin was empty (closed before any text arrived)")
+    if looks_binary(head):
+        raise KvpotError("stdin looks binary (not text); kvpot reads text")
+    return head
 
 
 # -- counting replacements: a codecs error handler that replaces like errors="replace" and counts
@@ -127,8 +153,8 @@ def _walk(root: Path, glob: str) -> list[Path]:
     return out
 
 
-def collect_sources(inputs: list[str], glob: str = "*",
-                    notice: Callable[[str], None] = lambda msg: None) -> SourceSet:
+def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], None] = lambda msg: None,
+                    stdin: BinaryIO | None = None) -> SourceSet:
     """Resolve the user's inputs into sources; refuse what cannot be read with one clear line."""
     if not inputs:
         raise KvpotError("no input: pass a file, a directory, or - for stdin")
@@ -138,7 +164,7 @@ def collect_sources(inputs: list[str], glob: str = "*",
     skipped: list[str] = []
     for item in inputs:
         if item == STDIN:
-            sources.append(Source(STDIN, None, None))
+            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin or sys.stdin.buffer)))
             continue
         path = Path(item)
         if not path.exists():
@@ -150,7 +176,6 @@ def collect_sources(inputs: list[str], glob: str = "*",
                 head = _sniff(p)
                 if looks_binary(head):
                     skipped.append(str(p))
-                    notice(f"skipping binary file {p}")
                 elif head:
                     text_files.append(p)
             if not text_files:
@@ -160,11 +185,12 @@ def collect_sources(inputs: list[str], glob: str = "*",
         head = _sniff(path)
         if looks_binary(head):
             skipped.append(str(path))
-            notice(f"skipping binary file {path}")
             continue
         sources.append(Source(str(path), path, path.stat().st_size))
     if not sources:
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
+    for name in skipped:  # told only when there is something else to read
+        notice(f"skipping binary file {name}")
     if all(s.size == 0 for s in sources):
         raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
     return SourceSet(sources=sources, skipped=skipped)
