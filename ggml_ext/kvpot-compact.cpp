@@ -72,20 +72,34 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     const uint32_t n_used = cells.used_max_p1();
     const llama_pos p_next = cells.seq_pos_max(0) + 1;
 
-    // new positions: with CR-RoPE cell j sits at off + j. The sliding-window part shifts with the pot
-    // (cells pushed below 0 are dropped, as a stock K-shift does); off > 0 only when fewer cells are
-    // kept than the live window spans, so that no cell inside the window is lost
-    llama_pos off = 0;
+    // CR-RoPE (InfiniPot 3.5): kept cells restart at small positions, 0..n_keep-1 when the model has no
+    // sliding window. With one (Gemma-3 iSWA) the window layers still hold the live window [win0, p_next), so
+    // a kept cell inside it keeps its distance to the window's end (the window layers see it there too) and the
+    // older kept cells of each head are packed right before it; the window restarts at W, the most older cells
+    // any head kept. Positions stay below |C| + n_swa however long the stream.
+    llama_pos win0 = p_next;
     if (cr_rope && pot.swa) {
         const llama_pos swa_min = pot.swa->seq_pos_min(0);
         if (swa_min >= 0) {
-            const llama_pos live = std::min<llama_pos>(p_next - swa_min, (llama_pos) hparams.n_swa);
-            off = std::max<llama_pos>(0, live - n_keep);
+            win0 = std::max<llama_pos>(swa_min, p_next - (llama_pos) hparams.n_swa);
         }
     }
-    const llama_pos next = cr_rope ? off + n_keep : p_next;
+    std::vector<llama_pos> old_rope((size_t) n_layer*n_head_kv*n_keep);
+    llama_pos W = 0;
+    for (int32_t l = 0; l < n_layer; ++l) {
+        for (int32_t h = 0; h < n_head_kv; ++h) {
+            llama_pos n_old = 0;
+            for (int32_t j = 0; j < n_keep; ++j) {
+                const size_t i = ((size_t) l*n_head_kv + h)*n_keep + j;
+                old_rope[i] = kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) keep[i]);
+                n_old += old_rope[i] < win0;
+            }
+            W = std::max(W, n_old);
+        }
+    }
+    const llama_pos next = cr_rope ? W + (p_next - win0) : p_next;
 
-    std::vector<llama_pos> new_rope((size_t) n_layer*n_head_kv*n_keep);
+    std::vector<llama_pos> new_rope(old_rope.size());
     auto inp = std::make_unique<kvpot_compact_input>();
     inp->kv = &kv;
     inp->idx_data.assign(keep, keep + (size_t) n_layer*n_head_kv*n_keep);
@@ -94,13 +108,21 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     }
     for (int32_t l = 0; l < n_layer; ++l) {
         for (int32_t h = 0; h < n_head_kv; ++h) {
+            const size_t row = ((size_t) l*n_head_kv + h)*n_keep;
+            llama_pos n_old = 0;
             for (int32_t j = 0; j < n_keep; ++j) {
-                const size_t i = ((size_t) l*n_head_kv + h)*n_keep + j;
-                const llama_pos old = kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) keep[i]);
-                new_rope[i] = cr_rope ? off + j : old;
-                if (cr_rope) {
-                    inp->delta_data[i] = new_rope[i] - old;
+                n_old += old_rope[row + j] < win0;
+            }
+            llama_pos k_old = 0;
+            for (int32_t j = 0; j < n_keep; ++j) {
+                const size_t i = row + j;
+                const llama_pos old = old_rope[i];
+                if (!cr_rope) {
+                    new_rope[i] = old;
+                    continue;
                 }
+                new_rope[i] = old < win0 ? W - n_old + k_old++ : W + (old - win0);
+                inp->delta_data[i] = new_rope[i] - old;
             }
         }
     }
@@ -176,7 +198,8 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     }
     ggml_backend_sched_synchronize(sched);
 
-    // cells: 0..n_keep-1 now hold the kept tokens of seq 0; positions stay consecutive with what comes next
+    // cells: 0..n_keep-1 now hold the kept tokens of seq 0. A cell's own position only serves the causal mask
+    // (each head's RoPE position is in rope_pos), so the cells take the n_keep positions before `next`
     cells.reset();
     for (int32_t j = 0; j < n_keep; ++j) {
         cells.pos_set(j, next - n_keep + j);

@@ -110,8 +110,25 @@ def _stock_compacted_gemma(gemma, tokens, ranges, cr_rope, fa):
         test_pot.N_CTX, test_pot.CHUNK = saved
 
 
+def cr_rope_positions(old: np.ndarray, win0: int) -> tuple[np.ndarray, int]:
+    """CR-RoPE beside a sliding window, written from the rule (not from the C code): per head, kept
+    tokens inside the live window [win0, ...) keep their distance to the window's end and the older
+    ones are packed right before it; the window restarts at W, the most older tokens any head kept.
+    old: [L, H, n] stream positions, sorted per head. Returns the new positions and W."""
+    n_old = (old < win0).sum(axis=-1)
+    W = int(n_old.max())
+    new = np.empty_like(old)
+    for l, h in np.ndindex(old.shape[:2]):
+        o = old[l, h]
+        k = int(n_old[l, h])
+        new[l, h, :k] = W - k + np.arange(k)
+        new[l, h, k:] = W + o[k:] - win0
+    return new, W
+
+
 def test_cr_rope_keys_equal_numpy_rope_per_layer(gemma, gemma_path, doc_tokens):
-    """Each global layer keeps its own set; CR-RoPE re-rotates with the global layers' base (NEOX)."""
+    """Each global layer keeps its own set; CR-RoPE re-rotates with the global layers' base (NEOX)
+    to the positions of the rule above, and decoding continues after the window."""
     rope = rope_facts(gemma_path)
     d = 256
     ctx = new_ctx(gemma, N_CTX, CHUNK)
@@ -123,15 +140,15 @@ def test_cr_rope_keys_equal_numpy_rope_per_layer(gemma, gemma_path, doc_tokens):
     before = {l: pot.read(l, 0, w, 0, n, d) for l in range(pot.n_layers) for w in ("k",)}
     vbefore = {l: pot.read(l, 0, "v", 0, n, d) for l in range(pot.n_layers)}
     pot.compact(keep, cr_rope=True)
-    # 700 kept cells cover the 512-token window: positions restart at 0 (CR-RoPE)
-    assert pot.stats().pos_next == 700
+    new_pos, W = cr_rope_positions(keep, n - 512)  # the live window: the last 512 tokens
+    assert W < 700 and pot.stats().pos_next == W + 512
     for l in range(pot.n_layers):
-        want = numpy_rope(before[l][keep[l, 0]], np.arange(700) - keep[l, 0], rope["base"], rope["neox"])
+        want = numpy_rope(before[l][keep[l, 0]], new_pos[l, 0] - keep[l, 0], rope["base"], rope["neox"])
         got = pot.read(l, 0, "k", 0, 700, d)
         assert np.abs(got - want).max() < 0.01 * np.abs(want).max(), f"pot layer {l}"
         np.testing.assert_array_equal(pot.read(l, 0, "v", 0, 700, d), vbefore[l][keep[l, 0]])
-    # the window part was shifted with the pot: decoding continues at 700
-    ctx.decode(doc_tokens[:8], 700)
+    # the window part was shifted with the pot: decoding continues after it
+    ctx.decode(doc_tokens[:8], W + 512)
     assert pot.stats().n_cells_used == 708
     ctx.close()
 
@@ -155,7 +172,8 @@ def test_score_taps_equal_kq_soft_max_on_global_layers(gemma, doc_tokens):
 
 
 def test_cr_rope_with_fewer_cells_than_the_window_keeps_the_window(gemma, doc_tokens):
-    """Keeping 256 < 512 cells: positions restart at 512 - 256 so no window cell is pushed below 0."""
+    """Keeping the last 256 < 512 cells: all are inside the window, so they keep their place in it
+    (512 - 256 ..) and no window cell is pushed below 0."""
     ctx = new_ctx(gemma, N_CTX, CHUNK)
     pot = Pot(ctx.ptr)
     decode_chunks(ctx, doc_tokens, CHUNK)
