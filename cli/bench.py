@@ -177,3 +177,45 @@ def ppl(
     err.print(table)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
+
+
+@app.command()
+@user_errors
+def context(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
+    tokens: list[int] = typer.Option([32768], "--tokens", "-n", min=256, help="document lengths in tokens (repeatable)"),
+    policy: str = typer.Option(None, "--policy", "-P", help="policy spec (default: the model's, as `kvpot ask` uses)"),
+    budget: int = typer.Option(None, "--budget", "-b", min=1, help="cells kept (default: the model's)"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    stock: bool = typer.Option(True, "--stock/--no-stock", help="also run stock llama.cpp where the document fits its context"),
+    keep_files: Path = typer.Option(None, "--keep-files", file_okay=False,
+                                    help="keep the generated documents and saved contexts in this folder"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
+) -> None:
+    """Time to the first answer token after reading N tokens, and reopening a saved context against
+    reading the document again (`kvpot ask` with the model's default settings)."""
+    import tempfile
+
+    from kvpot.bench.context_report import context_table
+    from kvpot.bench.throughput import run_case
+
+    facts, _ = resolve_model(model)
+    if policy:
+        make_policy(policy)  # refuse a bad spec before any process starts
+    pot_opts = (["--policy", policy] if policy else []) + (["--budget", str(budget)] if budget else [])
+    with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:
+        out = keep_files or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        results = []
+        with err.status("benchmarking") as status:
+            for n in sorted(tokens):
+                common = [model, str(n), "--out", str(out), "--threads", str(threads)]
+                status.update(f"kvpot: reading {n:,} tokens, answering, saving, reopening")
+                results.append(run_case(["context", *common, *pot_opts]))
+                if stock:
+                    status.update(f"stock llama.cpp: {n:,} tokens in one context")
+                    results.append(run_case(["context-stock", *common]))
+    err.print(context_table(results, facts.name))
+    if json_out:
+        _write_json(json_out, results)
+        err.print(f"results written to {json_out}")

@@ -162,3 +162,22 @@ def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
     assert 0 < pot["kv_bytes"] <= pot["kv_bytes_allocated"]
     assert "stock llama.cpp" in res.stderr
+
+
+def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
+    """kvpot reads, answers, saves and reopens; stock llama.cpp does the same with its own state file."""
+    out = tmp_path / "ctx.json"
+    res = run_cli("bench", "context", "-m", str(smollm2_path), "-n", "600", "-P", "infinipot:pot=256,keep=128",
+                  "--keep-files", str(tmp_path / "files"), "--json", str(out), env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    import json
+
+    kv, stock = json.loads(out.read_text())
+    assert kv["mode"] == "kvpot" and stock["mode"] == "stock"
+    assert kv["compactions"] > 0 and kv["pot_cells"] <= 256 + 512  # the pot plus the answer reserve
+    assert kv["same_answer_after_reopen"], (kv["answer"], kv["answer_after_reopen"])
+    assert stock["same_first_token_after_reopen"]
+    assert kv["context_bytes"] == (tmp_path / "files" / "logbook-600.kvpotctx").stat().st_size
+    assert 500 < kv["tokens"] < 700 and 500 < stock["tokens"] < 700  # the same generated logbook
+    assert kv["reopen_speedup"] == pytest.approx(kv["reread_seconds"] / kv["reopen_seconds"])
+    assert "stock llama.cpp" in res.stderr

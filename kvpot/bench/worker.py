@@ -2,6 +2,8 @@
 
 python -m kvpot.bench.worker pot   MODEL TOKENS --policy streaming --budget 1024 --chunk 512 --threads 2
 python -m kvpot.bench.worker stock MODEL TOKENS --chunk 512 --threads 2
+python -m kvpot.bench.worker context MODEL TOKENS --out DIR --threads 2         (kvpot.bench.context)
+python -m kvpot.bench.worker context-stock MODEL TOKENS --out DIR --threads 2
 """
 
 from __future__ import annotations
@@ -59,19 +61,26 @@ def run_pot(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["pot", "stock"])
+    ap.add_argument("mode", choices=["pot", "stock", "context", "context-stock"])
     ap.add_argument("model")
     ap.add_argument("tokens", type=int)
-    ap.add_argument("--policy", default="streaming")
-    ap.add_argument("--budget", type=int, default=1024)
+    ap.add_argument("--policy", default=None, help="default: streaming (pot), the model's defaults (context)")
+    ap.add_argument("--budget", type=int, default=None, help="default: 1024 (pot), the model's defaults (context)")
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flash-attn", action="store_true")
+    ap.add_argument("--out", default=".", help="folder for the generated document and saved contexts")
     a = ap.parse_args()
+    if a.mode.startswith("context"):
+        from kvpot.bench import context
+
+        run = context.run_kvpot if a.mode == "context" else context.run_stock
+        print(json.dumps(run(a.model, a.tokens, a.out, a.threads, policy=a.policy, budget=a.budget)))
+        return 0
     if a.mode == "stock":
         res = run_stock(a.model, a.tokens, a.chunk, a.threads, a.flash_attn)
     else:
-        res = run_pot(a.model, a.tokens, a.policy, a.budget, a.chunk, a.threads, a.flash_attn)
+        res = run_pot(a.model, a.tokens, a.policy or "streaming", a.budget or 1024, a.chunk, a.threads, a.flash_attn)
     res["flash_attn"] = a.flash_attn
     print(json.dumps(res))
     return 0

@@ -1,0 +1,142 @@
+"""`kvpot bench context`: what a user of `kvpot ask` waits for, beside stock llama.cpp in the same run.
+
+For each length: a generated logbook (kvpot.sample, one code to find) is read by a Session exactly as
+`kvpot ask FILE QUESTION --save-context P` reads it, then reopened as `kvpot ask --context P QUESTION`
+does. Reported: time to the first answer token after reading, re-read time (model load + reading + first
+token) against reopen time (model load + saved context + first token), context file size, peak RSS.
+Stock llama.cpp does the same job where the document fits its context: one prefill of the whole text,
+the question, the first token; its own sequence state (llama_state_seq_get_data) saved and loaded.
+Each case runs in a fresh process (kvpot.bench.worker) so peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+
+from kvpot.sample import logbook
+
+SEED = 11
+
+
+def peak_rss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
+
+
+def write_document(model, n_tokens: int, out_dir: Path) -> tuple[Path, str, str]:
+    """A logbook of about n_tokens (the code sits at depth 0.5); returns (file, question, answer)."""
+    sample, _, _ = logbook(n_entries=100, seed=SEED)
+    per_entry = len(model.tokenize(sample)) / 100
+    text, question, answer = logbook(n_entries=max(2, round(n_tokens / per_entry)), seed=SEED)
+    path = out_dir / f"logbook-{n_tokens}.txt"
+    path.write_text(text)
+    return path, question, answer
+
+
+def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy: str | None = None,
+              budget: int | None = None) -> dict:
+    from kvpot.ingest import collect_sources
+    from kvpot.model_ref import resolve_model
+    from kvpot.runtime.llama import LlamaModel
+    from kvpot.session import Session
+    from kvpot.settings import resolve_settings
+
+    facts, known = resolve_model(model_spec)
+    name = known.name if known else facts.name
+    cli = {"threads": threads, "policy": policy, "budget": budget}
+    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
+    vocab = LlamaModel(str(facts.path))
+    doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
+    vocab.close()
+
+    t0 = time.perf_counter()
+    s = Session(facts, name, settings)
+    s.set_question(question)
+    s.read(collect_sources([str(doc)]))
+    t_read = time.perf_counter()
+    pieces = s.ask(question)
+    first = next(pieces, "")
+    t_first = time.perf_counter()
+    answer = first + "".join(pieces)
+    rss_read = peak_rss_mb()
+    stats = s.stats()
+
+    ctx_path = Path(out_dir) / f"logbook-{n_tokens}.kvpotctx"
+    t_save = time.perf_counter()
+    size = s.save(ctx_path)
+    save_seconds = time.perf_counter() - t_save
+    s.engine.close()
+
+    t1 = time.perf_counter()
+    r = Session.reopen(ctx_path, facts, name, threads)
+    pieces = r.ask(question)
+    first_again = next(pieces, "")
+    t_reopen = time.perf_counter()
+    answer_again = first_again + "".join(pieces)
+    r.engine.close()
+    reread = t_first - t0
+    reopen = t_reopen - t1
+    return {"mode": "kvpot", "model": name, "policy": s.policy_spec, "length": n_tokens,
+            "tokens": stats["document tokens"], "read_seconds": t_read - t0, "tok_s": stats["read tok/s"],
+            "first_token_seconds": t_first - t_read, "reread_seconds": reread, "reopen_seconds": reopen,
+            "reopen_speedup": reread / reopen, "context_bytes": size, "save_seconds": save_seconds,
+            "peak_rss_mb": rss_read, "pot_cells": stats["tokens in pot"], "compactions": stats["compactions"],
+            "answer": answer.strip(), "correct": code in answer, "answer_after_reopen": answer_again.strip(),
+            "same_answer_after_reopen": answer_again == answer}
+
+
+def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk: int = 512, **_pot_settings) -> dict:
+    """Stock llama.cpp only: the whole document in one context, no kvpot call."""
+    from kvpot.model_ref import resolve_model
+    from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+
+    facts, _ = resolve_model(model_spec)
+    vocab = LlamaModel(str(facts.path))
+    doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
+    doc_tokens = vocab.bos() + vocab.tokenize(doc.read_text())
+    q_tokens = vocab.tokenize(f"\nQuestion: {question}\nAnswer:")
+    vocab.close()
+    n_ctx = len(doc_tokens) + len(q_tokens) + 64
+    if facts.n_ctx_train and n_ctx > facts.n_ctx_train:
+        return {"mode": "stock", "length": n_tokens, "tokens": len(doc_tokens), "refused":
+                f"{len(doc_tokens)} tokens do not fit the model's context of {facts.n_ctx_train}"}
+    params = ContextParams(n_ctx=n_ctx, n_batch=chunk, n_threads=threads)
+
+    def first_token(ctx) -> int:
+        ctx.decode(q_tokens, len(doc_tokens))
+        return int(ctx.logits_last().argmax())
+
+    # like kvpot's figures, both timings include loading the model
+    t0 = time.perf_counter()
+    model = LlamaModel(str(facts.path))
+    ctx = LlamaContext(model, params)
+    for s in range(0, len(doc_tokens), chunk):
+        ctx.decode(doc_tokens[s:s + chunk], s)
+    t_read = time.perf_counter()
+    tok = first_token(ctx)
+    t_first = time.perf_counter()
+    rss_read = peak_rss_mb()
+    piece = model.piece(tok).decode("utf-8", "replace")
+    ctx.remove_from(len(doc_tokens))  # the saved state holds the document only, as kvpot's does
+    state_path = Path(out_dir) / f"logbook-{n_tokens}.stock-state"
+    state_path.write_bytes(ctx.seq_state())
+    ctx.close()
+    model.close()
+
+    t1 = time.perf_counter()
+    model = LlamaModel(str(facts.path))
+    ctx = LlamaContext(model, params)
+    ctx.set_seq_state(state_path.read_bytes())
+    tok_again = first_token(ctx)
+    t_reopen = time.perf_counter()
+    ctx.close()
+    model.close()
+    return {"mode": "stock", "length": n_tokens, "tokens": len(doc_tokens), "read_seconds": t_read - t0,
+            "tok_s": len(doc_tokens) / (t_read - t0), "first_token_seconds": t_first - t_read,
+            "reread_seconds": t_first - t0, "reopen_seconds": t_reopen - t1,
+            "reopen_speedup": (t_first - t0) / (t_reopen - t1), "context_bytes": state_path.stat().st_size,
+            "peak_rss_mb": rss_read, "first_token": piece,
+            "same_first_token_after_reopen": tok == tok_again}
