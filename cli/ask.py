@@ -145,8 +145,11 @@ def _command(session: Session, line: str) -> bool:
     elif cmd == "/stats":
         err.print(_stats_table(session))
     elif cmd == "/reset":
-        session.reset_conversation()
-        err.print("conversation forgotten; the document stays")
+        try:
+            session.reset_conversation()
+            err.print("conversation forgotten; the document stays")
+        except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
+            err.print(f"[yellow]{e}[/yellow]")
     elif cmd == "/save":
         if not arg.strip():
             err.print("[yellow]usage: /save PATH[/yellow]")

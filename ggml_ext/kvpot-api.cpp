@@ -53,6 +53,18 @@ int32_t resolve(llama_context * ctx, kvpot_pot & pot, int32_t & n_head_kv) {
     return 0;
 }
 
+// guarded + resolve: the preamble of every entry point that works on the pot
+template <typename F>
+int32_t with_pot(llama_context * ctx, F && f) {
+    return guarded([&]() -> int32_t {
+        kvpot_pot pot; int32_t n_head_kv;
+        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
+            return rc;
+        }
+        return f(pot, n_head_kv);
+    });
+}
+
 int64_t layer_row_bytes(const llama_kv_cache & kv, size_t l) {
     int64_t b = (int64_t) kvpot_kv_access::k(kv, l)->nb[1];
     if (ggml_tensor * v = kvpot_kv_access::v(kv, l)) {
@@ -64,14 +76,10 @@ int64_t layer_row_bytes(const llama_kv_cache & kv, size_t l) {
 } // namespace
 
 int32_t kvpot_pot_stats_get(llama_context * ctx, kvpot_pot_stats * out) {
-    return guarded([&]() -> int32_t {
-        if (!out) {
-            return fail(KVPOT_ERR_ARG, "stats output is NULL");
-        }
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    if (!out) {
+        return fail(KVPOT_ERR_ARG, "stats output is NULL");
+    }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const llama_kv_cache & kv = *pot.kv;
         const auto & cells = kvpot_kv_access::cells(kv);
         kvpot_state & st = kvpot_state_get(ctx);
@@ -94,11 +102,7 @@ int32_t kvpot_pot_stats_get(llama_context * ctx, kvpot_pot_stats * out) {
 }
 
 int32_t kvpot_pot_layers(llama_context * ctx, int32_t * il_out, int32_t n_max) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const auto ids = kvpot_pot_layer_ids(*pot.kv);
         if (il_out && n_max > 0) {
             for (int32_t i = 0; i < n_max && i < (int32_t) ids.size(); ++i) {
@@ -110,11 +114,7 @@ int32_t kvpot_pot_layers(llama_context * ctx, int32_t * il_out, int32_t n_max) {
 }
 
 int32_t kvpot_pot_set_budget(llama_context * ctx, int32_t n_cells) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n_cells < 1 || (uint32_t) n_cells > pot.kv->get_size()) {
             return fail(KVPOT_ERR_ARG, "budget " + std::to_string(n_cells) + " is outside 1.." + std::to_string(pot.kv->get_size()) + " (the context size)");
         }
@@ -134,11 +134,7 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
 }
 
 int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_pot;
-        if (int32_t rc = resolve(ctx, pot, n_head_pot); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
         const llama_kv_cache & kv = *pot.kv;
         const auto & cells = kvpot_kv_access::cells(kv);
         const int32_t n_layer_pot = (int32_t) kvpot_kv_access::n_layers(kv);
@@ -197,11 +193,7 @@ int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_l
 }
 
 int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_pos) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n_pos < 0 || (n_pos > 0 && !pos)) {
             return fail(KVPOT_ERR_ARG, "tap positions: bad list");
         }
@@ -214,11 +206,7 @@ int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_
 }
 
 int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_pot;
-        if (int32_t rc = resolve(ctx, pot, n_head_pot); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
         kvpot_state & st = kvpot_state_get(ctx);
         if (st.tap_acc.empty()) {
             return fail(KVPOT_ERR_STATE, "no score tap was requested");
@@ -241,11 +229,7 @@ int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_
 }
 
 int32_t kvpot_logprobs_request(llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n < 0 || (n > 0 && !targets) || pos0 < 0) {
             return fail(KVPOT_ERR_ARG, "log-prob request: bad list");
         }
@@ -276,11 +260,7 @@ int32_t kvpot_logprobs_get(llama_context * ctx, float * out, int32_t n) {
 }
 
 int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t which, int32_t cell0, int32_t n_cells, float * out, int32_t n_out) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const llama_kv_cache & kv = *pot.kv;
         if (ipot < 0 || ipot >= (int32_t) kvpot_kv_access::n_layers(kv)) {
             return fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist");
@@ -338,11 +318,7 @@ int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t 
 }
 
 int32_t kvpot_pot_cell_pos(llama_context * ctx, int32_t * out, int32_t n) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
+    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const auto & cells = kvpot_kv_access::cells(*pot.kv);
         if (!out || n < 0 || (uint32_t) n > cells.size()) {
             return fail(KVPOT_ERR_ARG, "cell range out of bounds");

@@ -157,6 +157,9 @@ class Session:
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""
         if self._after_reading is None:
+            if self.turns:  # reopened from a context saved mid-conversation
+                raise KvpotError(f"this context was saved after {self.turns} turn(s); its conversation cannot be "
+                                 "told apart from the document (save contexts before chatting to keep /reset)")
             raise KvpotError("nothing has been read yet")
         self.engine.import_state(self._after_reading)
         self.turns = 0

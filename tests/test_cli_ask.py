@@ -55,6 +55,11 @@ def test_chat_commands(doc, tmp_path):
     assert "tokens in pot" in res.stderr and "unknown command /bogus" in res.stderr
     assert "conversation forgotten" in res.stderr and "/save PATH" in res.stderr
     assert ctx.exists() and len(res.stdout.strip().splitlines()) >= 2
+    # saved after one turn: /reset cannot separate that turn from the document, says so, and the chat goes on
+    again = runner.invoke(app, ["chat", "--context", str(ctx)], input="/reset\nWho mended the foresail?\n/quit\n")
+    assert again.exit_code == 0, again.output
+    assert "saved after 1 turn" in again.stderr
+    assert again.stdout.strip()
 
 
 def test_context_from_another_model_is_refused(saved, doc):

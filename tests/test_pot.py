@@ -74,7 +74,7 @@ def _kept_ranges(n: int) -> list[tuple[int, int]]:
     return [(0, 40), (120, 170), (n - 60, n)]
 
 
-def _stock_compacted(smol, tokens, ranges, cr_rope, fa, tk, tv):
+def _stock_compacted(smol, tokens, ranges, cr_rope, fa, tk, tv, n_ctx=N_CTX, chunk=CHUNK):
     """Stock llama.cpp only: seq_rm the dropped ranges, save the sequence state and load it into a
     fresh context (llama.cpp lays the kept cells out contiguously, the layout compaction produces),
     then seq_add shifts so the kept tokens sit at 0..n-1 when CR-RoPE is on."""
@@ -83,8 +83,8 @@ def _stock_compacted(smol, tokens, ranges, cr_rope, fa, tk, tv):
     import llama_cpp as L
 
     n = len(tokens)
-    src = new_ctx(smol, N_CTX, CHUNK, fa, tk, tv)
-    decode_chunks(src, tokens, CHUNK)
+    src = new_ctx(smol, n_ctx, chunk, fa, tk, tv)
+    decode_chunks(src, tokens, chunk)
     mem = L.llama_get_memory(src.ptr)
     prev = 0
     for a, b in ranges + [(n, n)]:
@@ -95,7 +95,7 @@ def _stock_compacted(smol, tokens, ranges, cr_rope, fa, tk, tv):
     buf = (ctypes.c_uint8 * size)()
     assert L.llama_state_seq_get_data(src.ptr, buf, size, 0) == size
     src.close()
-    ref = new_ctx(smol, N_CTX, CHUNK, fa, tk, tv)
+    ref = new_ctx(smol, n_ctx, chunk, fa, tk, tv)
     assert L.llama_state_seq_set_data(ref.ptr, buf, size, 0) == size
     kept = sum(b - a for a, b in ranges)
     if cr_rope:

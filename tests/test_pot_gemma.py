@@ -100,14 +100,7 @@ def test_same_set_matches_stock_seq_rm(gemma, doc_tokens, question_tokens, fa, c
 
 
 def _stock_compacted_gemma(gemma, tokens, ranges, cr_rope, fa):
-    import test_pot
-
-    saved = test_pot.N_CTX, test_pot.CHUNK
-    test_pot.N_CTX, test_pot.CHUNK = N_CTX, CHUNK
-    try:
-        return _stock_compacted(gemma, tokens, ranges, cr_rope, fa, "f16", "f16")
-    finally:
-        test_pot.N_CTX, test_pot.CHUNK = saved
+    return _stock_compacted(gemma, tokens, ranges, cr_rope, fa, "f16", "f16", n_ctx=N_CTX, chunk=CHUNK)
 
 
 def cr_rope_positions(old: np.ndarray, win0: int) -> tuple[np.ndarray, int]:
