@@ -84,6 +84,7 @@ def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy
             "first_token_seconds": t_first - t_read, "reread_seconds": reread, "reopen_seconds": reopen,
             "reopen_speedup": reread / reopen, "context_bytes": size, "save_seconds": save_seconds,
             "peak_rss_mb": rss_read, "pot_cells": stats["tokens in pot"], "compactions": stats["compactions"],
+            "distill_seconds": s.engine.compact_seconds, "read_only_seconds": s.read_seconds,
             "answer": answer.strip(), "correct": code in answer, "answer_after_reopen": answer_again.strip(),
             "same_answer_after_reopen": answer_again == answer}
 
