@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -23,6 +24,18 @@ from .reading import read_with_progress
 MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
 POLICY_HELP = ("how the pot chooses what to keep: infinipot (default), streaming, snapkv, h2o, truncate, imdc, "
                "with parameters as in `infinipot:pot=4096,keep=2048`")
+
+# the options ask and chat share (Typer reads type and help from these annotations)
+ContextOpt = Annotated[Path, typer.Option("--context", help="reopen a saved context instead of reading files")]
+SaveContextOpt = Annotated[Path, typer.Option("--save-context", help="save the compressed context here after reading")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
+PolicyOpt = Annotated[str, typer.Option("--policy", "-P", help=POLICY_HELP)]
+BudgetOpt = Annotated[int, typer.Option("--budget", "-b", help="cells the memory may hold (per layer and KV head)")]
+ChunkOpt = Annotated[int, typer.Option("--chunk", help="tokens read per step")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (default: every core)")]
+PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest answer, in tokens")]
+GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
 
 
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
@@ -83,16 +96,16 @@ def _save(session: Session, path: Path) -> None:
 def ask(
     args: list[str] = typer.Argument(..., metavar="[FILE]... QUESTION",
                                      help="files, directories or - (stdin) to read, then the question"),
-    context: Path = typer.Option(None, "--context", help="reopen a saved context instead of reading files"),
-    save_context: Path = typer.Option(None, "--save-context", help="save the compressed context here after reading"),
-    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    policy: str = typer.Option(None, "--policy", "-P", help=POLICY_HELP),
-    budget: int = typer.Option(None, "--budget", "-b", help="cells the memory may hold (per layer and KV head)"),
-    chunk: int = typer.Option(None, "--chunk", help="tokens read per step"),
-    threads: int = typer.Option(None, "--threads", "-t", help="CPU threads (default: every core)"),
-    prompt: str = typer.Option(None, "--prompt", help="auto (chat template if the model has one), chat or completion"),
-    max_tokens: int = typer.Option(None, "--max-tokens", "-n", help="longest answer, in tokens"),
-    glob: str = typer.Option("*", "--glob", help="which files to read inside directories"),
+    context: ContextOpt = None,
+    save_context: SaveContextOpt = None,
+    model: ModelOpt = None,
+    policy: PolicyOpt = None,
+    budget: BudgetOpt = None,
+    chunk: ChunkOpt = None,
+    threads: ThreadsOpt = None,
+    prompt: PromptOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    glob: GlobOpt = "*",
 ) -> None:
     """Read files of any length, then answer one question about them.
 
@@ -166,16 +179,16 @@ def _command(session: Session, line: str) -> bool:
 @user_errors
 def chat(
     inputs: list[str] = typer.Argument(None, metavar="[FILE]...", help="files or directories to read"),
-    context: Path = typer.Option(None, "--context", help="reopen a saved context instead of reading files"),
-    save_context: Path = typer.Option(None, "--save-context", help="save the compressed context here after reading"),
-    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    policy: str = typer.Option(None, "--policy", "-P", help=POLICY_HELP),
-    budget: int = typer.Option(None, "--budget", "-b", help="cells the memory may hold (per layer and KV head)"),
-    chunk: int = typer.Option(None, "--chunk", help="tokens read per step"),
-    threads: int = typer.Option(None, "--threads", "-t", help="CPU threads (default: every core)"),
-    prompt: str = typer.Option(None, "--prompt", help="auto (chat template if the model has one), chat or completion"),
-    max_tokens: int = typer.Option(None, "--max-tokens", "-n", help="longest answer, in tokens"),
-    glob: str = typer.Option("*", "--glob", help="which files to read inside directories"),
+    context: ContextOpt = None,
+    save_context: SaveContextOpt = None,
+    model: ModelOpt = None,
+    policy: PolicyOpt = None,
+    budget: BudgetOpt = None,
+    chunk: ChunkOpt = None,
+    threads: ThreadsOpt = None,
+    prompt: PromptOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    glob: GlobOpt = "*",
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 

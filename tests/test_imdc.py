@@ -368,20 +368,3 @@ def test_make_policy_parses_imdc(spec: str, expected: IMDC):
     got = make_policy(spec)
     assert type(got) is IMDC and got == expected
     assert type(got.m_max) is int and (got.m_0 is None or type(got.m_0) is int)
-
-
-@pytest.mark.parametrize(("spec", "needles"), [
-    ("imdc", ["needs pruner"]),
-    ("imdc:m_max=512", ["needs pruner"]),
-    ("imdc:pruner=lru", ["pruner", "'lru'", "snapkv"]),
-    ("imdc:pruner=imdc", ["pruner", "'imdc'"]),
-    ("imdc:pruner=snapkv,m_0=lots", ["m_0", "int", "'lots'"]),
-    ("imdc:pruner=snapkv,function=adaptive", ["per layer"]),
-])
-def test_make_policy_imdc_errors_are_one_line(spec: str, needles: list[str]):
-    with pytest.raises(KvpotError) as info:
-        make_policy(spec)
-    message = str(info.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, message

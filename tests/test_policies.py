@@ -504,6 +504,12 @@ def test_make_policy_converts_to_the_field_type():
     ("snapkv:window=8,window=9", ["twice"]),
     ("snapkv:kernel=4", ["kernel", "odd"]),
     ("streaming:n_sink=-2", ["n_sink"]),
+    ("imdc", ["needs pruner"]),
+    ("imdc:m_max=512", ["needs pruner"]),
+    ("imdc:pruner=lru", ["pruner", "'lru'", "snapkv"]),
+    ("imdc:pruner=imdc", ["pruner", "'imdc'"]),
+    ("imdc:pruner=snapkv,m_0=lots", ["m_0", "int", "'lots'"]),
+    ("imdc:pruner=snapkv,function=adaptive", ["per layer"]),
 ])
 def test_make_policy_errors_are_one_clear_line(spec: str, needles: list[str]):
     with pytest.raises(KvpotError) as info:
