@@ -11,19 +11,13 @@ Each case runs in a fresh process (kvpot.bench.worker) so peak RSS is its own.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from pathlib import Path
 
+from kvpot.bench.worker import peak_rss_mb
 from kvpot.sample import logbook
 
 SEED = 11
-
-
-def peak_rss_mb() -> float:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
 
 def write_document(model, n_tokens: int, out_dir: Path) -> tuple[Path, str, str]:

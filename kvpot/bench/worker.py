@@ -15,7 +15,7 @@ import sys
 import time
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
@@ -34,7 +34,7 @@ def run_stock(model_path: str, n_tokens: int, chunk: int, threads: int, flash_at
         ctx.decode(tokens[s:s + chunk], s, logits="last")
     dt = time.perf_counter() - t0
     return {"mode": "stock", "tokens": len(tokens), "seconds": dt, "tok_s": len(tokens) / dt,
-            "peak_rss_mb": _peak_rss_mb(), "kv_bytes": None, "compactions": 0}
+            "peak_rss_mb": peak_rss_mb(), "kv_bytes": None, "compactions": 0}
 
 
 def run_pot(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int, threads: int, flash_attn: bool) -> dict:
@@ -55,7 +55,7 @@ def run_pot(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int
     dt = time.perf_counter() - t0
     st = eng.stats()
     return {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
-            "tok_s": eng.tokens_seen / dt, "peak_rss_mb": _peak_rss_mb(), "kv_bytes": peak_bytes[0],
+            "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "kv_bytes": peak_bytes[0],
             "kv_bytes_allocated": st.bytes_total, "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds}
 
 
