@@ -167,14 +167,38 @@ int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_l
                 return fail(KVPOT_ERR_STATE, "CR-RoPE needs full-dimension RoPE in every pot layer (layer " + std::to_string(il) + ")");
             }
         }
-        std::vector<uint32_t> stamp(cells.size(), UINT32_MAX);
+        // per-layer budgets: a layer keeping fewer cells ends each of its rows with KVPOT_PAD
+        std::vector<int32_t> n_live(n_layer, n_keep);
         for (int32_t l = 0; l < n_layer; ++l) {
             for (int32_t h = 0; h < n_head_kv; ++h) {
+                const int32_t * row = keep + ((size_t) l*n_head_kv + h)*n_keep;
+                int32_t n = n_keep;
+                while (n > 0 && row[n - 1] == KVPOT_PAD) {
+                    --n;
+                }
+                if (h == 0) {
+                    n_live[l] = n;
+                }
+                if (n == 0 || n != n_live[l]) {
+                    return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + ": every KV head must keep the same number of cells, at least one");
+                }
+            }
+        }
+        const kvpot_state * prev = kvpot_state_find(ctx);
+        std::vector<uint32_t> stamp(cells.size(), UINT32_MAX);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            // cells this layer no longer holds (an earlier per-layer compaction) cannot come back
+            const uint32_t dead0 = prev ? prev->live_end(l) : 0;
+            const uint32_t dead1 = prev ? prev->n_compacted : 0;
+            for (int32_t h = 0; h < n_head_kv; ++h) {
                 const uint32_t row = (uint32_t) (l*n_head_kv + h);
-                for (int32_t j = 0; j < n_keep; ++j) {
+                for (int32_t j = 0; j < n_live[l]; ++j) {
                     const int32_t c = keep[(size_t) row*n_keep + j];
                     if (c < 0 || (uint32_t) c >= cells.size() || cells.is_empty(c)) {
                         return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is out of range or empty");
+                    }
+                    if ((uint32_t) c >= dead0 && (uint32_t) c < dead1) {
+                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is no longer held by this layer");
                     }
                     if (stamp[c] == row) {
                         return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is listed twice");
@@ -184,7 +208,7 @@ int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_l
             }
         }
         kvpot_state & st = kvpot_state_get(ctx);
-        const std::string why = kvpot_compact(ctx, st, pot, keep, n_head_kv, n_keep, cr_rope);
+        const std::string why = kvpot_compact(ctx, st, pot, keep, n_live, n_head_kv, n_keep, cr_rope);
         if (!why.empty()) {
             return fail(KVPOT_ERR_COMPUTE, why);
         }

@@ -64,13 +64,26 @@ llama_pos kvpot_rope_pos(const kvpot_state & st, const llama_kv_cells & cells, i
 }
 
 std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_pot & pot,
-                          const int32_t * keep, int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
+                          const int32_t * keep_in, const std::vector<int32_t> & n_live,
+                          int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
     llama_kv_cache & kv = *pot.kv;
     llama_kv_cells & cells = kvpot_kv_access::cells(kv);
     const auto & hparams = kvpot_kv_access::hparams(kv);
     const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
     const uint32_t n_used = cells.used_max_p1();
     const llama_pos p_next = cells.seq_pos_max(0) + 1;
+
+    // a padded slot j >= n_live[l] gathers the row's first kept cell with its RoPE unchanged: a
+    // placeholder the attention mask hides from layer l until the next compaction frees it
+    std::vector<int32_t> keep(keep_in, keep_in + (size_t) n_layer*n_head_kv*n_keep);
+    for (int32_t l = 0; l < n_layer; ++l) {
+        for (int32_t h = 0; h < n_head_kv; ++h) {
+            const size_t row = ((size_t) l*n_head_kv + h)*n_keep;
+            for (int32_t j = n_live[l]; j < n_keep; ++j) {
+                keep[row + j] = keep[row];
+            }
+        }
+    }
 
     // CR-RoPE (InfiniPot 3.5): kept cells restart at small positions, 0..n_keep-1 when the model has no
     // sliding window. With one (Gemma-3 iSWA) the window layers still hold the live window [win0, p_next), so
@@ -92,7 +105,7 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
             for (int32_t j = 0; j < n_keep; ++j) {
                 const size_t i = ((size_t) l*n_head_kv + h)*n_keep + j;
                 old_rope[i] = kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) keep[i]);
-                n_old += old_rope[i] < win0;
+                n_old += j < n_live[l] && old_rope[i] < win0;
             }
             W = std::max(W, n_old);
         }
@@ -102,7 +115,7 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     std::vector<llama_pos> new_rope(old_rope.size());
     auto inp = std::make_unique<kvpot_compact_input>();
     inp->kv = &kv;
-    inp->idx_data.assign(keep, keep + (size_t) n_layer*n_head_kv*n_keep);
+    inp->idx_data = keep;
     if (cr_rope) {
         inp->delta_data.resize(new_rope.size());
     }
@@ -110,14 +123,14 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
         for (int32_t h = 0; h < n_head_kv; ++h) {
             const size_t row = ((size_t) l*n_head_kv + h)*n_keep;
             llama_pos n_old = 0;
-            for (int32_t j = 0; j < n_keep; ++j) {
+            for (int32_t j = 0; j < n_live[l]; ++j) {
                 n_old += old_rope[row + j] < win0;
             }
             llama_pos k_old = 0;
             for (int32_t j = 0; j < n_keep; ++j) {
                 const size_t i = row + j;
                 const llama_pos old = old_rope[i];
-                if (!cr_rope) {
+                if (!cr_rope || j >= n_live[l]) {
                     new_rope[i] = old;
                     continue;
                 }
@@ -212,6 +225,8 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
 
     st.rope_pos      = std::move(new_rope);
     st.n_compacted   = (uint32_t) n_keep;
+    st.n_live        = std::all_of(n_live.begin(), n_live.end(), [&](int32_t n) { return n == n_keep; })
+                     ? std::vector<int32_t>() : n_live;
     st.force_rebuild = true;
     st.n_compactions++;
     return "";

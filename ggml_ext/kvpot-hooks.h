@@ -24,8 +24,10 @@ void kvpot_hook_build_end  (const llama_context * lctx, llm_graph_result * res, 
 //   q       [n_embd_head, n_head,    n_tokens]      (after any Hadamard rotation)
 //   k       [n_embd_head, n_head_kv, n_kv, n_stream] (view of the cache)
 //   kq_mask [n_kv, n_tokens_pad, 1, n_stream]
-void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
-                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il);
+// returns the mask this layer's attention uses: kq_mask itself, or kq_mask plus -INF on the cells
+// the layer no longer holds (per-layer budgets)
+ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                              ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il);
 
 // llama_context::process_ubatch, after a successful graph_compute: read tapped outputs back
 void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch);

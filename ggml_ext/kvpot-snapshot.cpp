@@ -3,7 +3,7 @@
 //
 // layout (little-endian, all int32 unless noted):
 //   magic 'KVPS', version, n_pot_layer, n_head_kv, n_compacted (uint32), budget, n_compactions,
-//   rope_pos[n_pot_layer][n_head_kv][n_compacted]
+//   rope_pos[n_pot_layer][n_head_kv][n_compacted], n_live[n_pot_layer] (cells each layer holds)
 #include "kvpot.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -18,7 +18,7 @@
 namespace {
 
 constexpr uint32_t SNAP_MAGIC   = 0x5350564b; // "KVPS"
-constexpr int32_t  SNAP_VERSION = 1;
+constexpr int32_t  SNAP_VERSION = 2;
 constexpr size_t   SNAP_HEADER  = 7*sizeof(int32_t);
 
 struct shape {
@@ -40,7 +40,7 @@ std::string pot_shape(llama_context * ctx, shape & out) {
 }
 
 size_t snap_size(const kvpot_state & st, const shape & s) {
-    return SNAP_HEADER + sizeof(int32_t)*(size_t) s.n_layer*s.n_head_kv*st.n_compacted;
+    return SNAP_HEADER + sizeof(int32_t)*((size_t) s.n_layer*s.n_head_kv*st.n_compacted + s.n_layer);
 }
 
 } // namespace
@@ -79,6 +79,11 @@ int64_t kvpot_pot_state_get(llama_context * ctx, uint8_t * dst, size_t size) {
     if (!st.rope_pos.empty()) {
         std::memcpy(dst + SNAP_HEADER, st.rope_pos.data(), st.rope_pos.size()*sizeof(llama_pos));
     }
+    uint8_t * live = dst + SNAP_HEADER + st.rope_pos.size()*sizeof(llama_pos);
+    for (int32_t l = 0; l < s.n_layer; ++l) {
+        const int32_t n = (int32_t) st.live_end(l);
+        std::memcpy(live + l*sizeof(int32_t), &n, sizeof(n));
+    }
     return need;
 }
 
@@ -114,10 +119,20 @@ int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t siz
         return KVPOT_ERR_ARG;
     }
     const size_t n_pos = (size_t) s.n_layer*s.n_head_kv*n_compacted;
-    if (size != SNAP_HEADER + n_pos*sizeof(llama_pos)) {
-        kvpot_set_error("kvpot state has " + std::to_string(size) + " bytes, expected " +
-                        std::to_string(SNAP_HEADER + n_pos*sizeof(llama_pos)));
+    const size_t want  = SNAP_HEADER + (n_pos + s.n_layer)*sizeof(int32_t);
+    if (size != want) {
+        kvpot_set_error("kvpot state has " + std::to_string(size) + " bytes, expected " + std::to_string(want));
         return KVPOT_ERR_ARG;
+    }
+    std::vector<int32_t> n_live(s.n_layer);
+    std::memcpy(n_live.data(), src + SNAP_HEADER + n_pos*sizeof(llama_pos), n_live.size()*sizeof(int32_t));
+    bool all_live = true;
+    for (int32_t n : n_live) {
+        if (n < (n_compacted > 0 ? 1 : 0) || n > n_compacted) {
+            kvpot_set_error("kvpot state: a layer holds " + std::to_string(n) + " of " + std::to_string(n_compacted) + " compacted cells");
+            return KVPOT_ERR_ARG;
+        }
+        all_live = all_live && n == n_compacted;
     }
     kvpot_state & st = kvpot_state_get(ctx);
     st.n_compacted   = (uint32_t) n_compacted;
@@ -127,6 +142,7 @@ int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t siz
     if (n_pos) {
         std::memcpy(st.rope_pos.data(), src + SNAP_HEADER, n_pos*sizeof(llama_pos));
     }
+    st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
     st.force_rebuild = true;
     return 0;
 }

@@ -41,11 +41,25 @@ struct kvpot_state {
     // n_compacted were written by decode since and their cell position is the RoPE position
     uint32_t               n_compacted = 0;
     std::vector<llama_pos> rope_pos;  // [n_pot_layer][n_head_kv][n_compacted]
+    // per pot layer, how many of the first n_compacted cells the layer holds (per-layer budgets):
+    // cells [n_live[l], n_compacted) are dead there, masked out of its attention. Empty: all held
+    std::vector<int32_t>   n_live;
+
+    // first dead cell of pot layer ipot (n_compacted when it holds them all)
+    uint32_t live_end(int32_t ipot) const { return n_live.empty() ? n_compacted : (uint32_t) n_live[ipot]; }
 
     int32_t budget = 0;
     int32_t n_compactions = 0;
 
     bool active() const { return !tap_pos.empty() || !lp_targets.empty(); }
+    bool has_dead_cells() const {
+        for (int32_t n : n_live) {
+            if ((uint32_t) n < n_compacted) {
+                return true;
+            }
+        }
+        return false;
+    }
 };
 
 // state of a context, created on first use; the lock guards the registry, not the state

@@ -28,29 +28,53 @@ struct kvpot_build {
 
 thread_local kvpot_build g_build;
 
-// I32 graph input filled from a host vector; never reusable, so a graph holding taps is rebuilt
-class kvpot_input_i32 : public llm_graph_input_i {
+// 1-D graph input filled from a host vector; never reusable (can_reuse stays false), so a graph
+// holding taps or a dead-cell mask is rebuilt for every ubatch
+template <typename T, ggml_type TYPE>
+class kvpot_input_vec : public llm_graph_input_i {
 public:
-    explicit kvpot_input_i32(std::vector<int32_t> data) : data(std::move(data)) {}
+    explicit kvpot_input_vec(std::vector<T> data) : data(std::move(data)) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_UNUSED(ubatch);
         if (t && t->buffer) {
-            ggml_backend_tensor_set(t, data.data(), 0, data.size()*sizeof(int32_t));
+            ggml_backend_tensor_set(t, data.data(), 0, data.size()*sizeof(T));
         }
     }
 
-    ggml_tensor *        t = nullptr;
-    std::vector<int32_t> data;
+    ggml_tensor *  t = nullptr;
+    std::vector<T> data;
 };
 
-ggml_tensor * add_i32_input(llm_graph_result * res, ggml_context * ctx, std::vector<int32_t> data) {
-    auto inp = std::make_unique<kvpot_input_i32>(std::move(data));
-    inp->t = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) inp->data.size());
+template <typename T, ggml_type TYPE>
+ggml_tensor * add_input(llm_graph_result * res, ggml_context * ctx, std::vector<T> data) {
+    auto inp = std::make_unique<kvpot_input_vec<T, TYPE>>(std::move(data));
+    inp->t = ggml_new_tensor_1d(ctx, TYPE, (int64_t) inp->data.size());
     ggml_set_input(inp->t);
     ggml_tensor * t = inp->t;
     res->add_input(std::move(inp));
     return t;
+}
+
+ggml_tensor * add_i32_input(llm_graph_result * res, ggml_context * ctx, std::vector<int32_t> data) {
+    return add_input<int32_t, GGML_TYPE_I32>(res, ctx, std::move(data));
+}
+
+// per-layer budgets: the cells [live_end, n_compacted) pot layer ipot no longer holds get -INF in
+// its mask (a bias row [n_kv] broadcast over the query rows), so they take no part in its attention
+ggml_tensor * mask_dead_cells(ggml_context * ctx0, llm_graph_result * res, const kvpot_state & st,
+                              ggml_tensor * kq_mask, int32_t ipot) {
+    const int64_t  n_kv = kq_mask->ne[0];
+    const uint32_t live = st.live_end(ipot);
+    if (live >= st.n_compacted || (int64_t) live >= n_kv) {
+        return kq_mask;
+    }
+    std::vector<float> bias((size_t) n_kv, 0.0f);
+    for (int64_t c = live; c < (int64_t) st.n_compacted && c < n_kv; ++c) {
+        bias[c] = -INFINITY;
+    }
+    ggml_tensor * b = add_input<float, GGML_TYPE_F32>(res, ctx0, std::move(bias)); // [n_kv]
+    return ggml_add(ctx0, kq_mask, b); // [n_kv, n_tokens_pad, 1, 1], the mask's own type
 }
 
 int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
@@ -62,6 +86,10 @@ int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
     return -1;
 }
 
+// defined after the hooks
+void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot);
+
 } // namespace
 
 bool kvpot_hook_force_rebuild(const llama_context * lctx) {
@@ -69,7 +97,7 @@ bool kvpot_hook_force_rebuild(const llama_context * lctx) {
     if (!st) {
         return false;
     }
-    const bool force = st->force_rebuild || st->active();
+    const bool force = st->force_rebuild || st->active() || st->has_dead_cells();
     st->force_rebuild = false;
     return force;
 }
@@ -77,7 +105,7 @@ bool kvpot_hook_force_rebuild(const llama_context * lctx) {
 void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & ubatch) {
     g_build = {};
     kvpot_state * st = kvpot_state_find(lctx);
-    if (!st || !st->active()) {
+    if (!st || (!st->active() && !st->has_dead_cells())) {
         return;
     }
     kvpot_pot pot;
@@ -102,15 +130,27 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     }
 }
 
-void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
-                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il) {
-    if (!g_build.st || g_build.rows.empty() || k->ne[3] != 1) {
-        return;
+ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                              ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il) {
+    if (!g_build.st || k->ne[3] != 1) {
+        return kq_mask;
     }
     const int32_t ipot = pot_index_of(*g_build.pot, il);
     if (ipot < 0) {
-        return;
+        return kq_mask;
     }
+    kq_mask = mask_dead_cells(ctx0, res, *g_build.st, kq_mask, ipot);
+    if (!g_build.rows.empty()) {
+        tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
+    }
+    return kq_mask;
+}
+
+namespace {
+
+// score taps: the attention probability each cell receives from the tapped rows, per KV head
+void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot) {
     if (!g_build.rows_t) {
         g_build.rows_t = add_i32_input(res, ctx0, g_build.rows);
     }
@@ -153,6 +193,8 @@ void kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * r
 
     g_build.st->pending_taps.push_back({ipot, out, n_kv});
 }
+
+} // namespace
 
 void kvpot_hook_build_end(const llama_context * lctx, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf) {
     GGML_UNUSED(lctx);

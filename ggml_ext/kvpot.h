@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 3
+#define KVPOT_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,10 +79,16 @@ KVPOT_API int32_t kvpot_pot_set_budget(struct llama_context * ctx, int32_t n_cel
 // forget kvpot's per-context state (requests, per-head positions); call after clearing the memory
 KVPOT_API int32_t kvpot_pot_reset(struct llama_context * ctx);
 
+// keep-list padding for a layer that keeps fewer cells than n_keep
+#define KVPOT_PAD -1
+
 // keep, for every pot layer l and KV head h, the cells keep[(l*n_head_kv + h)*n_keep + j], j < n_keep:
 // they move to cells 0..n_keep-1 (in the given order) and every other cell is freed. With cr_rope the
 // keys are re-rotated so that cell j holds position j (CR-RoPE); otherwise each key keeps its position.
-// Runs as a ggml graph on the backend holding the cache. Only sequence 0 may be in the cache.
+// A layer may keep fewer (per-layer budgets): its rows end with KVPOT_PAD, the same count in every
+// head; the padded cells are dead in that layer (masked out of its attention, never kept again)
+// until the next compaction. Runs as a ggml graph on the backend holding the cache. Only sequence 0
+// may be in the cache.
 KVPOT_API int32_t kvpot_pot_compact(struct llama_context * ctx, const int32_t * keep,
                                     int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope);
 

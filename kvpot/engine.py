@@ -15,7 +15,7 @@ import numpy as np
 from kvpot.engine_state import EngineState, decode_tree, encode_tree
 from kvpot.errors import KvpotError
 from kvpot.gguf_file import read_model_facts
-from kvpot.policies.base import Policy, PotView, TapRequest
+from kvpot.policies.base import DEAD, PAD, Policy, PotView, TapRequest, check_keep
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
 
@@ -250,9 +250,6 @@ class Engine:
             if catalyst:
                 raise KvpotError(f"internal: {self.policy.name} read a catalyst but kept every cell")
             return False
-        keep = np.asarray(keep, dtype=np.int64)
-        if np.any(np.take_along_axis(self.positions, keep, axis=2) < 0):
-            raise KvpotError(f"internal: {self.policy.name} kept a catalyst cell")
         self.compact(keep, self.policy.cr_rope)
         self.compact_seconds += time.perf_counter() - t0
         return True
@@ -279,10 +276,14 @@ class Engine:
                        logprobs=view.logprobs, chunk_positions=view.chunk_positions, tokens_seen=self.tokens_seen)
 
     def compact(self, keep: np.ndarray, cr_rope: bool) -> None:
-        """Apply a keep list [L, H, n]: the pot is rebuilt in the runtime, the bookkeeping follows."""
+        """Apply a keep list [L, H, n] (rows of a layer that keeps fewer end with PAD): the pot is
+        rebuilt in the runtime, the bookkeeping follows; a padded cell is DEAD in its layer."""
         keep = np.asarray(keep, dtype=np.int64)
+        check_keep(keep, self.positions, self.policy.name)
         self.pot.compact(keep, cr_rope)
-        self.positions = np.take_along_axis(self.positions, keep, axis=2)
+        held = keep != PAD
+        kept = np.take_along_axis(self.positions, np.where(held, keep, 0), axis=2)
+        self.positions = np.where(held, kept, DEAD)
         self.policy.after_compaction(keep)
         self.pos_next = self.pot.stats().pos_next
         self.n_compactions += 1

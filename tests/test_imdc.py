@@ -19,6 +19,7 @@ import pytest
 
 from kvpot.errors import KvpotError
 from kvpot.policies import (
+    H2O,
     IMDC,
     Policy,
     PotView,
@@ -334,11 +335,11 @@ def test_refuses_without_a_length():
         assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("function", ["adaptive", "square-sqrt"])
-def test_refuses_per_layer_functions(function: str):
-    with pytest.raises(KvpotError, match="per layer") as info:
-        IMDC(SnapKV(), function=function)
+def test_per_layer_functions_refuse_pruners_with_per_cell_state():
+    with pytest.raises(KvpotError, match="per-cell state") as info:
+        IMDC(H2O(), function="adaptive")
     assert "\n" not in str(info.value)
+    IMDC(StreamingLLM(), function="square-sqrt")  # stateless pruners are fine
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [

@@ -1,8 +1,10 @@
 """What a policy sees and answers. The engine calls every policy through these hooks only.
 
 Shapes use L = pot layers (model layers whose KV lives in the pot), H = KV heads,
-N = cells currently in the pot. Every (layer, head) holds the same number of cells N;
-which tokens those cells hold may differ per (layer, head).
+N = cells currently in the pot. Every (layer, head) has the same N cells; which tokens those
+cells hold may differ per (layer, head), and after a compaction with per-layer budgets (IMDC's
+adaptive and square-sqrt schedules) a layer may hold fewer: its other cells are DEAD there
+(masked out of that layer's attention) until the next compaction frees them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpot.errors import KvpotError
+
+# PotView.positions markers: a catalyst cell (appended to be tapped, never kept) and a cell the
+# layer no longer holds (per-layer budgets: masked out of that layer's attention, never kept)
+CATALYST = -1
+DEAD = -2
+# keep-list padding: a row of a layer that keeps fewer cells than the longest row ends with PAD
+PAD = -1
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,8 @@ class PotView:
     n_head_kv: int
     n_cells: int
     # [L, H, N] int64: stream position (0-based index in everything read so far) of the token in each cell;
-    # -1 marks catalyst cells (appended only to be tapped; a policy must never keep them)
+    # CATALYST (-1) marks catalyst cells (appended only to be tapped), DEAD (-2) cells a layer no longer
+    # holds (per-layer budgets); a policy must never keep either
     positions: np.ndarray
     # [L, H, N] float32 or None: attention mass each cell received from the tapped rows of the last chunk
     # (query heads of a group summed, tapped rows summed); None when nothing was tapped
@@ -63,9 +73,12 @@ class Policy:
       after_chunk(view)          -> observe the chunk's taps and log-probs (e.g. accumulate, H2O)
       wants_compaction(n_cells, budget, next_chunk) -> compact now? (default: n_cells > budget)
       catalyst_text()            -> text appended before select, its rows tapped, then dropped (CaP)
-      budget_at(step, budget)    -> cells to keep after step `step` (default: the configured budget)
+      budget_at(step, budget)    -> cells to keep after step `step` (default: the configured budget);
+                                    an int, or an int array [L] for a different budget per pot layer
       select(view, budget)       -> int array [L, H, n] of cell indices to keep (each row sorted,
-                                    no duplicates, no catalyst cell), or None to keep everything
+                                    no duplicates, no catalyst or dead cell), or None to keep
+                                    everything; a layer that keeps fewer than n cells ends each of
+                                    its rows with PAD (the same count in every head of the layer)
       after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
       reset()                    -> forget the document
     """
@@ -156,3 +169,52 @@ def keep_ends(positions: np.ndarray, n_first: int, n_last: int) -> np.ndarray:
     order = np.argsort(positions, axis=-1, kind="stable")
     cells = np.concatenate([order[..., :n_first], order[..., n - n_last:]], axis=-1)
     return np.sort(cells, axis=-1).astype(np.int64, copy=False)
+
+
+def check_keep(keep: np.ndarray, positions: np.ndarray, who: str) -> np.ndarray:
+    """Validate a keep list [L, H, n] against the pot's positions [L, H, N] before the runtime sees
+    it; returns the number of cells each layer keeps, [L]."""
+    keep = np.asarray(keep)
+    L, H, N = positions.shape
+    if keep.ndim != 3 or keep.shape[:2] != (L, H) or not 1 <= keep.shape[2] <= N:
+        raise KvpotError(f"internal: {who} returned a keep list of shape {keep.shape} for a pot of {L}x{H}x{N}")
+    held = keep != PAD
+    n_live = held.sum(axis=2)
+    if np.any(n_live != n_live[:, :1]) or np.any(n_live == 0):
+        raise KvpotError(f"internal: {who} kept a different number of cells in the heads of one layer, or none")
+    if np.any(held != (np.arange(keep.shape[2]) < n_live[..., None])):
+        raise KvpotError(f"internal: {who} padded a keep row before its end")
+    cells = np.where(held, keep, 0)
+    if np.any((cells < 0) | (cells >= N)):
+        raise KvpotError(f"internal: {who} kept a cell outside the pot")
+    if np.any(held & (np.take_along_axis(positions, cells, axis=2) < 0)):
+        raise KvpotError(f"internal: {who} kept a catalyst or dead cell")
+    return n_live[:, 0]
+
+
+def layer_view(view: PotView, layer: int) -> tuple[PotView, np.ndarray]:
+    """One layer of a view with its dead cells left out, and the cell index each sub-view cell has in
+    the full view (dead cells are the same in every head of a layer)."""
+    cells = np.flatnonzero(view.positions[layer, 0] != DEAD)
+    sub = PotView(n_layer=1, n_head_kv=view.n_head_kv, n_cells=int(cells.size),
+                  positions=view.positions[layer:layer + 1][..., cells],
+                  scores=None if view.scores is None else view.scores[layer:layer + 1][..., cells],
+                  logprobs=view.logprobs, chunk_positions=view.chunk_positions, tokens_seen=view.tokens_seen)
+    return sub, cells
+
+
+def select_per_layer(policy: Policy, view: PotView, budgets: np.ndarray) -> np.ndarray:
+    """Run a per-(layer, head) policy one layer at a time on the cells that layer holds, keeping
+    budgets[l] cells in layer l (all it holds when that is fewer); rows padded with PAD."""
+    rows = []
+    for layer in range(view.n_layer):
+        sub, cells = layer_view(view, layer)
+        kept = policy.select(sub, int(budgets[layer])) if sub.n_cells > budgets[layer] else None
+        if kept is None:
+            kept = np.broadcast_to(np.arange(sub.n_cells), (1, view.n_head_kv, sub.n_cells))
+        rows.append(cells[np.asarray(kept)[0]])
+    width = max(r.shape[1] for r in rows)
+    keep = np.full((view.n_layer, view.n_head_kv, width), PAD, dtype=np.int64)
+    for layer, r in enumerate(rows):
+        keep[layer, :, :r.shape[1]] = r
+    return keep

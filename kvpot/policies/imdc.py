@@ -7,67 +7,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import Policy, PotView, TapRequest
-
-FUNCTIONS = ("fixed", "linear", "sqrt", "square")
-# the paper's schedules that give each layer its own memory size (eq. 2-3; appendix A.1 puts
-# SQUARE in the lower layers and SQRT in the higher ones); every layer of the pot holds as many cells
-PER_LAYER = ("adaptive", "square-sqrt")
-
-
-def n_chunks(n_tokens: int, chunk: int) -> int:
-    """n = ceil(n_tokens / c): the fewest chunks whose average size is at most c."""
-    return max(1, -(-n_tokens // chunk))
-
-
-def memory_schedule(function: str, m_max: int, m_0: int, n: int) -> np.ndarray:
-    """m_i, i = 0..n-1, floored to integers: eq. 1 (linear), eq. 7 (square), eq. 8 (sqrt),
-    m_max throughout for "fixed". m_{n-1} = m_max exactly; a single chunk keeps m_max."""
-    if function == "fixed" or n == 1:
-        return np.full(n, m_max, dtype=np.int64)
-    i = np.arange(n, dtype=np.int64)
-    d, k = m_max - m_0, n - 1
-    # integer arithmetic so the floor is exact (i / k in floats can land just below an integer)
-    if function == "linear":
-        grow = d * i // k
-    elif function == "square":
-        grow = d * i * i // (k * k)
-    elif function == "sqrt":
-        # floor(d * sqrt(i / k)) == isqrt(floor(d^2 i / k)); the float root is off by at most one
-        x = d * d * i // k
-        grow = np.floor(np.sqrt(x.astype(np.float64))).astype(np.int64)
-        grow -= grow * grow > x
-        grow += (grow + 1) * (grow + 1) <= x
-    else:
-        raise ValueError(f"unknown function {function!r}")
-    return m_0 + grow
-
-
-def chunk_schedule(memory: np.ndarray, chunk: int, n_tokens: int, decremental: bool) -> np.ndarray:
-    """c_i, i = 0..n-1, summing to n_tokens, with n = memory.size = ceil(n_tokens / chunk).
-
-    The paper's chunks sum to n*c; the shortfall e = n*c - n_tokens (0 <= e < c) comes off
-      - the last chunk with a fixed chunk (FM, IM): c, c, ..., c - e, as without IMDC;
-      - the first chunk with decremental chunks (eq. 6): IMDC's last chunks are its smallest
-        (c + m_hat - m_{n-2}, e.g. ~1024/n tokens with m_max = 2c) and cannot take up to c - 1
-        tokens, while step 0 is the only step without memory in its attention, so shrinking it
-        leaves eq. 5 (constant attention for i >= 1) intact and never raises the peak.
-    Eq. 6 in integers: with m_hat = q + r / (n - 1), c_i = c + q - m_{i-1}, plus one token for
-    the last r steps, so steps 1..n-1 hold exactly (n - 1) c tokens and the attention length
-    c_i + m_{i-1} is floor(c + m_hat) or ceil(c + m_hat).
-    """
-    n = memory.size
-    chunks = np.full(n, chunk, dtype=np.int64)
-    excess = n * chunk - n_tokens
-    if not decremental or n == 1:
-        chunks[-1] -= excess
-        return chunks
-    q, r = divmod(int(memory[:-1].sum()), n - 1)
-    chunks[1:] += q - memory[:-1]
-    chunks[n - r:] += 1  # the tail, where eq. 6's chunks are smallest
-    chunks[0] -= excess
-    return chunks
-
+from kvpot.policies.base import DEAD, Policy, PotView, TapRequest, select_per_layer
+from kvpot.policies.imdc_schedule import (
+    FUNCTIONS,
+    PER_LAYER,
+    adaptive_memory,
+    chunk_schedule,
+    memory_schedule,
+    n_chunks,
+    retention_ratio,
+    square_sqrt_layers,
+)
 
 @dataclass
 class IMDC(Policy):
@@ -84,8 +34,13 @@ class IMDC(Policy):
                        "linear" eq. 1, m_i = (m_max - m_0) i / (n - 1) + m_0
                        "square" eq. 7, m_i = (m_max - m_0) i^2 / (n - 1)^2 + m_0
                        "sqrt"   eq. 8, m_i = (m_max - m_0) sqrt(i) / sqrt(n - 1) + m_0
-                       ("adaptive", eq. 2-3, and "square-sqrt", appendix A.1, size each layer
-                       differently; the pot holds as many cells in every layer, so both refuse)
+                       per pot layer (the pot masks the cells a layer no longer holds):
+                       "square-sqrt" appendix A.1, SQUARE in the lower half of the pot layers,
+                                SQRT in the upper half; chunks planned with their mean
+                       "adaptive" eq. 2-3, m_i^j = p_j / sum(p) N b_i with b_i the linear
+                                schedule and p_j layer j's retention ratio (eq. 2) at the last
+                                compaction; each layer within [m_0, m_max], the N layers
+                                together N b_i (step 1, with no retention measured yet, b_1)
     decremental_chunk: IMDC, eq. 4-6: c_0 = c, c_i = c + m_hat - m_{i-1} with
                        m_hat = sum_{i=0}^{n-2} m_i / (n - 1), so the attention length
                        c_i + m_{i-1} stays at c + m_hat (up to one token of rounding);
@@ -111,15 +66,19 @@ class IMDC(Policy):
     _declared: int | None = field(default=None, init=False, repr=False, compare=False)
     # (n_tokens, chunks, memory) of the last schedule computed
     _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    # pot layers (learned from the first view) and eq. 2's retention per layer at the last compaction
+    _n_layer: int | None = field(default=None, init=False, repr=False, compare=False)
+    _retention: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.function in PER_LAYER:
-            raise KvpotError(f"imdc: function={self.function} needs a different memory size per layer, "
-                             "which the pot (the same number of cells in every layer) does not support yet")
         if self.function not in FUNCTIONS:
             raise KvpotError(f"imdc: function must be one of {', '.join(FUNCTIONS)}, got {self.function!r}")
         if not isinstance(self.pruner, Policy) or isinstance(self.pruner, IMDC):
             raise KvpotError(f"imdc: pruner must be a pruning policy (e.g. SnapKV()), got {self.pruner!r}")
+        if self.function in PER_LAYER and type(self.pruner).after_compaction is not Policy.after_compaction:
+            # a per-cell score carried across compactions (H2O) would have to follow padded keep lists
+            raise KvpotError(f"imdc: function={self.function} sizes each layer separately and works with "
+                             f"pruners that keep no per-cell state (snapkv, streaming), not {self.pruner.name}")
         if self.m_max < 1 or self.chunk < 1:
             raise KvpotError(f"imdc: m_max ({self.m_max}) and chunk ({self.chunk}) must be positive")
         if self.m_0 is not None and not 1 <= self.m_0 <= self.m_max:
@@ -140,8 +99,7 @@ class IMDC(Policy):
                              "so set expected_tokens (e.g. imdc:pruner=snapkv,expected_tokens=32768)")
         if self._plan is None or self._plan[0] != n_tokens:
             n = n_chunks(n_tokens, self.chunk)
-            m_0 = self.m_0 if self.m_0 is not None else max(1, self.m_max // n)
-            memory = memory_schedule(self.function, self.m_max, m_0, n)
+            memory = memory_schedule(self.function, self.m_max, self._m_0(n), n)
             chunks = chunk_schedule(memory, self.chunk, n_tokens, self.decremental_chunk and self.function != "fixed")
             if chunks.min() < 1:
                 i = int(np.argmin(chunks))
@@ -152,15 +110,43 @@ class IMDC(Policy):
             self._plan = (n_tokens, chunks, memory)
         return self._plan[1], self._plan[2]
 
+    def _m_0(self, n: int) -> int:
+        return self.m_0 if self.m_0 is not None else max(1, self.m_max // n)
+
+    def layer_memory(self, step: int, n_layer: int) -> np.ndarray:
+        """m_i^j for the pot layers j at step i, [n_layer]; the same for every layer unless the
+        function is per-layer (adaptive: from the retention the last compaction measured)."""
+        chunks, memory = self._schedule_arrays()
+        n = memory.size
+        if step >= n:
+            return np.full(n_layer, self.m_max, dtype=np.int64)
+        if self.function == "square-sqrt" and n > 1:
+            m_0 = self._m_0(n)
+            square = memory_schedule("square", self.m_max, m_0, n)[step]
+            sqrt = memory_schedule("sqrt", self.m_max, m_0, n)[step]
+            return np.where(square_sqrt_layers(n_layer), square, sqrt).astype(np.int64)
+        if self.function == "adaptive" and step > 0:
+            retention = self._retention if self._retention is not None and self._retention.size == n_layer else None
+            shares = adaptive_memory(int(memory[step]), retention, min(self._m_0(n), int(memory[step])), self.m_max)
+            return np.broadcast_to(shares, (n_layer,)).astype(np.int64)
+        return np.full(n_layer, memory[step], dtype=np.int64)
+
     def schedule(self) -> list[tuple[int, int]]:
         """(c_i, m_i) for every step i: tokens read, then cells kept after the compaction."""
         chunks, memory = self._schedule_arrays()
         return list(zip(chunks.tolist(), memory.tolist()))
 
     def peak_cells(self) -> int:
-        """max_i (c_i + m_{i-1}), m_{-1} = 0: the longest attention of any step."""
+        """max_i (c_i + m_{i-1}), m_{-1} = 0: the longest attention of any step. Per-layer functions
+        count the layer with the most memory: SQRT for square-sqrt, m_max (its cap) for adaptive
+        after step 1."""
         chunks, memory = self._schedule_arrays()
-        return int((chunks + np.concatenate([[0], memory[:-1]])).max())
+        before = memory
+        if self.function == "square-sqrt" and memory.size > 1:
+            before = memory_schedule("sqrt", self.m_max, self._m_0(memory.size), memory.size)
+        elif self.function == "adaptive":
+            before = np.concatenate([memory[:1], np.full(memory.size - 1, self.m_max)])
+        return int((chunks + np.concatenate([[0], before[:-1]])).max())
 
     # -- engine hooks ---------------------------------------------------------------------------
 
@@ -180,12 +166,14 @@ class IMDC(Policy):
         chunks, _ = self._schedule_arrays()
         return int(chunks[step]) if step < chunks.size else self.chunk
 
-    def budget_at(self, step: int, budget: int) -> int:
+    def budget_at(self, step: int, budget: int) -> int | np.ndarray:
+        if self.function in PER_LAYER and self._n_layer is not None:
+            return self.layer_memory(step, self._n_layer)
         _, memory = self._schedule_arrays()
         return int(memory[step]) if step < memory.size else self.m_max
 
-    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
-        return n_cells > budget
+    def wants_compaction(self, n_cells: int, budget: int | np.ndarray, next_chunk: int) -> bool:
+        return n_cells > int(np.min(budget))
 
     # -- the pruner's hooks ---------------------------------------------------------------------
 
@@ -200,17 +188,26 @@ class IMDC(Policy):
         return self.pruner.before_chunk(n_tokens)
 
     def after_chunk(self, view: PotView) -> None:
+        self._n_layer = view.n_layer
         self.pruner.after_chunk(view)
 
     def catalyst_text(self) -> str | None:
         return self.pruner.catalyst_text()
 
-    def select(self, view: PotView, budget: int) -> np.ndarray | None:
-        return self.pruner.select(view, budget)
+    def select(self, view: PotView, budget: int | np.ndarray) -> np.ndarray | None:
+        budgets = np.asarray(budget, dtype=np.int64)
+        if budgets.ndim == 0 and not np.any(view.positions == DEAD):
+            keep = self.pruner.select(view, int(budgets))
+        else:  # per-layer sizes, or cells an earlier per-layer step left dead
+            keep = select_per_layer(self.pruner, view, np.broadcast_to(budgets, (view.n_layer,)))
+        if keep is not None and self.function == "adaptive":
+            self._retention = retention_ratio(view, np.asarray(keep))
+        return keep
 
     def after_compaction(self, keep: np.ndarray) -> None:
         self.pruner.after_compaction(keep)
 
     def reset(self) -> None:
         self._declared = None
+        self._retention = None
         self.pruner.reset()
