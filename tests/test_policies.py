@@ -509,7 +509,7 @@ def test_make_policy_converts_to_the_field_type():
     ("imdc:pruner=lru", ["pruner", "'lru'", "snapkv"]),
     ("imdc:pruner=imdc", ["pruner", "'imdc'"]),
     ("imdc:pruner=snapkv,m_0=lots", ["m_0", "int", "'lots'"]),
-    ("imdc:pruner=snapkv,function=adaptive", ["per layer"]),
+    ("imdc:pruner=h2o,function=adaptive", ["per-cell state", "h2o"]),
 ])
 def test_make_policy_errors_are_one_clear_line(spec: str, needles: list[str]):
     with pytest.raises(KvpotError) as info:
