@@ -7,30 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot, PotCallError
-from kvpot.sample import logbook
 
 from potlib import TensorCatcher, decode_chunks
+from test_pot import doc_tokens, smol  # noqa: F401  (the same SmolLM2 model and document fixtures)
 
 CHUNK = 64
 N_CTX = 512
 N_READ = 200   # tokens read before the compaction
 WIDTH = 120    # the longest keep row
 CAUGHT = [0, 7, 29]
-
-
-@pytest.fixture(scope="module")
-def smol(smollm2_path):
-    m = LlamaModel(str(smollm2_path))
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def doc_tokens(smol):
-    text, _, _ = logbook(n_entries=8, seed=11)
-    return (smol.bos() + smol.tokenize(text))[:300]
 
 
 def ragged_keep(n_layer: int, n_head: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
