@@ -18,13 +18,28 @@ from kvpot.pull import cached_path
 from ._common import err, user_errors
 
 
-def _cpu_features() -> str:
-    import llama_cpp
+def _cpu_rows(table: Table) -> list[str]:
+    """Rows for the CPU the runtime was built for and the one it runs on; returns warnings."""
+    from kvpot.runtime import cpu
 
-    raw = llama_cpp.llama_print_system_info().decode(errors="replace")
-    # "CPU : SSE3 = 1 | AVX = 1 | ..." -> the features that are on
-    on = [part.split("=")[0].strip() for part in raw.replace("CPU :", "|").split("|") if part.strip().endswith("= 1")]
-    return " ".join(on) or raw.strip()
+    rep = cpu.report()
+    warnings = []
+    table.add_row("CPU built for", " ".join(rep.built_for) or "no SIMD features")
+    table.add_row("CPU here", "unknown (no /proc/cpuinfo)" if rep.host is None else " ".join(rep.host))
+    table.add_row("CPU weight buffers", ", ".join(rep.extra_bufts) or "none (plain CPU memory)")
+    if rep.amx_built or rep.amx_buffer:
+        table.add_row("AMX", "[yellow]ON (built with KVPOT_CPU_AMX=ON; unsafe)[/yellow]")
+        warnings.append("this runtime keeps ggml's AMX path, which crashes on some CPUs (llama.cpp issue 20824); "
+                        "rebuild without KVPOT_CPU_AMX=ON")
+    else:
+        table.add_row("AMX", f"off: {cpu.AMX_WHY}")
+    if rep.missing_here:
+        warnings.append(f"the runtime was built for a CPU with {' '.join(rep.missing_here)}, which this one lacks: "
+                        "expect 'Illegal instruction'; rebuild here with `make runtime`")
+    elif rep.unused_here:
+        warnings.append(f"this CPU has {' '.join(rep.unused_here)}, which the runtime was not built for; "
+                        "`make runtime` here builds a faster one")
+    return warnings
 
 
 @user_errors
@@ -39,13 +54,14 @@ def doctor() -> None:
     table.add_row("python", f"{platform.python_version()} ({sys.executable})")
     table.add_row("platform", f"{platform.system()} {platform.machine()}")
     problem = None
+    warnings: list[str] = []
     try:
         info = library.info()
         table.add_row("llama-cpp-python", info.llama_cpp_version)
         table.add_row("llama.cpp commit", f"{info.llama_commit} (pinned {LLAMA_CPP_COMMIT})")
         table.add_row("kvpot ABI", f"library {info.abi}, python {kvpot.ABI_VERSION}")
         table.add_row("backends", ", ".join(info.backends))
-        table.add_row("CPU features", _cpu_features())
+        warnings = _cpu_rows(table)
         table.add_row("libllama", info.library_path)
     except KvpotError as e:
         problem = e
@@ -56,5 +72,7 @@ def doctor() -> None:
     for m in KNOWN.values():
         table.add_row(f"model {m.name}", "cached" if cached_path(m).is_file() else "not pulled")
     err.print(table)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
     if problem is not None:
         raise typer.Exit(problem.exit_code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import ask, bench, build, doctor, models, run
+from ._crash import enable_crash_reports
 
 app = typer.Typer(
     name="kvpot",
@@ -26,4 +27,5 @@ app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:
+    enable_crash_reports()
     app()

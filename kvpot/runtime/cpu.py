@@ -83,7 +83,8 @@ def _arch_of(name: str) -> str:
 
 
 def _arch_of_flags(flags: frozenset[str]) -> str:
-    return "arm" if "asimd" in flags or "fp" in flags and "sse" not in flags else "x86"
+    # every x86-64 CPU lists sse2; ARM cpuinfo never does
+    return "x86" if "sse2" in flags else "arm"
 
 
 def report() -> CpuReport:

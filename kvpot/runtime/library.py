@@ -49,7 +49,25 @@ def load() -> ctypes.CDLL:
         raise RuntimeMissing(f"llama_cpp could not load its libllama ({e}); {HOW_TO_BUILD}") from None
     lib = llama_cpp_raw._lib
     check_library(lib)
+    _install_crash_banner(lib)
     return lib
+
+
+def crash_banner(lib: ctypes.CDLL) -> str:
+    import llama_cpp
+
+    return (f"\nkvpot {lib.kvpot_version().decode()} crashed in native code (runtime llama-cpp-python "
+            f"{llama_cpp.__version__}, llama.cpp {lib.kvpot_llama_commit().decode()}, {lib._name}).\n"
+            "Please report it with the lines below and the output of `kvpot doctor`.\n")
+
+
+def _install_crash_banner(lib: ctypes.CDLL) -> None:
+    # only where the process asked for crash reports (the CLI, pytest): the banner chains to
+    # faulthandler, which then prints the Python stack of the step that died
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        lib.kvpot_crash_banner_install(crash_banner(lib).encode())
 
 
 def info() -> RuntimeInfo:
