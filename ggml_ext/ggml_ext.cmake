@@ -6,6 +6,8 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-info.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-state.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-pot.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-plan.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-check.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-taps.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp

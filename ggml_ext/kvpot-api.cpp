@@ -1,5 +1,6 @@
 // the kvpot_* C API: validate every argument, then call into the pot; never throw across the C boundary
 #include "kvpot.h"
+#include "kvpot-barrier.h"
 #include "kvpot-compact.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -15,55 +16,32 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-int32_t fail(int32_t code, const std::string & msg) {
+int32_t kvpot_fail(int32_t code, const std::string & msg) {
     kvpot_set_error(msg);
     return code;
 }
 
-// run f, turning C++ exceptions into KVPOT_ERR_STATE
-template <typename F>
-int32_t guarded(F && f) {
-    try {
-        return f();
-    } catch (const std::exception & e) {
-        return fail(KVPOT_ERR_STATE, std::string("internal error: ") + e.what());
-    }
-}
-
-// resolve the pot and check the shape facts every call relies on
-int32_t resolve(llama_context * ctx, kvpot_pot & pot, int32_t & n_head_kv) {
+int32_t kvpot_resolve(llama_context * ctx, kvpot_pot & pot, int32_t & n_head_kv) {
     const std::string why = kvpot_pot_resolve(ctx, pot);
     if (!why.empty()) {
-        return fail(KVPOT_ERR_STATE, why);
+        return kvpot_fail(KVPOT_ERR_STATE, why);
     }
     const auto & hparams = kvpot_kv_access::hparams(*pot.kv);
     n_head_kv = -1;
     for (size_t l = 0; l < kvpot_kv_access::n_layers(*pot.kv); ++l) {
         const int32_t h = (int32_t) hparams.n_head_kv(kvpot_kv_access::il(*pot.kv, l));
         if (n_head_kv >= 0 && h != n_head_kv) {
-            return fail(KVPOT_ERR_STATE, "the pot needs the same number of KV heads in every pot layer");
+            return kvpot_fail(KVPOT_ERR_STATE, "the pot needs the same number of KV heads in every pot layer");
         }
         n_head_kv = h;
     }
     if (n_head_kv <= 0) {
-        return fail(KVPOT_ERR_STATE, "the pot has no layers");
+        return kvpot_fail(KVPOT_ERR_STATE, "the pot has no layers");
     }
     return 0;
 }
 
-// guarded + resolve: the preamble of every entry point that works on the pot
-template <typename F>
-int32_t with_pot(llama_context * ctx, F && f) {
-    return guarded([&]() -> int32_t {
-        kvpot_pot pot; int32_t n_head_kv;
-        if (int32_t rc = resolve(ctx, pot, n_head_kv); rc < 0) {
-            return rc;
-        }
-        return f(pot, n_head_kv);
-    });
-}
+namespace {
 
 int64_t layer_row_bytes(const llama_kv_cache & kv, size_t l) {
     int64_t b = (int64_t) kvpot_kv_access::k(kv, l)->nb[1];
@@ -77,9 +55,9 @@ int64_t layer_row_bytes(const llama_kv_cache & kv, size_t l) {
 
 int32_t kvpot_pot_stats_get(llama_context * ctx, kvpot_pot_stats * out) {
     if (!out) {
-        return fail(KVPOT_ERR_ARG, "stats output is NULL");
+        return kvpot_fail(KVPOT_ERR_ARG, "stats output is NULL");
     }
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const llama_kv_cache & kv = *pot.kv;
         const auto & cells = kvpot_kv_access::cells(kv);
         kvpot_state & st = kvpot_state_get(ctx);
@@ -102,7 +80,7 @@ int32_t kvpot_pot_stats_get(llama_context * ctx, kvpot_pot_stats * out) {
 }
 
 int32_t kvpot_pot_layers(llama_context * ctx, int32_t * il_out, int32_t n_max) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const auto ids = kvpot_pot_layer_ids(*pot.kv);
         if (il_out && n_max > 0) {
             for (int32_t i = 0; i < n_max && i < (int32_t) ids.size(); ++i) {
@@ -114,9 +92,9 @@ int32_t kvpot_pot_layers(llama_context * ctx, int32_t * il_out, int32_t n_max) {
 }
 
 int32_t kvpot_pot_set_budget(llama_context * ctx, int32_t n_cells) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n_cells < 1 || (uint32_t) n_cells > pot.kv->get_size()) {
-            return fail(KVPOT_ERR_ARG, "budget " + std::to_string(n_cells) + " is outside 1.." + std::to_string(pot.kv->get_size()) + " (the context size)");
+            return kvpot_fail(KVPOT_ERR_ARG, "budget " + std::to_string(n_cells) + " is outside 1.." + std::to_string(pot.kv->get_size()) + " (the context size)");
         }
         kvpot_state_get(ctx).budget = n_cells;
         return 0;
@@ -124,9 +102,9 @@ int32_t kvpot_pot_set_budget(llama_context * ctx, int32_t n_cells) {
 }
 
 int32_t kvpot_pot_reset(llama_context * ctx) {
-    return guarded([&]() -> int32_t {
+    return kvpot_guarded([&]() -> int32_t {
         if (!ctx) {
-            return fail(KVPOT_ERR_ARG, "context is NULL");
+            return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
         }
         kvpot_state_drop(ctx);
         return 0;
@@ -134,92 +112,26 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
 }
 
 int32_t kvpot_pot_compact(llama_context * ctx, const int32_t * keep, int32_t n_layer, int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
-        const llama_kv_cache & kv = *pot.kv;
-        const auto & cells = kvpot_kv_access::cells(kv);
-        const int32_t n_layer_pot = (int32_t) kvpot_kv_access::n_layers(kv);
-        if (!keep) {
-            return fail(KVPOT_ERR_ARG, "keep list is NULL");
-        }
-        if (n_layer != n_layer_pot) {
-            return fail(KVPOT_ERR_ARG, "keep list covers " + std::to_string(n_layer) + " layers but the pot has " + std::to_string(n_layer_pot));
-        }
-        if (n_head_kv != n_head_pot) {
-            return fail(KVPOT_ERR_ARG, "keep list covers " + std::to_string(n_head_kv) + " KV heads but the pot has " + std::to_string(n_head_pot));
-        }
-        const uint32_t n_used = cells.get_used();
-        if (n_keep < 1 || (uint32_t) n_keep > n_used) {
-            return fail(KVPOT_ERR_ARG, "n_keep " + std::to_string(n_keep) + " is outside 1.." + std::to_string(n_used) + " (cells in use)");
-        }
-        for (uint32_t i = 0; i < cells.size(); ++i) {
-            if (!cells.is_empty(i) && (cells.seq_count(i) != 1 || !cells.seq_has(i, 0))) {
-                return fail(KVPOT_ERR_STATE, "the pot holds cells of sequences other than 0");
-            }
-        }
-        const auto & hparams = kvpot_kv_access::hparams(kv);
-        for (int32_t l = 0; l < n_layer; ++l) {
-            const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
-            const int64_t n_embd_gqa = kvpot_kv_access::k(kv, l)->ne[0];
-            if (n_embd_gqa != (int64_t) hparams.n_embd_head_k(il)*n_head_kv) {
-                return fail(KVPOT_ERR_STATE, "unsupported K layout in layer " + std::to_string(il));
-            }
-            if (cr_rope && (!hparams.has_rope(il) || hparams.n_rot(il) != hparams.n_embd_head_k(il))) {
-                return fail(KVPOT_ERR_STATE, "CR-RoPE needs full-dimension RoPE in every pot layer (layer " + std::to_string(il) + ")");
-            }
-        }
-        // per-layer budgets: a layer keeping fewer cells ends each of its rows with KVPOT_PAD
-        std::vector<int32_t> n_live(n_layer, n_keep);
-        for (int32_t l = 0; l < n_layer; ++l) {
-            for (int32_t h = 0; h < n_head_kv; ++h) {
-                const int32_t * row = keep + ((size_t) l*n_head_kv + h)*n_keep;
-                int32_t n = n_keep;
-                while (n > 0 && row[n - 1] == KVPOT_PAD) {
-                    --n;
-                }
-                if (h == 0) {
-                    n_live[l] = n;
-                }
-                if (n == 0 || n != n_live[l]) {
-                    return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + ": every KV head must keep the same number of cells, at least one");
-                }
-            }
-        }
-        const kvpot_state * prev = kvpot_state_find(ctx);
-        std::vector<uint32_t> stamp(cells.size(), UINT32_MAX);
-        for (int32_t l = 0; l < n_layer; ++l) {
-            // cells this layer no longer holds (an earlier per-layer compaction) cannot come back
-            const uint32_t dead0 = prev ? prev->live_end(l) : 0;
-            const uint32_t dead1 = prev ? prev->n_compacted : 0;
-            for (int32_t h = 0; h < n_head_kv; ++h) {
-                const uint32_t row = (uint32_t) (l*n_head_kv + h);
-                for (int32_t j = 0; j < n_live[l]; ++j) {
-                    const int32_t c = keep[(size_t) row*n_keep + j];
-                    if (c < 0 || (uint32_t) c >= cells.size() || cells.is_empty(c)) {
-                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is out of range or empty");
-                    }
-                    if ((uint32_t) c >= dead0 && (uint32_t) c < dead1) {
-                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is no longer held by this layer");
-                    }
-                    if (stamp[c] == row) {
-                        return fail(KVPOT_ERR_ARG, "layer " + std::to_string(l) + " head " + std::to_string(h) + ": cell " + std::to_string(c) + " is listed twice");
-                    }
-                    stamp[c] = row;
-                }
-            }
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
+        std::vector<int32_t> n_live;
+        const kvpot_check check = kvpot_compact_check(pot, kvpot_state_find(ctx), keep, n_layer, n_head_kv, n_head_pot,
+                                                      n_keep, cr_rope, n_live);
+        if (!check.ok()) {
+            return kvpot_fail(check.code, check.why);
         }
         kvpot_state & st = kvpot_state_get(ctx);
         const std::string why = kvpot_compact(ctx, st, pot, keep, n_live, n_head_kv, n_keep, cr_rope);
         if (!why.empty()) {
-            return fail(KVPOT_ERR_COMPUTE, why);
+            return kvpot_fail(KVPOT_ERR_COMPUTE, why);
         }
         return 0;
     });
 }
 
 int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_pos) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n_pos < 0 || (n_pos > 0 && !pos)) {
-            return fail(KVPOT_ERR_ARG, "tap positions: bad list");
+            return kvpot_fail(KVPOT_ERR_ARG, "tap positions: bad list");
         }
         kvpot_state & st = kvpot_state_get(ctx);
         st.tap_pos.assign(pos, pos + n_pos);
@@ -230,17 +142,17 @@ int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_
 }
 
 int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
         kvpot_state & st = kvpot_state_get(ctx);
         if (st.tap_acc.empty()) {
-            return fail(KVPOT_ERR_STATE, "no score tap was requested");
+            return kvpot_fail(KVPOT_ERR_STATE, "no score tap was requested");
         }
         if (ipot < 0 || ipot >= (int32_t) st.tap_acc.size()) {
-            return fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist (the pot has " + std::to_string(st.tap_acc.size()) + ")");
+            return kvpot_fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist (the pot has " + std::to_string(st.tap_acc.size()) + ")");
         }
         const int64_t kv_size = pot.kv->get_size();
         if (!out || n_head_kv != n_head_pot || n_cells < 0 || n_cells > kv_size) {
-            return fail(KVPOT_ERR_ARG, "tap output: wrong head count or cell count");
+            return kvpot_fail(KVPOT_ERR_ARG, "tap output: wrong head count or cell count");
         }
         const auto & acc = st.tap_acc[ipot];
         for (int32_t h = 0; h < n_head_kv; ++h) {
@@ -253,9 +165,9 @@ int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_
 }
 
 int32_t kvpot_logprobs_request(llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         if (n < 0 || (n > 0 && !targets) || pos0 < 0) {
-            return fail(KVPOT_ERR_ARG, "log-prob request: bad list");
+            return kvpot_fail(KVPOT_ERR_ARG, "log-prob request: bad list");
         }
         kvpot_state & st = kvpot_state_get(ctx);
         st.lp_pos0 = pos0;
@@ -267,16 +179,16 @@ int32_t kvpot_logprobs_request(llama_context * ctx, llama_pos pos0, const llama_
 }
 
 int32_t kvpot_logprobs_get(llama_context * ctx, float * out, int32_t n) {
-    return guarded([&]() -> int32_t {
+    return kvpot_guarded([&]() -> int32_t {
         kvpot_state * st = kvpot_state_find(ctx);
         if (!st || st->lp_out.empty()) {
-            return fail(KVPOT_ERR_STATE, "no log-probs were requested");
+            return kvpot_fail(KVPOT_ERR_STATE, "no log-probs were requested");
         }
         if (!st->lp_error.empty()) {
-            return fail(KVPOT_ERR_STATE, st->lp_error);
+            return kvpot_fail(KVPOT_ERR_STATE, st->lp_error);
         }
         if (!out || n != (int32_t) st->lp_out.size()) {
-            return fail(KVPOT_ERR_ARG, "log-prob output must hold " + std::to_string(st->lp_out.size()) + " values");
+            return kvpot_fail(KVPOT_ERR_ARG, "log-prob output must hold " + std::to_string(st->lp_out.size()) + " values");
         }
         std::copy(st->lp_out.begin(), st->lp_out.end(), out);
         return 0;
@@ -284,30 +196,30 @@ int32_t kvpot_logprobs_get(llama_context * ctx, float * out, int32_t n) {
 }
 
 int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t which, int32_t cell0, int32_t n_cells, float * out, int32_t n_out) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const llama_kv_cache & kv = *pot.kv;
         if (ipot < 0 || ipot >= (int32_t) kvpot_kv_access::n_layers(kv)) {
-            return fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist");
+            return kvpot_fail(KVPOT_ERR_ARG, "pot layer " + std::to_string(ipot) + " does not exist");
         }
         if (head < 0 || head >= n_head_kv || (which != 0 && which != 1)) {
-            return fail(KVPOT_ERR_ARG, "head or tensor selector out of range");
+            return kvpot_fail(KVPOT_ERR_ARG, "head or tensor selector out of range");
         }
         const int64_t kv_size = kv.get_size();
         if (cell0 < 0 || n_cells < 0 || cell0 + n_cells > kv_size) {
-            return fail(KVPOT_ERR_ARG, "cell range out of bounds");
+            return kvpot_fail(KVPOT_ERR_ARG, "cell range out of bounds");
         }
         ggml_tensor * t = which == 0 ? kvpot_kv_access::k(kv, ipot) : kvpot_kv_access::v(kv, ipot);
         if (!t) {
-            return fail(KVPOT_ERR_STATE, "this layer has no V");
+            return kvpot_fail(KVPOT_ERR_STATE, "this layer has no V");
         }
         const int64_t d = t->ne[0] / n_head_kv;
         if (!out || (int64_t) n_out != d*n_cells) {
-            return fail(KVPOT_ERR_ARG, "output must hold n_cells * head_dim = " + std::to_string(d*n_cells) + " floats");
+            return kvpot_fail(KVPOT_ERR_ARG, "output must hold n_cells * head_dim = " + std::to_string(d*n_cells) + " floats");
         }
         const auto * traits = ggml_get_type_traits(t->type);
         if (which == 1 && kvpot_kv_access::v_trans(kv)) {
             if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
-                return fail(KVPOT_ERR_STATE, "transposed V of this type cannot be read");
+                return kvpot_fail(KVPOT_ERR_STATE, "transposed V of this type cannot be read");
             }
             const size_t es = ggml_element_size(t);
             std::vector<uint8_t> raw(es*n_cells);
@@ -334,7 +246,7 @@ int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t 
             } else if (traits->to_float) {
                 traits->to_float(raw.data(), out + (size_t) c*d, d);
             } else {
-                return fail(KVPOT_ERR_STATE, std::string("cannot convert cache type ") + ggml_type_name(t->type));
+                return kvpot_fail(KVPOT_ERR_STATE, std::string("cannot convert cache type ") + ggml_type_name(t->type));
             }
         }
         return 0;
@@ -342,10 +254,10 @@ int32_t kvpot_pot_read(llama_context * ctx, int32_t ipot, int32_t head, int32_t 
 }
 
 int32_t kvpot_pot_cell_pos(llama_context * ctx, int32_t * out, int32_t n) {
-    return with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
         const auto & cells = kvpot_kv_access::cells(*pot.kv);
         if (!out || n < 0 || (uint32_t) n > cells.size()) {
-            return fail(KVPOT_ERR_ARG, "cell range out of bounds");
+            return kvpot_fail(KVPOT_ERR_ARG, "cell range out of bounds");
         }
         for (int32_t i = 0; i < n; ++i) {
             out[i] = cells.is_empty(i) ? -1 : cells.pos_get(i);

@@ -1,4 +1,5 @@
 #include "kvpot-compact.h"
+#include "kvpot-compact-plan.h"
 
 #include "llama-context.h"
 #include "llama-graph.h"
@@ -63,81 +64,22 @@ llama_pos kvpot_rope_pos(const kvpot_state & st, const llama_kv_cells & cells, i
     return cells.pos_get(cell);
 }
 
-std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_pot & pot,
-                          const int32_t * keep_in, const std::vector<int32_t> & n_live,
-                          int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
+namespace {
+
+// the graph: per layer, gather each head's kept cells to the front (re-rotating K by the plan's deltas)
+std::string run_gather(llama_context * lctx, const kvpot_pot & pot, const kvpot_compact_plan & plan,
+                       int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
     llama_kv_cache & kv = *pot.kv;
     llama_kv_cells & cells = kvpot_kv_access::cells(kv);
     const auto & hparams = kvpot_kv_access::hparams(kv);
     const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
     const uint32_t n_used = cells.used_max_p1();
-    const llama_pos p_next = cells.seq_pos_max(0) + 1;
 
-    // a padded slot j >= n_live[l] gathers the row's first kept cell with its RoPE unchanged: a
-    // placeholder the attention mask hides from layer l until the next compaction frees it
-    std::vector<int32_t> keep(keep_in, keep_in + (size_t) n_layer*n_head_kv*n_keep);
-    for (int32_t l = 0; l < n_layer; ++l) {
-        for (int32_t h = 0; h < n_head_kv; ++h) {
-            const size_t row = ((size_t) l*n_head_kv + h)*n_keep;
-            for (int32_t j = n_live[l]; j < n_keep; ++j) {
-                keep[row + j] = keep[row];
-            }
-        }
-    }
-
-    // CR-RoPE (InfiniPot 3.5): kept cells restart at small positions, 0..n_keep-1 when the model has no
-    // sliding window. With one (Gemma-3 iSWA) the window layers still hold the live window [win0, p_next), so
-    // a kept cell inside it keeps its distance to the window's end (the window layers see it there too) and the
-    // older kept cells of each head are packed right before it; the window restarts at W, the most older cells
-    // any head kept. Positions stay below |C| + n_swa however long the stream.
-    llama_pos win0 = p_next;
-    if (cr_rope && pot.swa) {
-        const llama_pos swa_min = pot.swa->seq_pos_min(0);
-        if (swa_min >= 0) {
-            win0 = std::max<llama_pos>(swa_min, p_next - (llama_pos) hparams.n_swa);
-        }
-    }
-    std::vector<llama_pos> old_rope((size_t) n_layer*n_head_kv*n_keep);
-    llama_pos W = 0;
-    for (int32_t l = 0; l < n_layer; ++l) {
-        for (int32_t h = 0; h < n_head_kv; ++h) {
-            llama_pos n_old = 0;
-            for (int32_t j = 0; j < n_keep; ++j) {
-                const size_t i = ((size_t) l*n_head_kv + h)*n_keep + j;
-                old_rope[i] = kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) keep[i]);
-                n_old += j < n_live[l] && old_rope[i] < win0;
-            }
-            W = std::max(W, n_old);
-        }
-    }
-    const llama_pos next = cr_rope ? W + (p_next - win0) : p_next;
-
-    std::vector<llama_pos> new_rope(old_rope.size());
     auto inp = std::make_unique<kvpot_compact_input>();
     inp->kv = &kv;
-    inp->idx_data = keep;
+    inp->idx_data = plan.idx;
     if (cr_rope) {
-        inp->delta_data.resize(new_rope.size());
-    }
-    for (int32_t l = 0; l < n_layer; ++l) {
-        for (int32_t h = 0; h < n_head_kv; ++h) {
-            const size_t row = ((size_t) l*n_head_kv + h)*n_keep;
-            llama_pos n_old = 0;
-            for (int32_t j = 0; j < n_live[l]; ++j) {
-                n_old += old_rope[row + j] < win0;
-            }
-            llama_pos k_old = 0;
-            for (int32_t j = 0; j < n_keep; ++j) {
-                const size_t i = row + j;
-                const llama_pos old = old_rope[i];
-                if (!cr_rope || j >= n_live[l]) {
-                    new_rope[i] = old;
-                    continue;
-                }
-                new_rope[i] = old < win0 ? W - n_old + k_old++ : W + (old - win0);
-                inp->delta_data[i] = new_rope[i] - old;
-            }
-        }
+        inp->delta_data = plan.delta;
     }
 
     auto * sched = lctx->get_sched();
@@ -211,23 +153,57 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
     }
     ggml_backend_sched_synchronize(sched);
 
-    // cells: 0..n_keep-1 now hold the kept tokens of seq 0. A cell's own position only serves the causal mask
-    // (each head's RoPE position is in rope_pos), so the cells take the n_keep positions before `next`
+    return "";
+}
+
+// the one step that mutates: cells 0..n_keep-1 now hold the kept tokens of seq 0
+void apply_cells(kvpot_state & st, const kvpot_pot & pot, kvpot_compact_plan && plan,
+                 const std::vector<int32_t> & n_live, int32_t n_keep, bool cr_rope, llama_pos p_next) {
+    llama_kv_cache & kv = *pot.kv;
+    llama_kv_cells & cells = kvpot_kv_access::cells(kv);
+    // a cell's own position only serves the causal mask (each head's RoPE position is in rope_pos),
+    // so the cells take the n_keep positions before `next`
     cells.reset();
     for (int32_t j = 0; j < n_keep; ++j) {
-        cells.pos_set(j, next - n_keep + j);
+        cells.pos_set(j, plan.next - n_keep + j);
         cells.seq_add(j, 0);
     }
     kvpot_kv_access::set_head(kv, n_keep);
-    if (cr_rope && pot.swa && next != p_next) {
-        pot.swa->seq_add(0, -1, -1, next - p_next); // applied as a stock K-shift at the next decode
+    if (cr_rope && pot.swa && plan.next != p_next) {
+        pot.swa->seq_add(0, -1, -1, plan.next - p_next); // applied as a stock K-shift at the next decode
     }
 
-    st.rope_pos      = std::move(new_rope);
+    st.rope_pos      = std::move(plan.new_rope);
     st.n_compacted   = (uint32_t) n_keep;
     st.n_live        = std::all_of(n_live.begin(), n_live.end(), [&](int32_t n) { return n == n_keep; })
                      ? std::vector<int32_t>() : n_live;
     st.force_rebuild = true;
     st.n_compactions++;
+}
+
+} // namespace
+
+std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_pot & pot,
+                          const int32_t * keep, const std::vector<int32_t> & n_live,
+                          int32_t n_head_kv, int32_t n_keep, bool cr_rope) {
+    static_assert(sizeof(llama_pos) == sizeof(int32_t), "the planner works on int32 positions");
+    llama_kv_cache & kv = *pot.kv;
+    const llama_kv_cells & cells = kvpot_kv_access::cells(kv);
+    const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
+    const llama_pos p_next = cells.seq_pos_max(0) + 1;
+
+    // the live window only matters to CR-RoPE; without it every position stays where it is
+    llama_pos win0 = p_next;
+    if (cr_rope && pot.swa) {
+        win0 = kvpot_plan_window_start(p_next, pot.swa->seq_pos_min(0), (int32_t) kvpot_kv_access::hparams(kv).n_swa);
+    }
+    kvpot_compact_plan plan = kvpot_plan_compaction(keep, n_live, n_layer, n_head_kv, n_keep,
+        [&](int32_t l, int32_t h, int32_t c) { return kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) c); },
+        p_next, win0, cr_rope);
+
+    if (std::string why = run_gather(lctx, pot, plan, n_head_kv, n_keep, cr_rope); !why.empty()) {
+        return why;
+    }
+    apply_cells(st, pot, std::move(plan), n_live, n_keep, cr_rope, p_next);
     return "";
 }

@@ -1,13 +1,27 @@
-// pot compaction: gather kept cells (a different set per layer and KV head) to the front, optionally re-rotate keys
+// pot compaction, split as llama.cpp splits find_slot/apply: check (kvpot-compact-check.cpp) ->
+// plan (kvpot-compact-plan.cpp, pure positions) -> apply (kvpot-compact.cpp, the one step that mutates)
 #pragma once
 
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
 #include <string>
+#include <vector>
 
-// keep: [n_pot_layer][n_head_kv][n_keep] cell indices, already validated; layer l keeps the first
-// n_live[l] of each row (the rest is padding: those cells are dead in that layer afterwards).
+struct kvpot_check {
+    int32_t     code = 0; // 0, or a KVPOT_ERR_* code
+    std::string why;
+    bool ok() const { return code == 0; }
+};
+
+// validate a keep list against the pot before anything moves; fills n_live[l], the cells layer l keeps
+// (n_keep, or fewer when its rows end with KVPOT_PAD)
+kvpot_check kvpot_compact_check(const kvpot_pot & pot, const kvpot_state * prev, const int32_t * keep,
+                                int32_t n_layer, int32_t n_head_kv, int32_t n_head_pot, int32_t n_keep, bool cr_rope,
+                                std::vector<int32_t> & n_live);
+
+// keep: [n_pot_layer][n_head_kv][n_keep] cell indices that passed kvpot_compact_check. Plans the
+// positions, gathers (and re-rotates) K/V in one graph, then rewrites cells and state.
 // returns "" on success, else why it failed; the cache is unchanged when it fails before compute
 std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_pot & pot,
                           const int32_t * keep, const std::vector<int32_t> & n_live,

@@ -5,6 +5,7 @@
 //   magic 'KVPS', version, n_pot_layer, n_head_kv, n_compacted (uint32), budget, n_compactions,
 //   rope_pos[n_pot_layer][n_head_kv][n_compacted], n_live[n_pot_layer] (cells each layer holds)
 #include "kvpot.h"
+#include "kvpot-barrier.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -27,16 +28,12 @@ struct shape {
     uint32_t n_used   = 0;
 };
 
-std::string pot_shape(llama_context * ctx, shape & out) {
-    kvpot_pot pot;
-    std::string why = kvpot_pot_resolve(ctx, pot);
-    if (!why.empty()) {
-        return why;
-    }
+shape shape_of(const kvpot_pot & pot, int32_t n_head_kv) {
+    shape out;
     out.n_layer   = (int32_t) kvpot_kv_access::n_layers(*pot.kv);
-    out.n_head_kv = out.n_layer > 0 ? (int32_t) kvpot_kv_access::hparams(*pot.kv).n_head_kv(kvpot_kv_access::il(*pot.kv, 0)) : 0;
+    out.n_head_kv = n_head_kv;
     out.n_used    = kvpot_kv_access::cells(*pot.kv).get_used();
-    return {};
+    return out;
 }
 
 size_t snap_size(const kvpot_state & st, const shape & s) {
@@ -45,18 +42,16 @@ size_t snap_size(const kvpot_state & st, const shape & s) {
 
 } // namespace
 
+// every entry point runs behind the C API's exception barrier (kvpot-barrier.h)
+
 int64_t kvpot_pot_state_size(llama_context * ctx) {
     if (!ctx) {
-        kvpot_set_error("context is NULL");
-        return KVPOT_ERR_ARG;
+        return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
     }
-    shape s;
-    if (std::string why = pot_shape(ctx, s); !why.empty()) {
-        kvpot_set_error(why);
-        return KVPOT_ERR_STATE;
-    }
-    const kvpot_state * st = kvpot_state_find(ctx);
-    return (int64_t) snap_size(st ? *st : kvpot_state{}, s);
+    return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int64_t {
+        const kvpot_state * st = kvpot_state_find(ctx);
+        return (int64_t) snap_size(st ? *st : kvpot_state{}, shape_of(pot, n_head_kv));
+    });
 }
 
 int64_t kvpot_pot_state_get(llama_context * ctx, uint8_t * dst, size_t size) {
@@ -65,100 +60,94 @@ int64_t kvpot_pot_state_get(llama_context * ctx, uint8_t * dst, size_t size) {
         return need;
     }
     if (!dst || size < (size_t) need) {
-        kvpot_set_error("state buffer of " + std::to_string(size) + " bytes is smaller than " + std::to_string(need));
-        return KVPOT_ERR_ARG;
+        return kvpot_fail(KVPOT_ERR_ARG, "state buffer of " + std::to_string(size) + " bytes is smaller than " + std::to_string(need));
     }
-    shape s;
-    pot_shape(ctx, s);
-    const kvpot_state * found = kvpot_state_find(ctx);
-    const kvpot_state empty;
-    const kvpot_state & st = found ? *found : empty;
-    const int32_t head[7] = { (int32_t) SNAP_MAGIC, SNAP_VERSION, s.n_layer, s.n_head_kv, (int32_t) st.n_compacted,
-                              st.budget, st.n_compactions };
-    std::memcpy(dst, head, sizeof(head));
-    if (!st.rope_pos.empty()) {
-        std::memcpy(dst + SNAP_HEADER, st.rope_pos.data(), st.rope_pos.size()*sizeof(llama_pos));
-    }
-    uint8_t * live = dst + SNAP_HEADER + st.rope_pos.size()*sizeof(llama_pos);
-    for (int32_t l = 0; l < s.n_layer; ++l) {
-        const int32_t n = (int32_t) st.live_end(l);
-        std::memcpy(live + l*sizeof(int32_t), &n, sizeof(n));
-    }
-    return need;
+    return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int64_t {
+        const shape s = shape_of(pot, n_head_kv);
+        const kvpot_state * found = kvpot_state_find(ctx);
+        const kvpot_state empty;
+        const kvpot_state & st = found ? *found : empty;
+        const int32_t head[7] = { (int32_t) SNAP_MAGIC, SNAP_VERSION, s.n_layer, s.n_head_kv, (int32_t) st.n_compacted,
+                                  st.budget, st.n_compactions };
+        std::memcpy(dst, head, sizeof(head));
+        if (!st.rope_pos.empty()) {
+            std::memcpy(dst + SNAP_HEADER, st.rope_pos.data(), st.rope_pos.size()*sizeof(llama_pos));
+        }
+        uint8_t * live = dst + SNAP_HEADER + st.rope_pos.size()*sizeof(llama_pos);
+        for (int32_t l = 0; l < s.n_layer; ++l) {
+            const int32_t n = (int32_t) st.live_end(l);
+            std::memcpy(live + l*sizeof(int32_t), &n, sizeof(n));
+        }
+        return need;
+    });
 }
 
 int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t size) {
     if (!ctx || !src) {
-        kvpot_set_error("context or state buffer is NULL");
-        return KVPOT_ERR_ARG;
+        return kvpot_fail(KVPOT_ERR_ARG, "context or state buffer is NULL");
     }
-    shape s;
-    if (std::string why = pot_shape(ctx, s); !why.empty()) {
-        kvpot_set_error(why);
-        return KVPOT_ERR_STATE;
-    }
-    if (size < SNAP_HEADER) {
-        kvpot_set_error("kvpot state is truncated (" + std::to_string(size) + " bytes)");
-        return KVPOT_ERR_ARG;
-    }
-    int32_t head[7];
-    std::memcpy(head, src, sizeof(head));
-    if ((uint32_t) head[0] != SNAP_MAGIC || head[1] != SNAP_VERSION) {
-        kvpot_set_error("not a kvpot state (bad magic or version)");
-        return KVPOT_ERR_ARG;
-    }
-    if (head[2] != s.n_layer || head[3] != s.n_head_kv) {
-        kvpot_set_error("kvpot state is for " + std::to_string(head[2]) + " pot layers x " + std::to_string(head[3]) +
-                        " KV heads, this context has " + std::to_string(s.n_layer) + " x " + std::to_string(s.n_head_kv));
-        return KVPOT_ERR_ARG;
-    }
-    const int32_t n_compacted = head[4];
-    if (n_compacted < 0 || (uint32_t) n_compacted > s.n_used) {
-        kvpot_set_error("kvpot state covers " + std::to_string(n_compacted) + " compacted cells but the cache holds " +
-                        std::to_string(s.n_used) + " (restore the llama.cpp sequence state first)");
-        return KVPOT_ERR_ARG;
-    }
-    const size_t n_pos = (size_t) s.n_layer*s.n_head_kv*n_compacted;
-    const size_t want  = SNAP_HEADER + (n_pos + s.n_layer)*sizeof(int32_t);
-    if (size != want) {
-        kvpot_set_error("kvpot state has " + std::to_string(size) + " bytes, expected " + std::to_string(want));
-        return KVPOT_ERR_ARG;
-    }
-    std::vector<int32_t> n_live(s.n_layer);
-    std::memcpy(n_live.data(), src + SNAP_HEADER + n_pos*sizeof(llama_pos), n_live.size()*sizeof(int32_t));
-    bool all_live = true;
-    for (int32_t n : n_live) {
-        if (n < (n_compacted > 0 ? 1 : 0) || n > n_compacted) {
-            kvpot_set_error("kvpot state: a layer holds " + std::to_string(n) + " of " + std::to_string(n_compacted) + " compacted cells");
-            return KVPOT_ERR_ARG;
+    return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int64_t {
+        const shape s = shape_of(pot, n_head_kv);
+        if (size < SNAP_HEADER) {
+            return kvpot_fail(KVPOT_ERR_ARG, "kvpot state is truncated (" + std::to_string(size) + " bytes)");
         }
-        all_live = all_live && n == n_compacted;
-    }
-    kvpot_state & st = kvpot_state_get(ctx);
-    st.n_compacted   = (uint32_t) n_compacted;
-    st.budget        = head[5];
-    st.n_compactions = head[6];
-    st.rope_pos.assign(n_pos, 0);
-    if (n_pos) {
-        std::memcpy(st.rope_pos.data(), src + SNAP_HEADER, n_pos*sizeof(llama_pos));
-    }
-    st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
-    st.force_rebuild = true;
-    return 0;
+        int32_t head[7];
+        std::memcpy(head, src, sizeof(head));
+        if ((uint32_t) head[0] != SNAP_MAGIC || head[1] != SNAP_VERSION) {
+            return kvpot_fail(KVPOT_ERR_ARG, "not a kvpot state (bad magic or version)");
+        }
+        if (head[2] != s.n_layer || head[3] != s.n_head_kv) {
+            return kvpot_fail(KVPOT_ERR_ARG, "kvpot state is for " + std::to_string(head[2]) + " pot layers x " +
+                              std::to_string(head[3]) + " KV heads, this context has " + std::to_string(s.n_layer) +
+                              " x " + std::to_string(s.n_head_kv));
+        }
+        const int32_t n_compacted = head[4];
+        if (n_compacted < 0 || (uint32_t) n_compacted > s.n_used) {
+            return kvpot_fail(KVPOT_ERR_ARG, "kvpot state covers " + std::to_string(n_compacted) +
+                              " compacted cells but the cache holds " + std::to_string(s.n_used) +
+                              " (restore the llama.cpp sequence state first)");
+        }
+        const size_t n_pos = (size_t) s.n_layer*s.n_head_kv*n_compacted;
+        const size_t want  = SNAP_HEADER + (n_pos + s.n_layer)*sizeof(int32_t);
+        if (size != want) {
+            return kvpot_fail(KVPOT_ERR_ARG, "kvpot state has " + std::to_string(size) + " bytes, expected " + std::to_string(want));
+        }
+        std::vector<int32_t> n_live(s.n_layer);
+        std::memcpy(n_live.data(), src + SNAP_HEADER + n_pos*sizeof(llama_pos), n_live.size()*sizeof(int32_t));
+        bool all_live = true;
+        for (int32_t n : n_live) {
+            if (n < (n_compacted > 0 ? 1 : 0) || n > n_compacted) {
+                return kvpot_fail(KVPOT_ERR_ARG, "kvpot state: a layer holds " + std::to_string(n) + " of " +
+                                  std::to_string(n_compacted) + " compacted cells");
+            }
+            all_live = all_live && n == n_compacted;
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.n_compacted   = (uint32_t) n_compacted;
+        st.budget        = head[5];
+        st.n_compactions = head[6];
+        st.rope_pos.assign(n_pos, 0);
+        if (n_pos) {
+            std::memcpy(st.rope_pos.data(), src + SNAP_HEADER, n_pos*sizeof(llama_pos));
+        }
+        st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
+        st.force_rebuild = true;
+        return 0;
+    });
 }
 
 int32_t kvpot_pot_settle(llama_context * ctx) {
     if (!ctx) {
-        kvpot_set_error("context is NULL");
-        return KVPOT_ERR_ARG;
+        return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
     }
-    try {
-        // llama.cpp applies K-shifts (e.g. the window part's shift after a CR-RoPE compaction) at the
-        // next decode; a saved state must hold keys that already match their positions
-        ctx->memory_update(false);
-    } catch (const std::exception & e) {
-        kvpot_set_error(std::string("applying pending K-shifts failed: ") + e.what());
-        return KVPOT_ERR_COMPUTE;
-    }
-    return 0;
+    return kvpot_guarded([&]() -> int32_t {
+        try {
+            // llama.cpp applies K-shifts (e.g. the window part's shift after a CR-RoPE compaction) at the
+            // next decode; a saved state must hold keys that already match their positions
+            ctx->memory_update(false);
+        } catch (const std::exception & e) {
+            return kvpot_fail(KVPOT_ERR_COMPUTE, std::string("applying pending K-shifts failed: ") + e.what());
+        }
+        return 0;
+    });
 }
