@@ -85,7 +85,9 @@ class Policy:
 
     name = "base"
     # re-rotate kept keys so cell j sits at position j after each compaction (InfiniPot's CR-RoPE;
-    # StreamingLLM's positions-within-the-cache); False keeps every token at its original position
+    # StreamingLLM's positions-within-the-cache); False keeps every token at its original position.
+    # One way to set it: a dataclass field `cr_rope: bool = ...` (a parameter of the spec, e.g.
+    # infinipot:cr_rope=0); a Wrapping policy forwards its wrapped policy's
     cr_rope = False
 
     def set_question(self, text: str) -> None:
@@ -169,6 +171,71 @@ def keep_ends(positions: np.ndarray, n_first: int, n_last: int) -> np.ndarray:
     order = np.argsort(positions, axis=-1, kind="stable")
     cells = np.concatenate([order[..., :n_first], order[..., n - n_last:]], axis=-1)
     return np.sort(cells, axis=-1).astype(np.int64, copy=False)
+
+
+def keep_top_and_recent(positions: np.ndarray, n_top: int, n_recent: int, rank_older) -> np.ndarray:
+    """Per (layer, head): the `n_recent` newest cells, plus the `n_top` older cells that
+    `rank_older(older)` scores highest (ties go to the older cell). `older` is [L, H, n_older]: the
+    cell indices of the other cells in stream order; rank_older returns their scores, same shape.
+    The selection SnapKV (pooled votes) and H2O (accumulated attention) share."""
+    n = positions.shape[-1]
+    n_older = n - n_recent
+    if n_top < 0 or n_recent < 0 or n_top > n_older:
+        raise ValueError(f"cannot keep {n_top} older + {n_recent} recent of {n} cells")
+    order = np.argsort(positions, axis=-1, kind="stable")  # cells in stream order
+    older = order[..., :n_older]
+    top = np.argsort(-np.asarray(rank_older(older)), axis=-1, kind="stable")[..., :n_top]
+    kept = np.concatenate([np.take_along_axis(older, top, axis=-1), order[..., n_older:]], axis=-1)
+    return np.sort(kept, axis=-1).astype(np.int64, copy=False)
+
+
+class Wrapping(Policy):
+    """A policy around another one (kvpress's ChunkPress(press)): every hook goes to the wrapped
+    policy unless the wrapper overrides it, so a wrapper states only what it changes."""
+
+    @property
+    def wrapped(self) -> Policy:
+        raise NotImplementedError
+
+    @property
+    def cr_rope(self) -> bool:  # type: ignore[override]
+        return self.wrapped.cr_rope
+
+    def set_question(self, text: str) -> None:
+        self.wrapped.set_question(text)
+
+    def set_expected_length(self, n_tokens: int) -> None:
+        self.wrapped.set_expected_length(n_tokens)
+
+    def cache_cells(self, budget: int, chunk: int) -> int:
+        return self.wrapped.cache_cells(budget, chunk)
+
+    def chunk_size(self, step: int, chunk: int) -> int:
+        return self.wrapped.chunk_size(step, chunk)
+
+    def before_chunk(self, n_tokens: int) -> TapRequest:
+        return self.wrapped.before_chunk(n_tokens)
+
+    def wants_compaction(self, n_cells: int, budget, next_chunk: int) -> bool:
+        return self.wrapped.wants_compaction(n_cells, budget, next_chunk)
+
+    def catalyst_text(self) -> str | None:
+        return self.wrapped.catalyst_text()
+
+    def budget_at(self, step: int, budget: int):
+        return self.wrapped.budget_at(step, budget)
+
+    def after_chunk(self, view: PotView) -> None:
+        self.wrapped.after_chunk(view)
+
+    def select(self, view: PotView, budget) -> np.ndarray | None:
+        return self.wrapped.select(view, budget)
+
+    def after_compaction(self, keep: np.ndarray) -> None:
+        self.wrapped.after_compaction(keep)
+
+    def reset(self) -> None:
+        self.wrapped.reset()
 
 
 def check_keep(keep: np.ndarray, positions: np.ndarray, who: str) -> np.ndarray:

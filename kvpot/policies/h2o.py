@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends
+from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends, keep_top_and_recent
 
 
 @dataclass
@@ -54,14 +54,9 @@ class H2O(Policy):
         if self._acc.shape != view.positions.shape:
             raise ValueError(f"h2o: accumulator {self._acc.shape} does not fit the pot {view.positions.shape}")
         heavy = round(budget * self.heavy_ratio)  # int(round(...)): Python 3 rounds half to even
-        n_old = view.n_cells - (budget - heavy)
-        order = np.argsort(view.positions, axis=-1, kind="stable")  # cells in stream order
-        old = order[..., :n_old]
-        mass = np.take_along_axis(self._acc, old, axis=-1)
-        # largest accumulated mass first; ties go to the older cell
-        top = np.argsort(-mass, axis=-1, kind="stable")[..., :heavy]
-        kept = np.concatenate([np.take_along_axis(old, top, axis=-1), order[..., n_old:]], axis=-1)
-        return np.sort(kept, axis=-1).astype(np.int64, copy=False)
+        acc = self._acc
+        return keep_top_and_recent(view.positions, heavy, budget - heavy,
+                                   lambda older: np.take_along_axis(acc, older, axis=-1))
 
     def after_compaction(self, keep: np.ndarray) -> None:
         if self._acc is not None:

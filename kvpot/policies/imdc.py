@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import DEAD, Policy, PotView, TapRequest, select_per_layer
+from kvpot.policies.base import DEAD, Policy, PotView, Wrapping, select_per_layer
 from kvpot.policies.imdc_schedule import (
     FUNCTIONS,
     PER_LAYER,
@@ -20,7 +20,7 @@ from kvpot.policies.imdc_schedule import (
 )
 
 @dataclass
-class IMDC(Policy):
+class IMDC(Wrapping):
     """IMDC ("Memorize Step by Step: Efficient Long-Context Prefilling with Incremental Memory and
     Decremental Chunk", section 3 and appendix A.1) around a pruner, as kvpress's ChunkPress(press):
     IMDC decides how many tokens each step reads and how many cells survive it; the pruner
@@ -175,17 +175,12 @@ class IMDC(Policy):
     def wants_compaction(self, n_cells: int, budget: int | np.ndarray, next_chunk: int) -> bool:
         return n_cells > int(np.min(budget))
 
-    # -- the pruner's hooks ---------------------------------------------------------------------
+    # -- the pruner's hooks: set_question, before_chunk, catalyst_text, after_compaction and
+    # cr_rope go to the pruner (Wrapping); IMDC adds to these ---------------------------------
 
     @property
-    def cr_rope(self) -> bool:  # type: ignore[override]
-        return self.pruner.cr_rope
-
-    def set_question(self, text: str) -> None:
-        self.pruner.set_question(text)
-
-    def before_chunk(self, n_tokens: int) -> TapRequest:
-        return self.pruner.before_chunk(n_tokens)
+    def wrapped(self) -> Policy:
+        return self.pruner
 
     def after_chunk(self, view: PotView) -> None:
         self._n_layer = view.n_layer

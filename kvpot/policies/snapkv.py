@@ -8,7 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends
+from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends, keep_top_and_recent
 
 POOLINGS = ("avgpool", "maxpool")
 
@@ -66,12 +66,10 @@ class SnapKV(Policy):
             return None
         if view.scores is None:  # nothing tapped yet: keep the most recent cells
             return keep_ends(view.positions, 0, budget)
-        n_prefix = view.n_cells - self.window
-        order = np.argsort(view.positions, axis=-1, kind="stable")  # cells in stream order
-        prefix = order[..., :n_prefix]
-        votes = np.take_along_axis(view.scores, prefix, axis=-1).astype(np.float64)
-        pooled = pool1d(votes, self.kernel, self.pooling)
-        # highest pooled vote first; ties go to the older cell
-        top = np.argsort(-pooled, axis=-1, kind="stable")[..., : budget - self.window]
-        kept = np.concatenate([np.take_along_axis(prefix, top, axis=-1), order[..., n_prefix:]], axis=-1)
-        return np.sort(kept, axis=-1).astype(np.int64, copy=False)
+        # the window's own rows are the newest cells; of the older ones the top by pooled vote, with the
+        # votes pooled over the older cells in stream order (clusters of neighbouring tokens)
+        def pooled_votes(older: np.ndarray) -> np.ndarray:
+            votes = np.take_along_axis(view.scores, older, axis=-1).astype(np.float64)
+            return pool1d(votes, self.kernel, self.pooling)
+
+        return keep_top_and_recent(view.positions, budget - self.window, self.window, pooled_votes)

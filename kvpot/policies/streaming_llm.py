@@ -17,12 +17,13 @@ class StreamingLLM(Policy):
     n_sink: the paper's start_size, the initial tokens kept as attention sinks (default 4).
     The paper's recent_size is the rest of the budget: `budget - n_sink` most recent tokens.
     Chosen per (layer, head) by stream position.
+    cr_rope: positions by place in the cache, not in the text, as the paper assigns them
+            (section 3.2; default True; False keeps each token's original position, an ablation)
     """
 
     name = "streaming"
-    # the paper assigns positions by place in the cache, not in the text (section 3.2)
-    cr_rope = True
     n_sink: int = 4
+    cr_rope: bool = True
 
     def __post_init__(self) -> None:
         if self.n_sink < 0:

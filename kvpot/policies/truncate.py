@@ -15,13 +15,14 @@ class Truncate(Policy):
     Long Context Understanding"): a prompt longer than max_length keeps its first half and its
     last half and drops the middle.
 
-    No parameters; max_length is the pot budget. Of `budget` cells, per (layer, head), keep the
-    `budget // 2` with the smallest stream positions and the `budget - budget // 2` with the largest.
+    max_length is the pot budget. Of `budget` cells, per (layer, head), keep the `budget // 2`
+    with the smallest stream positions and the `budget - budget // 2` with the largest.
+    cr_rope: a truncated prompt is read again from position 0, so head and tail end up adjacent
+             (default True; False keeps the original positions, an ablation)
     """
 
     name = "truncate"
-    # a truncated prompt is read again from position 0: head and tail end up adjacent
-    cr_rope = True
+    cr_rope: bool = True
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
         if budget < 1:
