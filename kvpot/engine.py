@@ -70,7 +70,7 @@ class Engine:
         self.ctx = LlamaContext(self.model, ContextParams(
             n_ctx=config.cache_size(policy), n_batch=config.chunk, n_threads=config.n_threads,
             flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
-        self.pot = Pot(self.ctx.ptr)
+        self.pot = Pot(self.ctx)
         self.pot.reset()
         self.pot.set_budget(min(config.budget, self.ctx.n_ctx))
         self._init_state()
@@ -107,8 +107,15 @@ class Engine:
         return self.pot.stats()
 
     def close(self) -> None:
+        """Free the context, then the model (the pot refuses calls from then on)."""
         self.ctx.close()
         self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -77,6 +77,15 @@ class Session:
         self.read_seconds = 0.0
         self._after_reading: EngineState | None = None
 
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- reading ---------------------------------------------------------------------------------
 
     def set_question(self, question: str) -> None:

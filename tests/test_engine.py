@@ -118,3 +118,16 @@ def test_64k_tokens_with_1024_cells_stay_bounded(request, model_fixture):
     if swa[0] >= 0:  # Gemma: the window part stays bounded by itself
         assert max(swa) <= 512 + 2 * chunk
     eng.close()
+
+
+def test_pot_refuses_calls_after_close(smollm2_path):
+    """The pot holds the context wrapper: after close, a call is one clear error, not freed memory."""
+    from kvpot.policies import StreamingLLM
+
+    with Engine(str(smollm2_path), StreamingLLM(), EngineConfig(budget=64, chunk=32, n_threads=2)) as eng:
+        pot = eng.pot
+        assert pot.stats().n_cells_used == 0
+    with pytest.raises(KvpotError, match="context is closed"):
+        pot.stats()
+    with pytest.raises(KvpotError, match="context is closed"):
+        pot.compact(np.zeros((pot.n_layers, pot.n_head_kv, 1), dtype=np.int64), cr_rope=False)

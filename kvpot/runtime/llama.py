@@ -106,6 +106,12 @@ class LlamaModel:
             self._L.llama_model_free(self.ptr)
             self.ptr = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __del__(self):
         self.close()
 
@@ -197,6 +203,12 @@ class LlamaContext:
             self._L.llama_batch_free(self._batch)
             self._L.llama_free(self.ptr)
             self.ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __del__(self):
         self.close()

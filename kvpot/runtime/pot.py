@@ -40,16 +40,25 @@ def _i32(a) -> tuple[np.ndarray, ctypes.POINTER]:
 
 
 class Pot:
-    """The pot of a llama_context (pointer as int or c_void_p)."""
+    """The pot of a LlamaContext. It holds the context wrapper, not a raw pointer, so a call after
+    the context was closed is one clear error instead of a use of freed memory."""
 
-    def __init__(self, ctx_ptr):
+    def __init__(self, context):
         self.lib = load_runtime()
-        self.ctx = ctx_ptr
+        self.context = context
         n = self._check("kvpot_pot_layers", self.lib.kvpot_pot_layers(self.ctx, None, 0))
         ids = np.zeros(n, dtype=np.int32)
         self.lib.kvpot_pot_layers(self.ctx, ids.ctypes.data_as(api.c_i32_p), n)
         self.layer_ids = ids.tolist()
         self.n_head_kv = self.stats().n_head_kv
+
+    @property
+    def ctx(self):
+        """The live llama_context pointer; refuses once the context is closed."""
+        ptr = getattr(self.context, "ptr", None)
+        if not ptr:
+            raise KvpotError("the pot's llama.cpp context is closed")
+        return ptr
 
     def _check(self, fn: str, rc: int) -> int:
         if rc < 0:
