@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import ask, bench, build, doctor, models, run
+from . import ask, bench, build, convert, doctor, models, run
 from ._crash import enable_crash_reports
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app.command()(run.run)
 app.command()(run.demo)
 app.command()(build.build)
 app.add_typer(bench.app, name="bench")
+app.add_typer(convert.app, name="convert")
 
 
 def main() -> None:
