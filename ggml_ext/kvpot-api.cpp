@@ -2,6 +2,7 @@
 #include "kvpot.h"
 #include "kvpot-barrier.h"
 #include "kvpot-compact.h"
+#include "kvpot-heads.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -106,8 +107,57 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
         if (!ctx) {
             return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
         }
+        // the retaining heads belong to the model, not to the document being forgotten
+        std::shared_ptr<kvpot_heads> heads;
+        if (kvpot_state * st = kvpot_state_find(ctx)) {
+            heads = st->heads;
+        }
         kvpot_state_drop(ctx);
+        if (heads) {
+            kvpot_state_get(ctx).heads = heads;
+        }
         return 0;
+    });
+}
+
+int32_t kvpot_heads_set(llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width, int32_t n_head_kv,
+                        int32_t act, const float * fc1, const float * fc2) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.force_rebuild = true;
+        st.head_scores.clear();
+        if (!fc1 && !fc2) {
+            st.heads.reset();
+            return 0;
+        }
+        std::string err;
+        auto heads = kvpot_heads_make(llama_get_model(ctx), n_layer, hidden, width, n_head_kv, act, fc1, fc2, err);
+        if (!heads) {
+            return kvpot_fail(KVPOT_ERR_ARG, err);
+        }
+        st.heads = std::move(heads);
+        return 0;
+    });
+}
+
+int32_t kvpot_heads_get(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        const kvpot_state * st = kvpot_state_find(ctx);
+        if (!st || !st->heads) {
+            return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
+        }
+        if (n_head_kv != st->heads->n_head_kv || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
+            return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: bad layer or KV-head count");
+        }
+        const std::vector<float> empty;
+        const auto & s = il < (int32_t) st->head_scores.size() ? st->head_scores[il] : empty;
+        const int32_t n_have = (int32_t) (s.size() / n_head_kv);
+        if (!out || n_tokens < n_have) {
+            return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: the output holds " + std::to_string(n_tokens) +
+                              " tokens, the last ubatch scored " + std::to_string(n_have));
+        }
+        std::copy(s.begin(), s.end(), out);
+        return n_have;
     });
 }
 

@@ -29,6 +29,11 @@ void kvpot_hook_build_end  (const llama_context * lctx, llm_graph_result * res, 
 ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
                               ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t il);
 
+// llm_graph_context::build_qkv, before it returns the (reshaped) projections of layer il:
+//   q [n_embd_head_k, n_head, n_tokens], k [n_embd_head_k, n_head_kv, n_tokens], v [n_embd_head_v, n_head_kv, n_tokens]
+// before RoPE and before any q/k norm the model applies afterwards (views of a fused QKV allowed)
+void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int32_t il);
+
 // llama_context::process_ubatch, after a successful graph_compute: read tapped outputs back
 void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch);
 

@@ -4,12 +4,14 @@
 #include "llama.h"
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 struct ggml_tensor;
+struct kvpot_heads;
 
 struct kvpot_tap_out {
     int32_t       ipot;   // index of the pot layer
@@ -51,7 +53,13 @@ struct kvpot_state {
     int32_t budget = 0;
     int32_t n_compactions = 0;
 
-    bool active() const { return !tap_pos.empty() || !lp_targets.empty(); }
+    // Locret's retaining heads: while set, every ubatch graph scores each token in every layer
+    // (kvpot-heads.cpp); kept across kvpot_pot_reset, they belong to the model, not the document
+    std::shared_ptr<kvpot_heads>                   heads;
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
+    std::vector<std::vector<float>>                head_scores;   // per model layer, last ubatch [n_tokens][n_head_kv]
+
+    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || heads != nullptr; }
     bool has_dead_cells() const {
         for (int32_t n : n_live) {
             if ((uint32_t) n < n_compacted) {

@@ -1,5 +1,6 @@
 // score taps and token log-probs: small extra graph pieces added while llama.cpp builds a ubatch graph,
 // read back after it computes
+#include "kvpot-heads.h"
 #include "kvpot-hooks.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -118,6 +119,7 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     st->pending_taps.clear();
     st->pending_lp = nullptr;
     st->pending_lp_rows.clear();
+    st->pending_heads.clear();
     if (!st->tap_pos.empty()) {
         for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
             for (llama_pos p : st->tap_pos) {
@@ -128,6 +130,17 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
             }
         }
     }
+}
+
+void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int32_t il) {
+    kvpot_state * st = g_build.st;
+    if (!st || !st->heads || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
+        return;
+    }
+    ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, q, k, v, il); // [n_head_kv, n_tokens]
+    ggml_set_output(s);
+    ggml_build_forward_expand(gf, s);
+    st->pending_heads.push_back({il, s});
 }
 
 ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
@@ -242,7 +255,7 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(res);
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
-    if (!st || (st->pending_taps.empty() && !st->pending_lp)) {
+    if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty())) {
         return;
     }
     ggml_backend_sched_synchronize(lctx->get_sched());
@@ -263,6 +276,15 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         }
     }
     st->pending_taps.clear();
+    for (const auto & [il, t] : st->pending_heads) {
+        if (il >= (int32_t) st->head_scores.size()) {
+            st->head_scores.resize(il + 1);
+        }
+        auto & out = st->head_scores[il];
+        out.resize(ggml_nelements(t));
+        ggml_backend_tensor_get(t, out.data(), 0, ggml_nbytes(t));
+    }
+    st->pending_heads.clear();
     if (st->pending_lp) {
         buf.resize(ggml_nelements(st->pending_lp));
         ggml_backend_tensor_get(st->pending_lp, buf.data(), 0, ggml_nbytes(st->pending_lp));

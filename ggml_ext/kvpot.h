@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 5
+#define KVPOT_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -138,6 +138,17 @@ KVPOT_API int64_t kvpot_pot_state_set(struct llama_context * ctx, const uint8_t 
 
 // apply the K-shifts llama.cpp keeps pending until the next decode; call before saving a sequence state
 KVPOT_API int32_t kvpot_pot_settle(struct llama_context * ctx);
+
+// Locret's retaining heads (weights already checked by the caller, e.g. kvpot.converters.adapter):
+// fc1 row-major [n_layer][hidden][width] with width = n_head*d_k + n_head_kv*(d_k + d_v) (the layer's
+// [Q; K; V] of one token, before RoPE), fc2 [n_layer][n_head_kv][hidden]; act 0 = SiLU, 1 = GELU (tanh).
+// While set, every decode computes fc2 · act(fc1 · [Q; K; V]) for each token of each layer inside the
+// graph. fc1 = fc2 = NULL removes them. The heads survive kvpot_pot_reset.
+KVPOT_API int32_t kvpot_heads_set(struct llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width,
+                                  int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2);
+
+// scores of model layer il from the last ubatch: out[t*n_head_kv + h]; returns the number of tokens
+KVPOT_API int32_t kvpot_heads_get(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
 
 #ifdef __cplusplus
 }

@@ -58,10 +58,13 @@ class _TensorHead(ctypes.Structure):
 class TensorCatcher:
     """cb_eval callback that copies F32 tensors whose name is in `names` (test oracle only)."""
 
-    def __init__(self, names: set[str]):
+    def __init__(self, names: set[str], first: bool = False):
+        """first: keep a name's first tensor of each graph (llama.cpp reuses names, e.g. "Qcur-0"
+        for the projection, then for the RoPE'd result); default: the last."""
         import llama_cpp
 
         self.names = names
+        self.first = first
         self.caught: dict[str, np.ndarray] = {}
         lib_dir = __import__("pathlib").Path(llama_cpp.llama_cpp._lib._name).parent
         self.ggml = ctypes.CDLL(str(next(lib_dir.glob("libggml-base.*"))))
@@ -84,7 +87,8 @@ class TensorCatcher:
         shape = tuple(int(head.ne[i]) for i in range(4))
         buf = np.empty(shape[::-1], dtype=np.float32)
         self.ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, self.ggml.ggml_nbytes(t))
-        self.caught[name] = buf  # numpy order: [ne3, ne2, ne1, ne0]
+        if not (self.first and name in self.caught):
+            self.caught[name] = buf  # numpy order: [ne3, ne2, ne1, ne0]
         return True
 
 

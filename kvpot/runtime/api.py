@@ -84,6 +84,12 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_pot_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
     # int32_t kvpot_pot_settle(struct llama_context * ctx);
     ("kvpot_pot_settle", ctypes.c_int32, [c_ctx_p]),
+    # int32_t kvpot_heads_set(struct llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width,
+    #                         int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2);
+    ("kvpot_heads_set", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                         ctypes.c_int32, c_f32_p, c_f32_p]),
+    # int32_t kvpot_heads_get(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
+    ("kvpot_heads_get", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
 ]
 
 

@@ -140,3 +140,29 @@ class Pot:
         out = np.zeros(n, dtype=np.int32)
         self._check("kvpot_pot_cell_pos", self.lib.kvpot_pot_cell_pos(self.ctx, out.ctypes.data_as(api.c_i32_p), n))
         return out
+
+    # -- Locret's retaining heads -----------------------------------------------------------------
+
+    def set_heads(self, heads) -> None:
+        """Score every token of every layer inside the graph with these retaining heads
+        (kvpot.converters.adapter.RetainingHeads, already checked against the model); None removes them."""
+        if heads is None:
+            self._check("kvpot_heads_set", self.lib.kvpot_heads_set(self.ctx, 0, 0, 0, 0, 0, None, None))
+            self._heads_kv = 0
+            return
+        fc1 = np.ascontiguousarray(np.stack(heads.fc1), dtype=np.float32)  # [n_layer, hidden, width]
+        fc2 = np.ascontiguousarray(np.stack(heads.fc2), dtype=np.float32)  # [n_layer, n_head_kv, hidden]
+        n_layer, hidden, width = fc1.shape
+        act = {"silu": 0, "gelu": 1}[heads.activation]
+        self._check("kvpot_heads_set", self.lib.kvpot_heads_set(
+            self.ctx, n_layer, hidden, width, fc2.shape[1], act,
+            fc1.ctypes.data_as(api.c_f32_p), fc2.ctypes.data_as(api.c_f32_p)))
+        self._heads_kv = int(fc2.shape[1])
+
+    def head_scores(self, il: int, n_tokens: int) -> np.ndarray:
+        """[n, n_head_kv] retaining-head scores of model layer il for the last ubatch's n <= n_tokens tokens."""
+        n_kv = getattr(self, "_heads_kv", 0)
+        out = np.zeros((n_tokens, max(n_kv, 1)), dtype=np.float32)
+        n = self._check("kvpot_heads_get", self.lib.kvpot_heads_get(
+            self.ctx, il, out.ctypes.data_as(api.c_f32_p), n_tokens, n_kv))
+        return out[:n]

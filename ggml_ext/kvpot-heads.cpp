@@ -1,0 +1,71 @@
+#include "kvpot-heads.h"
+
+#include "llama-model.h"
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+kvpot_heads::~kvpot_heads() {
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    if (ctx) {
+        ggml_free(ctx);
+    }
+}
+
+std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t n_layer, int32_t hidden, int32_t width,
+                                              int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
+                                              std::string & err) {
+    const auto & hp = model->hparams;
+    if (n_layer != (int32_t) hp.n_layer()) {
+        err = "retaining heads cover " + std::to_string(n_layer) + " layers, the model has " + std::to_string(hp.n_layer());
+        return nullptr;
+    }
+    if (hidden < 1 || (act != 0 && act != 1) || !fc1 || !fc2) {
+        err = "retaining heads: bad hidden size, activation or weights";
+        return nullptr;
+    }
+    for (int32_t il = 0; il < n_layer; ++il) {
+        const int64_t want = (int64_t) hp.n_head(il)*hp.n_embd_head_k(il)
+                           + (int64_t) hp.n_head_kv(il)*(hp.n_embd_head_k(il) + hp.n_embd_head_v(il));
+        if (want != width || (int32_t) hp.n_head_kv(il) != n_head_kv) {
+            err = "retaining heads of width " + std::to_string(width) + " x " + std::to_string(n_head_kv) +
+                  " KV heads do not fit layer " + std::to_string(il) + " (width " + std::to_string(want) + ")";
+            return nullptr;
+        }
+    }
+    auto h = std::make_shared<kvpot_heads>();
+    ggml_init_params params = { ggml_tensor_overhead()*(size_t) (2*n_layer + 1), nullptr, true };
+    h->ctx = ggml_init(params);
+    h->act = act;
+    h->n_head_kv = n_head_kv;
+    for (int32_t il = 0; il < n_layer; ++il) {
+        h->fc1.push_back(ggml_new_tensor_2d(h->ctx, GGML_TYPE_F32, width, hidden));
+        h->fc2.push_back(ggml_new_tensor_2d(h->ctx, GGML_TYPE_F32, hidden, n_head_kv));
+    }
+    // host memory: every backend's scheduler can read it (copied to a GPU when the graph runs there)
+    h->buf = ggml_backend_alloc_ctx_tensors_from_buft(h->ctx, ggml_backend_cpu_buffer_type());
+    if (!h->buf) {
+        err = "could not allocate the retaining heads";
+        return nullptr;
+    }
+    const size_t n1 = (size_t) hidden*width, n2 = (size_t) n_head_kv*hidden;
+    for (int32_t il = 0; il < n_layer; ++il) {
+        ggml_backend_tensor_set(h->fc1[il], fc1 + il*n1, 0, n1*sizeof(float));
+        ggml_backend_tensor_set(h->fc2[il], fc2 + il*n2, 0, n2*sizeof(float));
+    }
+    return h;
+}
+
+ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
+                                ggml_tensor * v, int32_t il) {
+    // [d, n_h, n_tokens] (possibly a view of a fused QKV) -> [d*n_h, n_tokens]
+    auto flat = [&](ggml_tensor * t) { return ggml_cont_2d(ctx0, t, t->ne[0]*t->ne[1], t->ne[2]); };
+    ggml_tensor * x = ggml_concat(ctx0, ggml_concat(ctx0, flat(q), flat(k), 0), flat(v), 0); // [width, n_tokens]
+    ggml_tensor * h = ggml_mul_mat(ctx0, heads.fc1[il], x);                                 // [hidden, n_tokens]
+    h = heads.act == 0 ? ggml_silu(ctx0, h) : ggml_gelu(ctx0, h);
+    return ggml_mul_mat(ctx0, heads.fc2[il], h);                                            // [n_head_kv, n_tokens]
+}

@@ -1,0 +1,35 @@
+// Locret's retaining heads inside the llama.cpp graph: per layer, score = fc2 · act(fc1 · [Q; K; V])
+// for every token of the ubatch and every KV head, on the layer's pre-RoPE projections
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct ggml_context;
+struct ggml_tensor;
+struct llama_model;
+
+struct kvpot_heads {
+    ggml_context *             ctx = nullptr;
+    struct ggml_backend_buffer * buf = nullptr;
+    std::vector<ggml_tensor *> fc1;  // per model layer, [width, hidden] (ggml order: ne0 first)
+    std::vector<ggml_tensor *> fc2;  // per model layer, [hidden, n_head_kv]
+    int32_t act       = 0;           // 0 silu, 1 gelu (tanh form)
+    int32_t n_head_kv = 0;
+
+    ~kvpot_heads();
+};
+
+// weights from the caller (already checked by the Python adapter reader): fc1 row-major
+// [n_layer][hidden][width], fc2 [n_layer][n_head_kv][hidden]; the widths are checked against the
+// model. nullptr and a message in err when they do not fit.
+std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t n_layer, int32_t hidden, int32_t width,
+                                              int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
+                                              std::string & err);
+
+// the graph piece for layer il; q [d_k, n_head, n_tokens], k [d_k, n_head_kv, n_tokens],
+// v [d_v, n_head_kv, n_tokens] (views allowed); returns scores [n_head_kv, n_tokens]
+ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
+                                ggml_tensor * v, int32_t il);
