@@ -109,12 +109,16 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
         }
         // the retaining heads belong to the model, not to the document being forgotten
         std::shared_ptr<kvpot_heads> heads;
+        bool heads_on = true;
         if (kvpot_state * st = kvpot_state_find(ctx)) {
-            heads = st->heads;
+            heads    = st->heads;
+            heads_on = st->heads_on;
         }
         kvpot_state_drop(ctx);
         if (heads) {
-            kvpot_state_get(ctx).heads = heads;
+            kvpot_state & st = kvpot_state_get(ctx);
+            st.heads    = heads;
+            st.heads_on = heads_on;
         }
         return 0;
     });
@@ -140,23 +144,38 @@ int32_t kvpot_heads_set(llama_context * ctx, int32_t n_layer, int32_t hidden, in
     });
 }
 
-int32_t kvpot_heads_get(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv) {
+int32_t kvpot_heads_enable(llama_context * ctx, bool on) {
     return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        const kvpot_state * st = kvpot_state_find(ctx);
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (on && !st.heads) {
+            return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
+        }
+        st.force_rebuild = st.force_rebuild || st.heads_on != on;
+        st.heads_on = on;
+        return 0;
+    });
+}
+
+int32_t kvpot_heads_take(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state * st = kvpot_state_find(ctx);
         if (!st || !st->heads) {
             return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
         }
         if (n_head_kv != st->heads->n_head_kv || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
             return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: bad layer or KV-head count");
         }
-        const std::vector<float> empty;
-        const auto & s = il < (int32_t) st->head_scores.size() ? st->head_scores[il] : empty;
+        if (il >= (int32_t) st->head_scores.size()) {
+            return 0;
+        }
+        auto & s = st->head_scores[il];
         const int32_t n_have = (int32_t) (s.size() / n_head_kv);
         if (!out || n_tokens < n_have) {
             return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: the output holds " + std::to_string(n_tokens) +
-                              " tokens, the last ubatch scored " + std::to_string(n_have));
+                              " tokens, " + std::to_string(n_have) + " were scored");
         }
         std::copy(s.begin(), s.end(), out);
+        s.clear();
         return n_have;
     });
 }

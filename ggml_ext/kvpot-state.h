@@ -56,10 +56,11 @@ struct kvpot_state {
     // Locret's retaining heads: while set, every ubatch graph scores each token in every layer
     // (kvpot-heads.cpp); kept across kvpot_pot_reset, they belong to the model, not the document
     std::shared_ptr<kvpot_heads>                   heads;
+    bool                                           heads_on = true; // score while decoding (off: answering)
     std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
-    std::vector<std::vector<float>>                head_scores;   // per model layer, last ubatch [n_tokens][n_head_kv]
+    std::vector<std::vector<float>>                head_scores;   // per model layer, [n_tokens][n_head_kv] since the last take
 
-    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || heads != nullptr; }
+    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on); }
     bool has_dead_cells() const {
         for (int32_t n : n_live) {
             if ((uint32_t) n < n_compacted) {

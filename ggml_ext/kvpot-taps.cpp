@@ -134,7 +134,7 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
 
 void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int32_t il) {
     kvpot_state * st = g_build.st;
-    if (!st || !st->heads || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
+    if (!st || !st->heads || !st->heads_on || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
         return;
     }
     ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, q, k, v, il); // [n_head_kv, n_tokens]
@@ -280,9 +280,11 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         if (il >= (int32_t) st->head_scores.size()) {
             st->head_scores.resize(il + 1);
         }
+        // appended ubatch after ubatch until taken (a decode longer than n_ubatch spans several)
         auto & out = st->head_scores[il];
-        out.resize(ggml_nelements(t));
-        ggml_backend_tensor_get(t, out.data(), 0, ggml_nbytes(t));
+        const size_t n0 = out.size();
+        out.resize(n0 + ggml_nelements(t));
+        ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
     }
     st->pending_heads.clear();
     if (st->pending_lp) {

@@ -147,8 +147,12 @@ KVPOT_API int32_t kvpot_pot_settle(struct llama_context * ctx);
 KVPOT_API int32_t kvpot_heads_set(struct llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width,
                                   int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2);
 
-// scores of model layer il from the last ubatch: out[t*n_head_kv + h]; returns the number of tokens
-KVPOT_API int32_t kvpot_heads_get(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
+// score (on, the default once set) or not (off: e.g. while answering, so llama.cpp may reuse its graph)
+KVPOT_API int32_t kvpot_heads_enable(struct llama_context * ctx, bool on);
+
+// scores of model layer il for the tokens decoded since the last take, in decode order:
+// out[t*n_head_kv + h]; returns the number of tokens and forgets them
+KVPOT_API int32_t kvpot_heads_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
 
 #ifdef __cplusplus
 }

@@ -72,6 +72,11 @@ class Engine:
             flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
         self.pot = Pot(self.ctx)
         self.pot.reset()
+        # trained graph pieces the policy brings (Locret's retaining heads), checked against the model
+        self.heads = policy.retaining_heads(model_path)
+        if self.heads is not None:
+            self.pot.set_heads(self.heads)
+            self.pot.enable_heads(False)  # scored only while reading chunks that ask for it
         self.pot.set_budget(min(config.budget, self.ctx.n_ctx))
         self._init_state()
 
@@ -200,9 +205,13 @@ class Engine:
             self.pot.tap_request(np.arange(pos0 + n - k, pos0 + n))
         if req.logprobs:
             self.pot.logprobs_request(pos0, piece[1:] + [next_token])
+        if req.head_scores:
+            self._take_head_scores(0)  # nothing stale: scores must be this chunk's alone
+            self.pot.enable_heads(True)
         try:
             n_old = self.n_cells
             self._decode(piece, pos0, "all" if req.logprobs else "last")
+            head_scores = self._take_head_scores(n) if req.head_scores else None
             scores = self.pot.tap_get(n_old + n) if req.tap_last else None
             logprobs = None
             if req.logprobs:
@@ -217,6 +226,8 @@ class Engine:
                 self.pot.tap_clear()
             if req.logprobs:
                 self.pot.logprobs_clear()
+            if req.head_scores:
+                self.pot.enable_heads(False)
 
         # the chunk went to cells n_old.. (compaction leaves every later cell free)
         cell_pos = self.pot.cell_positions(n_old + n)
@@ -226,10 +237,23 @@ class Engine:
         chunk_stream = self._append_cells(n)
 
         view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
-                       scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen)
+                       scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen,
+                       head_scores=head_scores)
         self.policy.after_chunk(view)
         peak = self.n_cells
         return self._maybe_compact(view, next_size), peak
+
+    def _take_head_scores(self, n: int) -> np.ndarray | None:
+        """[L, H, n] retaining-head scores of the n tokens just decoded, per pot layer; n = 0 drops
+        whatever is pending."""
+        if self.heads is None:
+            if n:
+                raise KvpotError(f"internal: {self.policy.name} asked for head scores but brought no heads")
+            return None
+        rows = [self.pot.take_head_scores(il, max(n, self.config.chunk * 4 + 64)) for il in self.pot.layer_ids]
+        if n and any(r.shape[0] != n for r in rows):
+            raise KvpotError(f"internal: {rows[0].shape[0]} tokens were scored for a chunk of {n}")
+        return np.stack([r.T for r in rows]) if n else None
 
     def _catalyst_tokens(self, text: str | None) -> list[int]:
         if not text:

@@ -46,20 +46,21 @@ def test_in_graph_scores_equal_numpy_on_captured_qkv(which, request):
             q, k, v = (catcher.caught[f"{n}-{il}"].reshape(len(tokens), -1) for n in ("Qcur", "Kcur", "Vcur"))
             assert q.shape[1] == base.n_head * base.head_dim_k and k.shape[1] == base.n_head_kv * base.head_dim_k
             want = heads.scores(il, np.concatenate([q, k, v], axis=1))
-            got = pot.head_scores(il, len(tokens))
+            got = pot.take_head_scores(il, len(tokens))
             assert got.shape == (len(tokens), base.n_head_kv)
             np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
-        # another ubatch replaces the scores with its own
+        # taken scores are forgotten; the next decode's come on their own, ubatch after ubatch
         ctx.decode(tokens[:10], len(tokens), logits="last")
-        assert pot.head_scores(0, len(tokens)).shape == (10, base.n_head_kv)
+        assert pot.take_head_scores(0, len(tokens)).shape == (10, base.n_head_kv)
+        assert pot.take_head_scores(0, len(tokens)).shape == (0, base.n_head_kv)
         # the heads survive a reset of the pot (they belong to the model, not the document)
         ctx.clear()
         pot.reset()
         ctx.decode(tokens[:7], 0, logits="last")
-        assert pot.head_scores(0, len(tokens)).shape == (7, base.n_head_kv)
+        assert pot.take_head_scores(0, len(tokens)).shape == (7, base.n_head_kv)
         pot.set_heads(None)
         with pytest.raises(PotCallError, match="no retaining heads"):
-            pot.head_scores(0, len(tokens))
+            pot.take_head_scores(0, len(tokens))
     finally:
         ctx.close()
         model.close()

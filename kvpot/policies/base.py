@@ -30,10 +30,13 @@ class TapRequest:
 
     tap_last: score-tap the last `tap_last` rows of the chunk (0: none; -1: every row).
     logprobs: return log p(next token) for every row of the chunk (InfiniPot's NuC).
+    head_scores: return the retaining heads' score of every token of the chunk (Locret); the
+                 policy brings the heads through its `retaining_heads` hook.
     """
 
     tap_last: int = 0
     logprobs: bool = False
+    head_scores: bool = False
 
 
 NO_TAPS = TapRequest()
@@ -59,6 +62,9 @@ class PotView:
     chunk_positions: np.ndarray
     # tokens read so far (the next token's stream position)
     tokens_seen: int
+    # [L, H, n] float32 or None: the retaining heads' score of each token of the last chunk (Locret),
+    # aligned with chunk_positions; None unless the policy asked for them
+    head_scores: np.ndarray | None = None
 
 
 class Policy:
@@ -67,6 +73,8 @@ class Policy:
     Hooks, in the order the engine calls them:
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
+      retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
+                                    checked against the model), or None
       cache_cells(budget, chunk) -> cells the context must hold (default budget + chunk)
       chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
       before_chunk(n_tokens)     -> TapRequest for the chunk about to be decoded
@@ -95,6 +103,9 @@ class Policy:
 
     def set_expected_length(self, n_tokens: int) -> None:
         pass
+
+    def retaining_heads(self, model_path):
+        return None
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return budget + chunk
@@ -206,6 +217,9 @@ class Wrapping(Policy):
 
     def set_expected_length(self, n_tokens: int) -> None:
         self.wrapped.set_expected_length(n_tokens)
+
+    def retaining_heads(self, model_path):
+        return self.wrapped.retaining_heads(model_path)
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return self.wrapped.cache_cells(budget, chunk)

@@ -88,8 +88,10 @@ SIGNATURES: list[tuple[str, object, list]] = [
     #                         int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2);
     ("kvpot_heads_set", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_int32, c_f32_p, c_f32_p]),
-    # int32_t kvpot_heads_get(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
-    ("kvpot_heads_get", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
+    # int32_t kvpot_heads_enable(struct llama_context * ctx, bool on);
+    ("kvpot_heads_enable", ctypes.c_int32, [c_ctx_p, ctypes.c_bool]),
+    # int32_t kvpot_heads_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
+    ("kvpot_heads_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
 ]
 
 

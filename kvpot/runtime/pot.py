@@ -159,10 +159,14 @@ class Pot:
             fc1.ctypes.data_as(api.c_f32_p), fc2.ctypes.data_as(api.c_f32_p)))
         self._heads_kv = int(fc2.shape[1])
 
-    def head_scores(self, il: int, n_tokens: int) -> np.ndarray:
-        """[n, n_head_kv] retaining-head scores of model layer il for the last ubatch's n <= n_tokens tokens."""
+    def enable_heads(self, on: bool) -> None:
+        self._check("kvpot_heads_enable", self.lib.kvpot_heads_enable(self.ctx, on))
+
+    def take_head_scores(self, il: int, n_tokens: int) -> np.ndarray:
+        """[n, n_head_kv] retaining-head scores of model layer il for the n <= n_tokens tokens decoded
+        since the last take (then forgotten)."""
         n_kv = getattr(self, "_heads_kv", 0)
         out = np.zeros((n_tokens, max(n_kv, 1)), dtype=np.float32)
-        n = self._check("kvpot_heads_get", self.lib.kvpot_heads_get(
+        n = self._check("kvpot_heads_take", self.lib.kvpot_heads_take(
             self.ctx, il, out.ctypes.data_as(api.c_f32_p), n_tokens, n_kv))
         return out[:n]
