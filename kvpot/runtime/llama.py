@@ -166,6 +166,9 @@ class LlamaContext:
             b.seq_id[i][0] = 0
             b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
         rc = self._L.llama_decode(self.ptr, b)
+        if rc == 1:  # llama.cpp found no free cells for the batch (a cache, e.g. the sliding window's, is full)
+            raise KvpotError(f"the context of {self.n_ctx} cells has no room for {n} more tokens at position {pos0}; "
+                             "raise --budget or ask a shorter question")
         if rc != 0:
             raise KvpotError(f"llama_decode failed ({rc}) at position {pos0} with {n} tokens")
 
