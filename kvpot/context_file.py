@@ -58,7 +58,10 @@ def _arrays_from(data: bytes) -> dict[str, np.ndarray]:
         (m,) = struct.unpack_from("<Q", data, at)
         if at + 8 + m > len(data):
             raise ValueError(f"array {name!r} runs past its section")
-        arr = np.load(io.BytesIO(data[at + 8:at + 8 + m]), allow_pickle=False)
+        try:
+            arr = np.load(io.BytesIO(data[at + 8:at + 8 + m]), allow_pickle=False)
+        except Exception as e:  # numpy parses the .npy header with Python's tokenizer: its errors vary
+            raise ValueError(f"array {name!r} is not a valid .npy ({type(e).__name__})") from None
         if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
             raise ValueError(f"array {name!r} is not a plain array")
         arrays[name] = arr

@@ -70,33 +70,38 @@ class _Reader:
 def read_header(path: Path, keep_arrays: frozenset[str] = frozenset()) -> dict:
     """GGUF key/values (arrays omitted unless named in keep_arrays)."""
     with open(path, "rb", buffering=1 << 16) as f:
-        r = _Reader(f)
-        try:
-            if r.take(4) != GGUF_MAGIC:
-                raise ValueError("bad magic")
-            version = r.unpack("<I", 4)
-            if version not in (2, 3):
-                raise ValueError(f"GGUF version {version}")
-            r.unpack("<Q", 8)  # tensor count
-            n_kv = r.unpack("<Q", 8)
-            if n_kv > _MAX_KV:
-                raise ValueError(f"{n_kv} key/values")
-            out: dict = {"__version__": version}
-            counts: dict[str, int] = {}
-            for _ in range(n_kv):
-                key = r.string()
-                vtype = r.unpack("<I", 4)
-                val = r.value(vtype, keep=key in keep_arrays)
-                if val is not None:
-                    out[key] = val
-                elif r.last_count is not None:  # a skipped array: its length (the vocabulary size)
-                    counts[key] = r.last_count
-            out["__array_lengths__"] = counts
-            return out
-        except _Truncated:
-            raise KvpotError(f"{path} is a truncated GGUF file") from None
-        except (ValueError, struct.error) as e:
-            raise KvpotError(f"{path} is not a valid GGUF file ({e})") from None
+        return read_header_from(f, path, keep_arrays)
+
+
+def read_header_from(f, path: Path | str, keep_arrays: frozenset[str] = frozenset()) -> dict:
+    """read_header on an open binary file (the part the fuzzer drives, on bytes in memory)."""
+    r = _Reader(f)
+    try:
+        if r.take(4) != GGUF_MAGIC:
+            raise ValueError("bad magic")
+        version = r.unpack("<I", 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}")
+        r.unpack("<Q", 8)  # tensor count
+        n_kv = r.unpack("<Q", 8)
+        if n_kv > _MAX_KV:
+            raise ValueError(f"{n_kv} key/values")
+        out: dict = {"__version__": version}
+        counts: dict[str, int] = {}
+        for _ in range(n_kv):
+            key = r.string()
+            vtype = r.unpack("<I", 4)
+            val = r.value(vtype, keep=key in keep_arrays)
+            if val is not None:
+                out[key] = val
+            elif r.last_count is not None:  # a skipped array: its length (the vocabulary size)
+                counts[key] = r.last_count
+        out["__array_lengths__"] = counts
+        return out
+    except _Truncated:
+        raise KvpotError(f"{path} is a truncated GGUF file") from None
+    except (ValueError, struct.error) as e:
+        raise KvpotError(f"{path} is not a valid GGUF file ({e})") from None
 
 
 @dataclass(frozen=True)
