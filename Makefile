@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MODEL   ?= gemma3-270m
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models demo test clean-venv
+.PHONY: all venv runtime install pull pull-test-models demo test fuzz clean-venv
 
 all: install
 
@@ -36,6 +36,12 @@ demo: pull
 
 test: pull-test-models
 	$(BIN)/python -m pytest -q
+
+# the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each
+FUZZ_EXAMPLES ?= 100000
+fuzz: pull-test-models
+	KVPOT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KVPOT_FUZZ_REPORT=$(CURDIR)/fuzz-report.json \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,11 +9,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvpot.checks import check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.errors import KvpotError
-from kvpot.ingest import collect_sources
+from kvpot.ingest import collect_sources, looks_like_input
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL, KNOWN
 from kvpot.policies import make_policy
+from kvpot.safe_write import resolve_target
 from kvpot.session import Session
 from kvpot.settings import resolve_settings
 
@@ -26,8 +28,9 @@ POLICY_HELP = ("how the pot chooses what to keep: infinipot (default), streaming
                "with parameters as in `infinipot:pot=4096,keep=2048`")
 
 # the options ask and chat share (Typer reads type and help from these annotations)
-ContextOpt = Annotated[Path, typer.Option("--context", help="reopen a saved context instead of reading files")]
-SaveContextOpt = Annotated[Path, typer.Option("--save-context", help="save the compressed context here after reading")]
+# str, not Path: Path("") would read as "." and an empty path could not be told apart
+ContextOpt = Annotated[str, typer.Option("--context", help="reopen a saved context instead of reading files")]
+SaveContextOpt = Annotated[str, typer.Option("--save-context", help="save the compressed context here after reading")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-P", help=POLICY_HELP)]
 BudgetOpt = Annotated[int, typer.Option("--budget", "-b", help="cells the memory may hold (per layer and KV head)")]
@@ -39,6 +42,7 @@ GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside
 
 
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
+    check_cli_numbers(budget, chunk, threads, max_tokens)
     known = KNOWN.get(model)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
@@ -51,22 +55,28 @@ def _new_session(inputs: list[str], glob: str, model: str, question: str | None,
     settings = _settings(model, **opts)  # options first: they are cheap to check
     sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
     facts, known = resolve_model(model)
+    check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
     if question:
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
+    check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
     return session, sources
 
 
-def _reopen(context: Path, model: str | None, threads: int | None) -> Session:
-    from kvpot.context_file import read_context
+def _reopen(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
+    from kvpot.context_file import check_context_path, read_context
 
+    check_threads(threads)
+    context = check_context_path(context)
     name = model or read_context(context).header["model"]["name"]
     if model is None and name not in KNOWN:
         name = read_context(context).header["model"]["path"]
     facts, known = resolve_model(name)
     with err.status(f"reopening {context}"):
         session = Session.reopen(context, facts, known.name if known else facts.name, threads)
+    if max_tokens is not None:  # the answer's length is not part of the saved state
+        session.set_max_tokens(max_tokens)
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "
               f"{', '.join(s['name'] for s in session.sources)} in {session.engine.n_cells:,} cells")
     return session
@@ -87,9 +97,25 @@ def _answer(session: Session, question: str) -> bool:
     return True
 
 
-def _save(session: Session, path: Path) -> None:
-    size = session.save(path)
+def _save(session: Session, path: Path | str) -> bool:
+    """Save the context; a failure is one line and the caller goes on (the answer, the chat)."""
+    try:
+        size = session.save(path)
+    except KvpotError as e:
+        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        return False
     err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)")
+    return True
+
+
+def _refuse_ignored(context: Path | None, **given) -> None:
+    """Options a saved context fixes are refused rather than silently ignored."""
+    if context is None:
+        return
+    named = [opt for opt, value in given.items() if value is not None]
+    if named:
+        raise KvpotError(f"{', '.join(named)} cannot change a saved context (it was read with its own); "
+                         "leave {} out, or read the files again".format("it" if len(named) == 1 else "them"))
 
 
 @user_errors
@@ -112,12 +138,19 @@ def ask(
     The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Memory stays at --budget cells however long the input is.
     """
     *inputs, question = args
+    if not inputs and context is None and looks_like_input(question):
+        raise KvpotError(f"no question: {question} is an input; pass the question after it "
+                         f"(kvpot ask {question} \"QUESTION\")")
     if not question.strip():
         raise KvpotError("the question is empty")
-    if context:
+    _refuse_ignored(context, **{"--policy": policy, "--budget": budget, "--chunk": chunk, "--prompt": prompt,
+                                "--glob": None if glob == "*" else glob})
+    if save_context is not None:
+        resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
+    if context is not None:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
-        session = _reopen(context, model, threads)
+        session = _reopen(context, model, threads, max_tokens)
         session.set_question(question)
     else:
         if not inputs:
@@ -125,12 +158,13 @@ def ask(
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
-        if save_context:
-            _save(session, save_context)
+    saved = _save(session, save_context) if save_context is not None else True
     completed = _answer(session, question)
     session.engine.close()
     if not completed:
         raise typer.Exit(130)
+    if not saved:
+        raise typer.Exit(1)  # the answer was printed; the exit status still says the save failed
 
 
 CHAT_HELP = """commands:
@@ -167,10 +201,7 @@ def _command(session: Session, line: str) -> bool:
         if not arg.strip():
             err.print("[yellow]usage: /save PATH[/yellow]")
         else:
-            try:
-                _save(session, Path(arg.strip()).expanduser())
-            except KvpotError as e:
-                err.print(f"[red]error:[/red] {e}")
+            _save(session, Path(arg.strip()).expanduser())  # a failure is one line; the chat goes on
     else:
         err.print(f"[yellow]unknown command {cmd}; /help lists them[/yellow]")
     return True
@@ -195,10 +226,14 @@ def chat(
     Every exchange stays in the same bounded memory: when it fills, the policy compacts it again.
     """
     inputs = inputs or []
-    if context:
+    _refuse_ignored(context, **{"--policy": policy, "--budget": budget, "--chunk": chunk, "--prompt": prompt,
+                                "--glob": None if glob == "*" else glob})
+    if save_context is not None:
+        resolve_target(save_context, "context")
+    if context is not None:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
-        session = _reopen(context, model, threads)
+        session = _reopen(context, model, threads, max_tokens)
     else:
         if not inputs:
             raise KvpotError("pass the files to read (or --context PATH)")
@@ -207,8 +242,8 @@ def chat(
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
-        if save_context:
-            _save(session, save_context)
+    if save_context is not None:
+        _save(session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
     while True:
         try:

@@ -24,7 +24,7 @@ class _Rate(ProgressColumn):
 
 def _describe(sources: SourceSet) -> str:
     total = sources.total_bytes
-    size = f"{total / 2**20:,.1f} MiB" if total is not None else "stdin"
+    size = f"{total / 2**20:,.1f} MiB" if total is not None else "size unknown (a stream)"
     n = len(sources.sources)
     return f"{n} file{'s' if n != 1 else ''}, {size}"
 

@@ -2,7 +2,8 @@
 
 Layout (docs/formats.md): magic, format version, header length, header (JSON), three tagged
 sections (llama.cpp sequence state, kvpot's C state, the engine's arrays as .npy), then the
-SHA-256 of everything before it. Written to a temporary file in the same folder, then renamed.
+SHA-256 of everything before it. Written through kvpot.safe_write (a temporary file beside the
+target, renamed when complete; only a regular file or a new name is replaced).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import io
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from kvpot.engine_state import EngineState
 from kvpot.errors import KvpotError
+from kvpot.safe_write import atomic_write
 
 MAGIC = b"KVPOTCTX"
 FORMAT_VERSION = 1
@@ -50,10 +51,20 @@ def _arrays_from(data: bytes) -> dict[str, np.ndarray]:
     arrays, at = {}, 0
     while at < len(data):
         (n,) = struct.unpack_from("<I", data, at)
+        if at + 4 + n > len(data):
+            raise ValueError("an array name runs past its section")
         name = data[at + 4:at + 4 + n].decode()
         at += 4 + n
         (m,) = struct.unpack_from("<Q", data, at)
-        arrays[name] = np.load(io.BytesIO(data[at + 8:at + 8 + m]), allow_pickle=False)
+        if at + 8 + m > len(data):
+            raise ValueError(f"array {name!r} runs past its section")
+        try:
+            arr = np.load(io.BytesIO(data[at + 8:at + 8 + m]), allow_pickle=False)
+        except Exception as e:  # numpy parses the .npy header with Python's tokenizer: its errors vary
+            raise ValueError(f"array {name!r} is not a valid .npy ({type(e).__name__})") from None
+        if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
+            raise ValueError(f"array {name!r} is not a plain array")
+        arrays[name] = arr
         at += 8 + m
     return arrays
 
@@ -70,30 +81,65 @@ def write_context(path: Path, saved: SavedContext) -> int:
     for p in parts:
         digest.update(p)
     parts.append(digest.digest())
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise KvpotError(f"cannot save the context: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for p in parts:
-                f.write(p)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
+    with atomic_write(path, "context") as f:
+        for p in parts:
+            f.write(p)
+    return sum(len(p) for p in parts)
+
+
+# header fields later code reads, with their JSON types: a file with the right checksum but
+# another shape (a bug, a hand edit, a fuzzer) is refused here rather than as a KeyError later
+_HEADER_SCHEMA = {
+    "runtime": {"abi": int, "llama_commit": str},
+    "model": {"name": str, "path": str, "sha256": str},
+    "policy": str,
+    "settings": dict,
+    "n_ctx": int,
+    "tokens_read": int,
+    "sources": list,
+    "turns": int,
+    "engine": dict,
+}
+
+
+def _check_shape(value, schema, where: str) -> None:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where or 'header'} is not an object")
+        for key, sub in schema.items():
+            if key not in value:
+                raise ValueError(f"header has no {where + '.' if where else ''}{key}")
+            _check_shape(value[key], sub, f"{where + '.' if where else ''}{key}")
+    elif not isinstance(value, schema) or (schema is int and isinstance(value, bool)):
+        raise ValueError(f"header field {where} is not a{'n' if schema is int else ''} {schema.__name__}")
+
+
+def check_context_path(path: Path | str) -> Path:
+    """The cheap checks on a --context path, each its own line (before anything is loaded)."""
+    if str(path) == "":
+        raise KvpotError("--context needs the path of a saved context (it was empty)")
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise KvpotError(f"saved context {path} does not exist")
+    if path.is_dir():
+        raise KvpotError(f"saved context {path} is a directory, not a file saved with --save-context")
+    if not path.is_file():
+        raise KvpotError(f"saved context {path} is not a regular file")
+    return path
 
 
 def read_context(path: Path) -> SavedContext:
     """Read and check a saved context; anything wrong is one clear KvpotError."""
-    path = Path(path)
-    if not path.is_file():
-        raise KvpotError(f"saved context {path} does not exist")
-    data = path.read_bytes()
+    path = check_context_path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise KvpotError(f"cannot read saved context {path}: {e.strerror}") from None
+    return parse_context(data, path)
+
+
+def parse_context(data: bytes, path: Path | str = "saved context") -> SavedContext:
+    """Check and decode the bytes of a saved context (the part the fuzzer drives)."""
     if len(data) < _PREFIX.size or data[:8] != MAGIC:
         raise KvpotError(f"{path} is not a kvpot saved context")
     _, version, n_head = _PREFIX.unpack_from(data)
@@ -101,18 +147,31 @@ def read_context(path: Path) -> SavedContext:
         raise KvpotError(f"{path} is saved-context format {version}; this kvpot reads format {FORMAT_VERSION}")
     if len(data) < _PREFIX.size + n_head + _DIGEST or hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
         raise KvpotError(f"saved context {path} is truncated or corrupted (checksum mismatch)")
+    end = len(data) - _DIGEST
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + n_head])
+        _check_shape(header, _HEADER_SCHEMA, "")
         at = _PREFIX.size + n_head
         blobs = []
         for want in _TAGS:
+            if at + _SECTION.size > end:
+                raise ValueError(f"section {want!r} is missing")
             tag, n = _SECTION.unpack_from(data, at)
             if tag != want:
                 raise ValueError(f"section {want!r} expected, found {tag!r}")
+            if at + _SECTION.size + n > end:
+                raise ValueError(f"section {want!r} runs past the end of the file")
             blobs.append(data[at + _SECTION.size:at + _SECTION.size + n])
             at += _SECTION.size + n
+        if at != end:
+            raise ValueError(f"{end - at} bytes after the last section")
         arrays = _arrays_from(blobs[2])
         values = header.pop("engine")
-    except (ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
-        raise KvpotError(f"saved context {path} is malformed: {e}") from None
+    except (ValueError, KeyError, struct.error, UnicodeDecodeError, EOFError, RecursionError) as e:
+        raise KvpotError(f"saved context {path} is malformed: {_one_line(e)}") from None
     return SavedContext(header=header, state=EngineState(seq=blobs[0], pot=blobs[1], values=values, arrays=arrays))
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]

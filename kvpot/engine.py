@@ -189,8 +189,9 @@ class Engine:
         return room
 
     def _decode(self, tokens: list[int], pos0: int, logits: str) -> None:
-        """Decode in pieces of at most n_batch (a step may be longer, e.g. IMDC's first chunks)."""
-        nb = self.config.chunk
+        """Decode in pieces of at most n_batch (a step may be longer, e.g. IMDC's first chunks, and
+        llama.cpp may have taken a smaller n_batch than the chunk when the context is small)."""
+        nb = self.ctx.n_batch
         for s in range(0, len(tokens), nb):
             self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits)
 

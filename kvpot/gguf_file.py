@@ -46,16 +46,23 @@ class _Reader:
         return self.take(n).decode("utf-8", errors="replace")
 
     def value(self, vtype: int, keep: bool):
+        self.last_count = None
         if vtype in _SCALARS:
             return self.unpack(*_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.unpack("<I", 4), self.unpack("<Q", 8)
+            if etype == _ARRAY:
+                raise ValueError("nested arrays")
+            if count > 1 << 32:
+                raise ValueError(f"array of {count} items")
             if etype in _SCALARS and not keep:
                 self.f.seek(_SCALARS[etype][1] * count, 1)
+                self.last_count = count
                 return None
             out = [self.value(etype, keep) for _ in range(count)]
+            self.last_count = count
             return out if keep else None
         raise ValueError(f"unknown GGUF value type {vtype}")
 
@@ -63,29 +70,38 @@ class _Reader:
 def read_header(path: Path, keep_arrays: frozenset[str] = frozenset()) -> dict:
     """GGUF key/values (arrays omitted unless named in keep_arrays)."""
     with open(path, "rb", buffering=1 << 16) as f:
-        r = _Reader(f)
-        try:
-            if r.take(4) != GGUF_MAGIC:
-                raise ValueError("bad magic")
-            version = r.unpack("<I", 4)
-            if version not in (2, 3):
-                raise ValueError(f"GGUF version {version}")
-            r.unpack("<Q", 8)  # tensor count
-            n_kv = r.unpack("<Q", 8)
-            if n_kv > _MAX_KV:
-                raise ValueError(f"{n_kv} key/values")
-            out: dict = {"__version__": version}
-            for _ in range(n_kv):
-                key = r.string()
-                vtype = r.unpack("<I", 4)
-                val = r.value(vtype, keep=key in keep_arrays)
-                if val is not None:
-                    out[key] = val
-            return out
-        except _Truncated:
-            raise KvpotError(f"{path} is a truncated GGUF file") from None
-        except (ValueError, struct.error) as e:
-            raise KvpotError(f"{path} is not a valid GGUF file ({e})") from None
+        return read_header_from(f, path, keep_arrays)
+
+
+def read_header_from(f, path: Path | str, keep_arrays: frozenset[str] = frozenset()) -> dict:
+    """read_header on an open binary file (the part the fuzzer drives, on bytes in memory)."""
+    r = _Reader(f)
+    try:
+        if r.take(4) != GGUF_MAGIC:
+            raise ValueError("bad magic")
+        version = r.unpack("<I", 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}")
+        r.unpack("<Q", 8)  # tensor count
+        n_kv = r.unpack("<Q", 8)
+        if n_kv > _MAX_KV:
+            raise ValueError(f"{n_kv} key/values")
+        out: dict = {"__version__": version}
+        counts: dict[str, int] = {}
+        for _ in range(n_kv):
+            key = r.string()
+            vtype = r.unpack("<I", 4)
+            val = r.value(vtype, keep=key in keep_arrays)
+            if val is not None:
+                out[key] = val
+            elif r.last_count is not None:  # a skipped array: its length (the vocabulary size)
+                counts[key] = r.last_count
+        out["__array_lengths__"] = counts
+        return out
+    except _Truncated:
+        raise KvpotError(f"{path} is a truncated GGUF file") from None
+    except (ValueError, struct.error) as e:
+        raise KvpotError(f"{path} is not a valid GGUF file ({e})") from None
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,7 @@ class ModelFacts:
     n_embd: int
     n_ctx_train: int
     chat_template: str | None
+    n_vocab: int = 0         # tokenizer.ggml.tokens entries (0 when the header does not say)
 
 
 def check_gguf_header(path: Path, what: str = "model") -> None:
@@ -107,6 +124,8 @@ def check_gguf_header(path: Path, what: str = "model") -> None:
         raise KvpotError(f"{what} file {path} does not exist")
     if path.is_dir():
         raise KvpotError(f"{what} path {path} is a directory, not a .gguf file")
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise KvpotError(f"{what} path {path} is not a regular file")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -143,4 +162,5 @@ def read_model_facts(path: Path) -> ModelFacts:
         n_embd=num("embedding_length"),
         n_ctx_train=num("context_length"),
         chat_template=kv.get("tokenizer.chat_template"),
+        n_vocab=int(kv["__array_lengths__"].get("tokenizer.ggml.tokens", 0)),
     )

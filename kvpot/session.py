@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +85,10 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def set_max_tokens(self, max_tokens: int) -> None:
+        """A reopened context may answer at another length (the answer reserve limits it anyway)."""
+        self.settings = replace(self.settings, max_tokens=max_tokens).check()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -215,9 +219,10 @@ class Session:
         if sha != h["model"]["sha256"]:
             raise KvpotError(f"{path} was saved with model {h['model']['name']} (sha256 {h['model']['sha256'][:12]}…), "
                              f"not {model_name} (sha256 {sha[:12]}…)")
-        settings = RunSettings(**h["settings"])
-        if threads:
-            settings = RunSettings(**dict(h["settings"], threads=threads))
+        try:
+            settings = RunSettings(**dict(h["settings"], **({"threads": threads} if threads else {})))
+        except TypeError:
+            raise KvpotError(f"{path} holds settings this kvpot does not know: {sorted(h['settings'])}") from None
         s = cls(facts, model_name, settings, n_ctx=h["n_ctx"])
         if s.policy_spec != h["policy"]:
             raise KvpotError(f"{path}: saved policy {h['policy']} does not match its settings")

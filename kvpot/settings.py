@@ -23,15 +23,19 @@ class RunSettings:
     prompt: str = "auto"        # auto | chat | completion
     max_tokens: int = 256       # longest answer
 
-    def check(self) -> RunSettings:
+    def check(self, names: dict[str, str] | None = None) -> RunSettings:
+        """`names`: how the user spelled each key (e.g. "--max-tokens", or "max_tokens in config.toml")."""
+        n = lambda key: (names or {}).get(key, "--" + key.replace("_", "-"))  # noqa: E731
         if self.budget < 16:
-            raise KvpotError(f"budget {self.budget} is too small: the pot needs at least 16 cells")
+            raise KvpotError(f"{n('budget')} {self.budget} is too small: the pot needs at least 16 cells")
         if self.chunk < 16:
-            raise KvpotError(f"chunk {self.chunk} is too small: read at least 16 tokens per step")
+            raise KvpotError(f"{n('chunk')} {self.chunk} is too small: read at least 16 tokens per step")
         if self.prompt not in PROMPT_CHOICES:
-            raise KvpotError(f"prompt must be one of {', '.join(PROMPT_CHOICES)}, got {self.prompt!r}")
+            raise KvpotError(f"{n('prompt')} must be one of {', '.join(PROMPT_CHOICES)}, got {self.prompt!r}")
         if self.max_tokens < 1:
-            raise KvpotError("max_tokens must be at least 1")
+            raise KvpotError(f"{n('max_tokens')} must be at least 1, got {self.max_tokens}")
+        if self.threads < 0:
+            raise KvpotError(f"{n('threads')} must be at least 1 (0: every core), got {self.threads}")
         return replace(self, threads=self.threads or max(1, os.cpu_count() or 1))
 
     def policy_spec(self) -> str:
@@ -77,9 +81,16 @@ def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict,
     cfg = load_config(path)
     where = str(path or config_path())
     merged: dict = {}
-    merged.update(_layer({k: v for k, v in registry_defaults.items() if k in KEYS}, "model registry"))
-    merged.update(_layer(cfg.get("defaults", {}), f"{where} [defaults]"))
+    names: dict[str, str] = {}  # where each key was set, to name it in an error
+    layers = [(_layer({k: v for k, v in registry_defaults.items() if k in KEYS}, "model registry"), "in the model registry"),
+              (_layer(cfg.get("defaults", {}), f"{where} [defaults]"), f"in {where} [defaults]")]
     if model_name:
-        merged.update(_layer(cfg.get("models", {}).get(model_name, {}), f"{where} [models.{model_name}]"))
-    merged.update({k: v for k, v in cli.items() if v is not None})
-    return RunSettings(**merged).check()
+        layers.append((_layer(cfg.get("models", {}).get(model_name, {}), f"{where} [models.{model_name}]"),
+                       f"in {where} [models.{model_name}]"))
+    for values, origin in layers:
+        merged.update(values)
+        names.update({k: f"{k} {origin}" for k in values})
+    given = {k: v for k, v in cli.items() if v is not None}
+    merged.update(given)
+    names.update({k: "--" + k.replace("_", "-") for k in given})
+    return RunSettings(**merged).check(names)

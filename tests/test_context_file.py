@@ -17,7 +17,10 @@ def _saved() -> SavedContext:
                          arrays, "policy")
     state = EngineState(seq=bytes(rng.integers(0, 256, 999, dtype=np.uint8)), pot=b"KVPS" + bytes(24),
                         values={"tokens_seen": 42, "policy": policy}, arrays=arrays)
-    return SavedContext(header={"model": {"name": "m", "sha256": "ab" * 32}, "tokens_read": 42}, state=state)
+    header = {"runtime": {"abi": 4, "llama_commit": "abc"}, "model": {"name": "m", "path": "/m.gguf", "sha256": "ab" * 32},
+              "policy": "streaming", "settings": {"budget": 16}, "n_ctx": 256, "tokens_read": 42, "sources": [],
+              "turns": 0}
+    return SavedContext(header=header, state=state)
 
 
 def test_round_trip(tmp_path):
@@ -53,6 +56,16 @@ def test_damage_is_refused(tmp_path, damage, needle):
     write_context(path, _saved())
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(KvpotError, match=needle):
+        read_context(path)
+
+
+def test_a_header_without_the_fields_reopening_needs_is_refused(tmp_path):
+    """A file whose checksum is right but whose header lacks what reopening reads (a hand edit, a bug)."""
+    saved = _saved()
+    del saved.header["runtime"]
+    path = tmp_path / "c.kvctx"
+    write_context(path, saved)
+    with pytest.raises(KvpotError, match="malformed: header has no runtime"):
         read_context(path)
 
 

@@ -8,7 +8,10 @@ Invalid UTF-8 is replaced with U+FFFD and counted; binary files are skipped with
 from __future__ import annotations
 
 import codecs
+import os
+import stat
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +28,9 @@ STDIN = "-"
 class Source:
     name: str               # shown in headers and in saved contexts
     path: Path | None       # None for stdin
-    size: int | None        # bytes; None for stdin (unknown until read)
-    head: bytes = b""       # stdin only: the first bytes, read up front to refuse an empty or binary stream
+    size: int | None        # bytes; None for streams (stdin, pipes, /proc files: unknown until read)
+    head: bytes = b""       # streams only: the first bytes, read up front to refuse an empty or binary stream
+    stream: BinaryIO | None = None  # a pipe or pseudo-file opened once (reading it again would lose data)
 
 
 def header(name: str) -> str:
@@ -55,6 +59,13 @@ class SourceSet:
                 yield header(src.name).lstrip("\n") if i == 0 else header(src.name)
             if src.path is None:
                 yield from self._decode(_Prefixed(src.head, stdin or sys.stdin.buffer), piece_bytes, src.name)
+            elif src.stream is not None:
+                try:
+                    yield from self._decode(_Prefixed(src.head, src.stream), piece_bytes, src.name)
+                except OSError as e:
+                    raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+                finally:
+                    src.stream.close()
             else:
                 try:
                     with open(src.path, "rb") as f:
@@ -93,11 +104,38 @@ class _Prefixed:
         return self.rest.read(n)
 
 
-def _stdin_head(stream: BinaryIO) -> bytes:
+WAIT_NOTICE_S = 1.0  # a read that has not returned by then is said to be waiting
+
+
+class _SayIfBlocked:
+    """Tell the user once when a read blocks (a pipe with no writer yet, a terminal)."""
+
+    def __init__(self, notice: Callable[[str], None], message: str):
+        self._timer = threading.Timer(WAIT_NOTICE_S, notice, (message,))
+        self._timer.daemon = True
+
+    def __enter__(self):
+        self._timer.start()
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+
+
+def _read_head(stream: BinaryIO) -> bytes:
+    read1 = getattr(stream, "read1", None)
+    return read1(SNIFF_BYTES) if read1 else stream.read(SNIFF_BYTES)
+
+
+def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: None) -> bytes:
     """Wait for the first bytes on stdin (or its end) so an empty or binary stream is refused
     before a model is loaded."""
-    read1 = getattr(stream, "read1", None)
-    head = read1(SNIFF_BYTES) if read1 else stream.read(SNIFF_BYTES)
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        notice("reading the document from stdin (the terminal); end it with Ctrl-D")
+        head = _read_head(stream)
+    else:
+        with _SayIfBlocked(notice, "waiting for input on stdin"):
+            head = _read_head(stream)
     if not head:
         raise KvpotError("stdin was empty (closed before any text arrived)")
     if looks_binary(head):
@@ -153,6 +191,42 @@ def _walk(root: Path, glob: str) -> list[Path]:
     return out
 
 
+def looks_like_input(arg: str) -> bool:
+    """True when a lone `ask` argument names something to read (so it is not the question)."""
+    if arg == STDIN:
+        return True
+    try:
+        return bool(arg.strip()) and Path(arg).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _open_stream(path: Path, item: str, notice: Callable[[str], None]) -> Source:
+    """A pipe, FIFO, device or pseudo-file (/proc): opened once and read as a stream, its first
+    bytes kept, so nothing is consumed twice; a FIFO with no writer yet says it is waiting."""
+    with _SayIfBlocked(notice, f"waiting for input on {item}"):
+        try:
+            f = open(path, "rb")
+            head = _read_head(f)
+        except OSError as e:
+            raise KvpotError(f"cannot read {item}: {e.strerror}") from None
+    return Source(item, path, None, head=head, stream=f)
+
+
+def _is_stream(path: Path) -> bool:
+    """Not a regular file, or one whose size says nothing (files under /proc and /sys report 0)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return not stat.S_ISREG(st.st_mode) or st.st_size == 0 and _pseudo_fs(path)
+
+
+def _pseudo_fs(path: Path) -> bool:
+    real = os.path.realpath(path)
+    return real.startswith(("/proc/", "/sys/"))
+
+
 def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], None] = lambda msg: None,
                     stdin: BinaryIO | None = None) -> SourceSet:
     """Resolve the user's inputs into sources; refuse what cannot be read with one clear line."""
@@ -164,11 +238,24 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
     skipped: list[str] = []
     for item in inputs:
         if item == STDIN:
-            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin or sys.stdin.buffer)))
+            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin or sys.stdin.buffer, notice)))
             continue
+        if not item.strip():
+            raise KvpotError("an input path is empty")
         path = Path(item)
         if not path.exists():
             raise KvpotError(f"input {item} does not exist")
+        if not path.is_dir() and _is_stream(path):
+            src = _open_stream(path, item, notice)
+            if looks_binary(src.head):
+                src.stream.close()
+                skipped.append(item)
+            elif not src.head:
+                src.stream.close()
+                raise KvpotError(f"input {item} is empty (nothing arrived before it ended)")
+            else:
+                sources.append(src)
+            continue
         if path.is_dir():
             files = _walk(path, glob)
             text_files = []
@@ -191,6 +278,6 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
     for name in skipped:  # told only when there is something else to read
         notice(f"skipping binary file {name}")
-    if all(s.size == 0 for s in sources):
+    if all(s.size == 0 for s in sources):  # streams have no size (None): they held text
         raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
     return SourceSet(sources=sources, skipped=skipped)

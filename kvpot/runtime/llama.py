@@ -150,16 +150,19 @@ class LlamaContext:
         if not self.ptr:
             raise KvpotError(f"llama.cpp could not create a context of {p.n_ctx} cells")
         self.n_ctx = L.llama_n_ctx(self.ptr)
-        self._batch = L.llama_batch_init(p.n_batch, 0, 1)
-        self._batch_cap = p.n_batch
+        # llama.cpp caps n_batch at the n_ctx asked for (before padding it to 256) and aborts on a
+        # larger batch (GGML_ASSERT in llama_decode): the cap is what llama.cpp took, not what we asked
+        self.n_batch = min(p.n_batch, L.llama_n_batch(self.ptr))
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._batch_cap = self.n_batch
 
     def decode(self, tokens: list[int] | np.ndarray, pos0: int, logits: str = "last") -> None:
         """Decode tokens at positions pos0.. in sequence 0; logits: 'last', 'all' or 'none'."""
         n = len(tokens)
         if n == 0:
             return
-        if n > self._batch_cap:
-            raise ValueError(f"batch of {n} tokens exceeds n_batch {self._batch_cap}")
+        if n > self._batch_cap:  # never reaches llama.cpp's assertion
+            raise KvpotError(f"internal: a batch of {n} tokens exceeds llama.cpp's n_batch {self._batch_cap}")
         b = self._batch
         b.n_tokens = n
         for i in range(n):
@@ -169,6 +172,9 @@ class LlamaContext:
             b.seq_id[i][0] = 0
             b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
         rc = self._L.llama_decode(self.ptr, b)
+        if rc == 1:  # llama.cpp found no free cells for the batch (a cache, e.g. the sliding window's, is full)
+            raise KvpotError(f"the context of {self.n_ctx} cells has no room for {n} more tokens at position {pos0}; "
+                             "raise --budget or ask a shorter question")
         if rc != 0:
             raise KvpotError(f"llama_decode failed ({rc}) at position {pos0} with {n} tokens")
 

@@ -1,0 +1,158 @@
+"""Checks that run before llama.cpp sees a combination of options it would abort on or choke on.
+
+Each refusal is one KvpotError line that names the command-line option to change. Two stages:
+- `check_cli_numbers`: option values on their own (no model needed);
+- `check_memory`: what the context and its buffers will take, from the GGUF header, before the
+  model is loaded (a huge --budget or --chunk otherwise fails after a long wait);
+- `check_pot_room`: with the model loaded and the question known, whether the policy's catalyst
+  (InfiniPot's CaP, which holds the question) leaves room to read after a compaction.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import ModelFacts
+
+# llama.cpp keeps context and batch sizes in uint32 and positions in int32; ctypes would wrap larger values
+MAX_CELLS = 1 << 30
+
+
+def cpu_cores() -> int:
+    return os.cpu_count() or 1
+
+
+def check_threads(threads: int | None, option: str = "--threads") -> None:
+    if threads is None:
+        return
+    cores = cpu_cores()
+    if threads < 1:
+        raise KvpotError(f"{option} must be at least 1, got {threads} (leave it out to use every core)")
+    if threads > cores:
+        raise KvpotError(f"{option} {threads} is more than the {cores} CPU cores of this machine "
+                         f"(more threads than cores only slows llama.cpp down)")
+
+
+def check_cli_numbers(budget: int | None, chunk: int | None, threads: int | None, max_tokens: int | None) -> None:
+    """Ranges of the numeric options of ask/chat, named as the user typed them."""
+    check_threads(threads)
+    for value, option in ((budget, "--budget"), (chunk, "--chunk")):
+        if value is not None and value > MAX_CELLS:
+            raise KvpotError(f"{option} {value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)")
+    if max_tokens is not None and max_tokens > MAX_CELLS:
+        raise KvpotError(f"--max-tokens {max_tokens:,} is larger than any context ({MAX_CELLS:,})")
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    kv: int          # K and V of every cell of every layer (f16)
+    logits: int      # llama.cpp's output buffer: n_batch rows of n_vocab floats
+    scores: int      # attention scores of one ubatch over the context (without flash attention)
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.logits + self.scores
+
+
+def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int, n_vocab: int) -> MemoryNeed:
+    head_dim = facts.n_embd // max(facts.n_head, 1)
+    kv = n_ctx * facts.n_layer * facts.n_head_kv * head_dim * 2 * 2
+    logits = n_batch * n_vocab * 4
+    scores = min(n_batch, n_ctx) * n_ctx * max(facts.n_head, 1) * 4
+    return MemoryNeed(kv=kv, logits=logits, scores=scores)
+
+
+def available_memory() -> int | None:
+    """Bytes the OS says can be allocated without swapping (Linux MemAvailable); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_settings_fit(facts: ModelFacts, settings) -> None:
+    """The context `Session` would create for these settings, checked before the model loads."""
+    from kvpot.engine import MIN_TURN_ROOM
+    from kvpot.policies import make_policy
+    from kvpot.session import QUESTION_ROOM
+
+    reserve = settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
+    n_ctx = make_policy(settings.policy_spec()).cache_cells(settings.budget, settings.chunk) + reserve
+    check_memory(facts, n_ctx, settings.chunk, facts.n_vocab, settings.budget, settings.chunk, settings.max_tokens)
+
+
+def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, n_vocab: int, budget: int, chunk: int,
+                 max_tokens: int = 0, available: int | None = None) -> None:
+    """Refuse a context that cannot fit the memory left, naming the option that makes it big."""
+    if n_ctx > MAX_CELLS:
+        raise KvpotError(f"a context of {n_ctx:,} cells is larger than llama.cpp can address; "
+                         "lower --budget, --chunk or --max-tokens")
+    avail = available_memory() if available is None else available
+    if avail is None:
+        return
+    need = memory_need(facts, n_ctx, min(n_batch, n_ctx), n_vocab)  # llama.cpp caps n_batch at n_ctx
+    if need.total <= avail:
+        return
+    # the biggest part says which option to lower: cells come from --budget, --max-tokens (the
+    # answer's room) and, for policies that read a chunk on top of the budget, --chunk
+    if need.kv >= max(need.logits, need.scores):
+        sizes = {"--budget": budget, "--max-tokens": max_tokens}
+        if n_ctx >= budget + chunk:
+            sizes["--chunk"] = chunk
+        option = max(sizes, key=sizes.get)
+        hint = f"lower {option} (now {sizes[option]:,})"
+    elif need.logits >= need.scores:
+        hint = f"lower --chunk (now {chunk:,})"
+    else:
+        hint = f"lower --chunk (now {chunk:,}) or --budget (now {budget:,})"
+    raise KvpotError(f"a context of {n_ctx:,} cells with {n_batch:,}-token steps needs about {_gib(need.total)} "
+                     f"(KV {_gib(need.kv)}, logits {_gib(need.logits)}, attention {_gib(need.scores)}); "
+                     f"{_gib(avail)} is available: {hint}")
+
+
+# -- the pot's room for a catalyst ----------------------------------------------------------------
+
+def check_pot_room(engine, budget_option: str = "--budget") -> None:
+    """After a compaction the pot must still take the catalyst and at least one new token, or the
+    engine would read past the budget (into the answer reserve) or a policy would find nothing to
+    drop. Said before reading, with the question's share when the catalyst holds it."""
+    policy = engine.policy
+    text = policy.catalyst_text()
+    n_cat = len(engine.model.tokenize(text)) if text else 0
+    if not n_cat:
+        return
+    capacity = engine._capacity()
+    budget = engine.config.budget
+    # what stays after a compaction: the first step's and the last (IMDC's grows to m_max)
+    kept = max(int(np.max(policy.budget_at(0, budget))), int(np.max(policy.budget_at(1 << 40, budget))))
+    room = capacity - kept - n_cat
+    if room >= 1:
+        return
+    question = getattr(policy, "_question", None)
+    n_q = len(engine.model.tokenize(question)) if question else 0
+    who = (f"the question is too long for the budget: {policy.name}'s catalyst prompt, which holds the question "
+           f"({n_q} tokens), is {n_cat} tokens") if n_q else f"{policy.name}'s catalyst prompt is {n_cat} tokens"
+    # a bare `infinipot` sizes the pot from the budget (|M| = budget, |C| = budget / 2)
+    if capacity == budget and kept == budget // 2:
+        fix = f"raise {budget_option} to at least {2 * (n_cat + 1)}"
+    else:
+        fix = f"make the pot at least {kept + n_cat + 1} cells (pot = keep + catalyst + 1) or lower keep"
+    raise KvpotError(f"{who}, and a pot of {capacity} cells that keeps {kept} leaves no room to read: {fix}"
+                     + (" or ask a shorter question" if n_q else ""))

@@ -1,0 +1,155 @@
+"""Writing a file the user named without harming what is there: saved contexts and pulled models.
+
+- Only a regular file or a new name is replaced. A symlink is followed: the file it points to is
+  written and the link stays (docs/formats.md). A directory, device, FIFO or socket is refused.
+- The bytes go to a hidden temporary file beside the target, named `.NAME.PID.RANDOM.tmp`, which
+  is renamed over the target only when complete and flushed.
+- SIGTERM and SIGHUP while writing remove the temporary file before the process ends; a file left
+  by a kill -9 (its PID no longer runs) is removed by the next write to the same target.
+- OS errors (full disk, file-size limit, permissions) become one KvpotError line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import signal
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from kvpot.errors import KvpotError
+
+_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+def resolve_target(path: Path | str, what: str = "file") -> Path:
+    """The path the bytes will land at (a symlink followed), checked to be a regular file or new."""
+    if str(path) == "":
+        raise KvpotError(f"cannot save the {what}: the path is empty")
+    path = Path(path).expanduser()
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # write where the link points; the link stays a link
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise KvpotError(f"cannot save the {what} to {path}: {e.strerror}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise KvpotError(f"cannot save the {what} to {path}: it is a directory (name a file inside it)")
+        if not stat.S_ISREG(st.st_mode):
+            raise KvpotError(f"cannot save the {what} to {path}: it exists and is not a regular file")
+    folder = path.parent
+    if not folder.is_dir():
+        raise KvpotError(f"cannot save the {what}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise KvpotError(f"cannot save the {what} to {path}: folder {folder} is not writable")
+    return path
+
+
+def temp_pattern(target: Path) -> re.Pattern:
+    """Names of temporary files written for `target` (also older kvpot's `.NAME.XXXXXXXX.tmp`)."""
+    return re.compile(rf"^\.{re.escape(target.name)}\.(?:(?P<pid>\d+)\.)?[A-Za-z0-9_]+\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove temporary files a killed writer left for `target`; ones whose writer runs stay."""
+    pat = temp_pattern(target)
+    removed = []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = pat.match(name)
+        if not m:
+            continue
+        pid = m.group("pid")
+        if pid is not None and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+            continue
+        p = target.parent / name
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP arrived while writing: clean up, then end as the signal would."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _oserror(what: str, path: Path, e: OSError) -> KvpotError:
+    reason = e.strerror or str(e)
+    if e.errno == errno.EFBIG:
+        reason += " (the file-size limit, ulimit -f)"
+    return KvpotError(f"cannot save the {what} to {path}: {reason}")
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path | str, what: str = "file") -> Iterator[BinaryIO]:
+    """Yield a binary file; on a clean exit it replaces `path` (checked by resolve_target)."""
+    target = resolve_target(path, what)
+    remove_stale_temps(target)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    signalled: _Signalled | None = None
+    try:
+        with _signals_raise():
+            try:
+                with open(tmp, "xb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            except _Signalled as s:
+                signalled = s
+                raise
+            except OSError as e:
+                raise _oserror(what, target, e) from None
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+    except _Signalled:
+        pass
+    if signalled is not None:
+        # the temporary file is gone: deliver the signal again to the handler that was there before
+        # (by default it ends the process, exit status 128 + signum); if that one returns, say so
+        signal.raise_signal(signalled.signum)
+        raise KvpotError(f"saving the {what} to {target} was interrupted by signal {signalled.signum}")

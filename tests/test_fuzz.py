@@ -1,0 +1,260 @@
+"""Property-based fuzzing (Hypothesis) of the two loaders that read files a user hands kvpot before
+any C code sees them: the saved-context reader and the GGUF header checks.
+
+Property: every input is either accepted or refused with one KvpotError line; nothing else
+escapes (no IndexError, MemoryError, RecursionError, ...). Inputs are built three ways so they
+reach past the first check: raw bytes; structurally valid files with fuzzed fields (the saved
+context's checksum recomputed, so the parser behind it is reached); valid files with fuzzed
+mutations (byte flips, cuts, insertions), checksum recomputed again.
+
+Hypothesis rather than a coverage-guided fuzzer (atheris): it is pip-installable everywhere
+kvpot's tests run, well kept, shrinks a failure to a small input, and composes with the file
+structure above; the readers are pure Python, where structure matters more than branch feedback.
+
+`make test` runs KVPOT_FUZZ_EXAMPLES (default 300) per target; `make fuzz` runs 100,000 each and
+writes the counts to KVPOT_FUZZ_REPORT (docs/fuzzing.md has the recorded run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import struct
+import time
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvpot.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, parse_context
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import GGUF_MAGIC, read_header_from
+
+EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 1000,
+                suppress_health_check=list(HealthCheck), database=None)
+
+_stats: dict[str, dict] = {}
+
+
+def _record(target: str, accepted: bool, seconds: float) -> None:
+    s = _stats.setdefault(target, {"inputs": 0, "accepted": 0, "refused": 0, "slowest_s": 0.0})
+    s["inputs"] += 1
+    s["accepted" if accepted else "refused"] += 1
+    s["slowest_s"] = max(s["slowest_s"], round(seconds, 4))
+    if s["inputs"] % 5000 == 0:  # a long run stopped early still leaves its true counts
+        _write_report()
+
+
+def _check(target: str, fn, data: bytes) -> None:
+    t0 = time.perf_counter()
+    try:
+        fn(data)
+        accepted = True
+    except KvpotError as e:
+        msg = str(e)
+        assert msg and "\n" not in msg, repr(msg)
+        accepted = False
+    _record(target, accepted, time.perf_counter() - t0)
+
+
+def _write_report() -> None:
+    report = os.environ.get("KVPOT_FUZZ_REPORT")
+    if report:
+        with open(report, "w") as f:
+            json.dump({"examples_per_strategy": EXAMPLES, "targets": _stats}, f, indent=1)
+
+
+def teardown_module(module) -> None:
+    _write_report()
+
+
+# -- mutations ---------------------------------------------------------------------------------------
+
+@st.composite
+def _mutated(draw, base: bytes) -> bytes:
+    data = bytearray(base)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "cut", "insert", "overwrite"]))
+        at = draw(st.integers(0, max(len(data) - 1, 0)))
+        if kind == "flip" and data:
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "cut":
+            del data[at:at + draw(st.integers(1, 64))]
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=16))
+        else:
+            chunk = draw(st.sampled_from([b"\xff" * 8, b"\x00" * 8, struct.pack("<Q", 1 << 63), struct.pack("<I", 1 << 31)]))
+            data[at:at + len(chunk)] = chunk
+    return bytes(data)
+
+
+# -- saved contexts ----------------------------------------------------------------------------------
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(allow_nan=False), st.text(max_size=8))
+_json = st.recursive(_json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                     max_leaves=8)
+
+
+def _good_header() -> dict:
+    return {"format": "kvpot saved context", "kvpot_version": "0", "runtime": {"abi": 4, "llama_commit": "abc"},
+            "model": {"name": "m", "path": "/m.gguf", "sha256": "0" * 64, "architecture": "llama"},
+            "policy": "streaming", "settings": {"budget": 16}, "n_ctx": 256, "prompt_format": "completion",
+            "tokens_read": 3, "sources": [{"name": "a", "size": 3}], "turns": 0,
+            "engine": {"tokens_seen": 3, "policy": {"x": {"__array__": "policy.x"}}}}
+
+
+@st.composite
+def _header(draw) -> dict:
+    h = _good_header()
+    for _ in range(draw(st.integers(0, 3))):  # replace, drop or retype some fields
+        key = draw(st.sampled_from(sorted(h)))
+        action = draw(st.sampled_from(["drop", "replace", "keep"]))
+        if action == "drop":
+            h.pop(key, None)
+        elif action == "replace":
+            h[key] = draw(_json)
+    return h
+
+
+def _arrays_blob(arrays: dict[str, bytes]) -> bytes:
+    out = b""
+    for name, raw in arrays.items():
+        nb = name.encode()
+        out += struct.pack("<I", len(nb)) + nb + struct.pack("<Q", len(raw)) + raw
+    return out
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+@st.composite
+def _arrays(draw) -> bytes:
+    items = {}
+    for i in range(draw(st.integers(0, 3))):
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+        dtype = draw(st.sampled_from([np.int64, np.float32, np.int8, np.uint16]))
+        raw = _npy(np.zeros(shape, dtype=dtype))
+        if draw(st.booleans()):
+            raw = draw(_mutated(raw))
+        items[draw(st.sampled_from(["positions", "policy.x", f"a{i}"]))] = raw
+    return _arrays_blob(items)
+
+
+def _assemble(header: bytes, blobs: list[bytes], tags=_TAGS, version: int = FORMAT_VERSION) -> bytes:
+    parts = [_PREFIX.pack(MAGIC, version, len(header)), header]
+    for tag, blob in zip(tags, blobs):
+        parts += [_SECTION.pack(tag, len(blob)), blob]
+    body = b"".join(parts)
+    return body + hashlib.sha256(body).digest()
+
+
+def _with_digest(data: bytes) -> bytes:
+    """Recompute the trailing SHA-256 so a mutation reaches the parser behind the checksum."""
+    if len(data) < 32:
+        return data
+    body = data[:-32]
+    return body + hashlib.sha256(body).digest()
+
+
+@st.composite
+def _context_file(draw) -> bytes:
+    header = json.dumps(draw(_header())).encode()
+    if draw(st.booleans()):
+        header = draw(st.sampled_from([b"", b"[]", b"{", b"\xff\xfe", b"null", b'{"engine": 1}'])) or header
+    blobs = [draw(st.binary(max_size=64)), draw(st.binary(max_size=64)), draw(_arrays())]
+    data = _assemble(header, blobs, version=draw(st.sampled_from([FORMAT_VERSION] * 6 + [0, 2])))
+    if draw(st.booleans()):
+        data = draw(_mutated(data))
+        if draw(st.integers(0, 3)):
+            data = _with_digest(data)
+    return data
+
+
+@FUZZ
+@given(st.binary(max_size=256))
+def test_fuzz_context_raw_bytes(data):
+    _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
+
+
+@FUZZ
+@given(_context_file())
+def test_fuzz_context_structured(data):
+    _check("context, structured and mutated", parse_context, data)
+
+
+def test_good_synthetic_context_is_accepted():
+    """The structured strategy starts from files the reader accepts (else it would only test refusals)."""
+    arrays = _arrays_blob({"positions": _npy(np.zeros((1, 1, 3), np.int64)), "policy.x": _npy(np.zeros(3))})
+    saved = parse_context(_assemble(json.dumps(_good_header()).encode(), [b"s", b"p", arrays]))
+    assert saved.header["n_ctx"] == 256 and saved.state.arrays["positions"].shape == (1, 1, 3)
+
+
+# -- GGUF headers -----------------------------------------------------------------------------------
+
+def _gguf_string(s: bytes) -> bytes:
+    return struct.pack("<Q", len(s)) + s
+
+
+_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+@st.composite
+def _gguf_value(draw, depth: int = 0) -> bytes:
+    vtype = draw(st.sampled_from([4, 5, 6, 7, 8, 10, 12, 9] if depth == 0 else [4, 8, 10]))
+    if vtype == 8:
+        return struct.pack("<I", 8) + _gguf_string(draw(st.binary(max_size=12)))
+    if vtype == 9:
+        etype = draw(st.sampled_from([4, 8, 0]))
+        n = draw(st.integers(0, 5))
+        items = b""
+        for _ in range(n):
+            items += draw(_gguf_value(depth + 1))[4:] if etype != 0 else b"\x01"
+        return struct.pack("<I", 9) + struct.pack("<IQ", etype, n) + items
+    fmt = _SCALAR_FMT[vtype]
+    raw = draw(st.binary(min_size=struct.calcsize(fmt), max_size=struct.calcsize(fmt)))
+    return struct.pack("<I", vtype) + raw
+
+
+_KEYS = [b"general.architecture", b"general.name", b"general.type", b"llama.block_count",
+         b"llama.attention.head_count", b"tokenizer.ggml.tokens", b"tokenizer.chat_template", b"x"]
+
+
+@st.composite
+def _gguf_file(draw) -> bytes:
+    entries = [_gguf_string(draw(st.sampled_from(_KEYS))) + draw(_gguf_value()) for _ in range(draw(st.integers(0, 5)))]
+    version = draw(st.sampled_from([3, 3, 3, 2, 1, 4]))
+    n_kv = len(entries) if draw(st.integers(0, 4)) else draw(st.integers(0, 2**64 - 1))
+    data = GGUF_MAGIC + struct.pack("<IQQ", version, draw(st.integers(0, 10)), n_kv) + b"".join(entries)
+    if draw(st.booleans()):
+        data = draw(_mutated(data))
+    return data
+
+
+def _read_gguf(data: bytes) -> None:
+    read_header_from(io.BytesIO(data), "fuzzed.gguf", frozenset({"tokenizer.ggml.tokens"}))
+
+
+@FUZZ
+@given(st.binary(max_size=128))
+def test_fuzz_gguf_raw_bytes(data):
+    _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
+
+
+@FUZZ
+@given(_gguf_file())
+def test_fuzz_gguf_structured(data):
+    _check("gguf header, structured and mutated", _read_gguf, data)
+
+
+def test_gguf_header_of_a_real_model_is_accepted(smollm2_path):
+    """The reader the fuzzer drives accepts a real model's header (so refusals are not all it does)."""
+    with open(smollm2_path, "rb") as f:
+        kv = read_header_from(f, smollm2_path)
+    assert kv["general.architecture"] == "llama"
