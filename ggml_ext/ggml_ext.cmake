@@ -10,6 +10,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-taps.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-snapshot.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-crash.cpp
 )
 
 target_sources(llama PRIVATE ${KVPOT_EXT_SOURCES} ${CMAKE_CURRENT_LIST_DIR}/kvpot.h)

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 4
+#define KVPOT_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +41,20 @@ KVPOT_API const char * kvpot_llama_commit(void);
 // comma-separated names of the ggml backends registered in this build, e.g. "CPU" or "CUDA,CPU";
 // the string is owned by the library and stays valid until the next call
 KVPOT_API const char * kvpot_backends(void);
+
+// comma-separated names of the CPU device's extra weight buffer types (e.g. "CPU_REPACK"): where the
+// model loader may put weights besides plain CPU memory. kvpot builds without "AMX" (llama.cpp
+// issue 20824); tests read this list to prove it. Owned by the library, valid until the next call.
+KVPOT_API const char * kvpot_cpu_extra_bufts(void);
+
+// the CPU backend's compile-time features as "NAME=VALUE" pairs, comma-separated (ggml's own
+// ggml_backend_get_features list, e.g. "SSE3=1,AVX2=1,...,REPACK=1"); "" without a CPU backend
+KVPOT_API const char * kvpot_cpu_features(void);
+
+// on SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT, write `text` (copied; at most 1023 bytes) to stderr
+// before passing the signal on to the handler installed before this call (e.g. Python's
+// faulthandler), so a native crash names the kvpot version and runtime to report. Returns 0.
+KVPOT_API int32_t kvpot_crash_banner_install(const char * text);
 
 //
 // the pot: the KV cache of a context (for iSWA models, its non-SWA layers), bounded and compacted

@@ -1,4 +1,5 @@
-"""The wheel cache key: sdist hash + patches + ggml_ext/ sources + CMake arguments + recipe version."""
+"""The wheel cache key: sdist hash + patches + ggml_ext/ sources + CMake arguments + native CPU target
++ recipe version."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def _ext_files(ext_dir: Path) -> list[Path]:
     return sorted(p for p in ext_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
-def cache_key(patches_dir: Path, ext_dir: Path, cmake_args: str, sdist_sha256: str = SDIST_SHA256) -> str:
+def cache_key(patches_dir: Path, ext_dir: Path, cmake_args: str, native: str = "portable",
+              sdist_sha256: str = SDIST_SHA256) -> str:
+    """native: NativeTarget.fingerprint of the CPU the build compiles for ("portable" without -march=native)."""
     h = hashlib.sha256()
 
     def feed(tag: str, data: bytes) -> None:
@@ -32,4 +35,5 @@ def cache_key(patches_dir: Path, ext_dir: Path, cmake_args: str, sdist_sha256: s
     for p in _ext_files(ext_dir):
         feed("ext:" + p.relative_to(ext_dir).as_posix(), p.read_bytes())
     feed("cmake", " ".join(cmake_args.split()).encode())
+    feed("native", native.encode())
     return h.hexdigest()

@@ -21,6 +21,7 @@ from pathlib import Path
 import kvpot
 from kvpot import paths
 from kvpot.build.cache_key import cache_key
+from kvpot.build.native import native_target
 from kvpot.build.patching import apply_series
 from kvpot.build.pins import LLAMA_CPP_COMMIT, SDIST_VERSION, VENDOR_DIR
 from kvpot.build.sdist import extract_pristine, fetch_sdist
@@ -141,7 +142,8 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
     t0 = time.monotonic()
     root = source_root()
     args = full_cmake_args(cmake_args)
-    key = cache_key(root / "patches", root / "ggml_ext", args)
+    target = native_target(args)
+    key = cache_key(root / "patches", root / "ggml_ext", args, target.fingerprint)
     version = wheel_version(key)
     bdir = paths.build_dir()
     wheel_dir = bdir / "wheels" / key
@@ -160,6 +162,7 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
         shutil.rmtree(stage, ignore_errors=True)
         say(f"building patched llama-cpp-python {version} ({changed} source files changed; "
             f"CMAKE_ARGS='{args}'); a cold build takes several minutes")
+        say(f"CPU target: {target.describe()}")
         env = dict(os.environ)
         env["CMAKE_ARGS"] = f"{args} -DKVPOT_VERSION_STR={kvpot.__version__} -DKVPOT_LLAMA_COMMIT={LLAMA_CPP_COMMIT}"
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs or os.cpu_count() or 2)

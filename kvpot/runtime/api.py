@@ -43,6 +43,12 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_llama_commit", ctypes.c_char_p, []),
     # const char * kvpot_backends(void);
     ("kvpot_backends", ctypes.c_char_p, []),
+    # const char * kvpot_cpu_extra_bufts(void);
+    ("kvpot_cpu_extra_bufts", ctypes.c_char_p, []),
+    # const char * kvpot_cpu_features(void);
+    ("kvpot_cpu_features", ctypes.c_char_p, []),
+    # int32_t kvpot_crash_banner_install(const char * text);
+    ("kvpot_crash_banner_install", ctypes.c_int32, [ctypes.c_char_p]),
     # const char * kvpot_last_error(void);
     ("kvpot_last_error", ctypes.c_char_p, []),
     # int32_t kvpot_pot_stats_get(struct llama_context * ctx, struct kvpot_pot_stats * out);
