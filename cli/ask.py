@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -14,8 +15,9 @@ from kvpot.ingest import collect_sources
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL, KNOWN
 from kvpot.policies import make_policy
-from kvpot.session import Session
-from kvpot.settings import resolve_settings
+from kvpot.reading_plan import plan_reading
+from kvpot.session import Session, answer_reserve
+from kvpot.settings import AUTO, resolve_settings
 
 from ._common import err, user_errors
 from ._interrupt import Interrupts
@@ -30,7 +32,9 @@ ContextOpt = Annotated[Path, typer.Option("--context", help="reopen a saved cont
 SaveContextOpt = Annotated[Path, typer.Option("--save-context", help="save the compressed context here after reading")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-P", help=POLICY_HELP)]
-BudgetOpt = Annotated[int, typer.Option("--budget", "-b", help="cells the memory may hold (per layer and KV head)")]
+BudgetOpt = Annotated[str, typer.Option(
+    "--budget", "-b", help="cells the memory may hold (per layer and KV head), or auto (default): the most the "
+                           "device's free memory holds, and full attention when the whole input fits")]
 ChunkOpt = Annotated[int, typer.Option("--chunk", help="tokens read per step")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (default: every core)")]
 PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
@@ -38,12 +42,22 @@ MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest a
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
 
 
+def _budget(raw: str | None) -> int | str | None:
+    if raw is None or raw == AUTO:
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
+
+
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
     known = KNOWN.get(model)
-    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
+    cli = {"policy": policy, "budget": _budget(budget), "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    make_policy(settings.policy_spec())  # a bad spec is refused before the model loads
+    # a bad spec is refused before the model loads (an automatic budget is checked with a stand-in)
+    make_policy((replace(settings, budget=1024) if settings.budget == AUTO else settings).policy_spec())
     return settings
 
 
@@ -51,6 +65,11 @@ def _new_session(inputs: list[str], glob: str, model: str, question: str | None,
     settings = _settings(model, **opts)  # options first: they are cheap to check
     sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
     facts, known = resolve_model(model)
+    plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
+                        reserve=answer_reserve(settings))
+    if plan.note:
+        err.print(plan.note, soft_wrap=True)
+    settings = plan.settings
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
     if question:

@@ -122,15 +122,23 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
     if doc_tokens is not None and doc_tokens + chunk + reserve <= limit:
         return Reading("full", doc_tokens, f"the input's {doc_tokens:,} tokens fit the {limit:,} cells the device and "
                                            f"the model's trained context allow: full attention, as stock llama.cpp")
-    budget = plan.cells - reserve - chunk
-    if budget < MIN_CELLS:
-        raise KvpotError(f"the device holds {plan.cells:,} cells; with {reserve + chunk:,} for reading and answering "
-                         f"that leaves less than a {MIN_CELLS}-cell pot; pass --budget N")
+    budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
     what = "its length is unknown (stdin)" if doc_tokens is None else f"{doc_tokens:,} tokens do not fit {limit:,} cells"
     return Reading("pot", budget, f"{what}: the pot takes {budget:,} cells ({plan.reason})")
 
 
-def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int, limit: int) -> int:
+def pot_cells(cells: int, n_ctx_train: int, reserve: int, chunk: int) -> int:
+    """The largest pot budget in a context of `cells` (the device's plan, already capped at the trained
+    context): what is left after the chunk being read and the answer's room."""
+    budget = min(cells, n_ctx_train or cells) - reserve - chunk
+    if budget < MIN_CELLS:
+        raise KvpotError(f"the device holds {cells:,} cells; with {reserve + chunk:,} for reading and answering "
+                         f"that leaves less than a {MIN_CELLS}-cell pot; pass --budget N")
+    return budget
+
+
+def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int, limit: int,
+                 exact: bool = True) -> int:
     """`--policy full`: the cells the document needs; refuses before reading when they cannot fit
     `limit` (the device's or the user's) or the model's trained context."""
     cap = min(limit, n_ctx_train or limit)
@@ -139,7 +147,8 @@ def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: 
     need = doc_tokens + chunk + reserve
     if need > cap:
         which = "the model's trained context" if cap == n_ctx_train else "the memory for"
-        raise KvpotError(f"full attention keeps every token: the input is {doc_tokens:,} tokens, {need:,} cells with "
+        size = f"{doc_tokens:,} tokens" if exact else f"more than {doc_tokens:,} tokens (counting stopped there)"
+        raise KvpotError(f"full attention keeps every token: the input is {size}, {need:,} cells with "
                          f"reading ({chunk}) and answering ({reserve}) room, more than {which} {cap:,} cells; "
                          f"choose a pot policy (e.g. --policy infinipot)")
     return doc_tokens
