@@ -19,7 +19,7 @@ from kvpot.reading_plan import plan_reading
 from kvpot.session import Session, answer_reserve
 from kvpot.settings import AUTO, resolve_settings
 
-from ._common import err, user_errors
+from ._common import NO_ANSWER_EXIT, err, user_errors
 from ._interrupt import Interrupts
 from .reading import read_with_progress
 
@@ -91,10 +91,13 @@ def _reopen(context: Path, model: str | None, threads: int | None) -> Session:
     return session
 
 
-def _answer(session: Session, question: str) -> bool:
-    """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped."""
+def _answer(session: Session, question: str) -> bool | None:
+    """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped, None when the model
+    produced no answer (said on stderr, never a silent blank line)."""
+    said = ""
     with Interrupts() as stop:
         for piece in session.ask(question):
+            said += piece
             sys.stdout.write(piece)
             sys.stdout.flush()
             if stop.hit:
@@ -103,6 +106,10 @@ def _answer(session: Session, question: str) -> bool:
                 return False
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if not said.strip():
+        err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",
+                  soft_wrap=True)
+        return None
     return True
 
 
@@ -148,6 +155,8 @@ def ask(
             _save(session, save_context)
     completed = _answer(session, question)
     session.engine.close()
+    if completed is None:
+        raise typer.Exit(NO_ANSWER_EXIT)
     if not completed:
         raise typer.Exit(130)
 

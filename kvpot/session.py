@@ -149,6 +149,8 @@ class Session:
             held += piece
             cut = min((held.find(x) for x in self.format.stop if x in held), default=-1)
             if cut >= 0:  # a base model starts the next exchange: stop before it
+                stop = next(x for x in self.format.stop if held.find(x) == cut)
+                self.engine.stop_reason = f"the stop string {stop!r}"
                 if cut:
                     yield held[:cut]
                 return
