@@ -29,6 +29,8 @@ F32 = 4
 # left free: a quarter of what is free now (other programs, estimate error), and at least 512 MiB
 MARGIN_SHARE = 0.25
 MARGIN_MIN = 512 << 20
+# bytes of free memory to plan with instead of probing the machine
+MEMORY_ENV = "KVPOT_DEVICE_MEMORY"
 # fewer cells than this is no useful pot: refuse rather than read with a sliver of memory
 MIN_CELLS = 256
 
@@ -157,6 +159,12 @@ def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: 
 def device_memory(gpu: bool = False) -> DeviceMemory:
     """Free memory where the KV cache will live: RAM (MemAvailable on Linux, free + inactive pages
     elsewhere). A GPU backend is not probed yet: RAM is reported, and the reason says so."""
+    pretend = os.environ.get(MEMORY_ENV)
+    if pretend:  # another device's memory (a phone's, a test's), weights included
+        try:
+            return DeviceMemory(free_bytes=int(pretend), where=f"{MEMORY_ENV}", holds_weights=True)
+        except ValueError:
+            raise KvpotError(f"{MEMORY_ENV} must be a number of bytes, got {pretend!r}") from None
     where = "RAM" if not gpu else "RAM (GPU memory is not probed yet)"
     return DeviceMemory(free_bytes=_available_ram(), where=where, holds_weights=True)
 
