@@ -9,6 +9,11 @@ from rich.console import Console
 
 from kvpot.errors import KvpotError
 
+# `ask` and `run` exit with this when the model produced no answer (nothing but whitespace): the
+# command ran, but its one product is missing, and a script must be able to tell that from an answer
+# (1 is for user errors, 130 for Ctrl-C); `chat` says so on stderr and goes on
+NO_ANSWER_EXIT = 5
+
 # diagnostics, progress and tables go to stderr; answers go to stdout
 err = Console(stderr=True, highlight=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -15,11 +16,12 @@ from kvpot.ingest import collect_sources, looks_like_input
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL, KNOWN
 from kvpot.policies import make_policy
+from kvpot.reading_plan import plan_reading
 from kvpot.safe_write import resolve_target
-from kvpot.session import Session
-from kvpot.settings import resolve_settings
+from kvpot.session import Session, answer_reserve
+from kvpot.settings import AUTO, resolve_settings
 
-from ._common import err, user_errors
+from ._common import NO_ANSWER_EXIT, err, user_errors
 from ._interrupt import Interrupts
 from .reading import read_with_progress
 
@@ -33,7 +35,9 @@ ContextOpt = Annotated[str, typer.Option("--context", help="reopen a saved conte
 SaveContextOpt = Annotated[str, typer.Option("--save-context", help="save the compressed context here after reading")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-P", help=POLICY_HELP)]
-BudgetOpt = Annotated[int, typer.Option("--budget", "-b", help="cells the memory may hold (per layer and KV head)")]
+BudgetOpt = Annotated[str, typer.Option(
+    "--budget", "-b", help="cells the memory may hold (per layer and KV head), or auto (default): the most the "
+                           "device's free memory holds, and full attention when the whole input fits")]
 ChunkOpt = Annotated[int, typer.Option("--chunk", help="tokens read per step")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (default: every core)")]
 PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
@@ -41,13 +45,23 @@ MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest a
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
 
 
+def _budget(raw: str | None) -> int | str | None:
+    if raw is None or raw == AUTO:
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
+
+
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
     check_cli_numbers(budget, chunk, threads, max_tokens)
     known = KNOWN.get(model)
-    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
+    cli = {"policy": policy, "budget": _budget(budget), "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    make_policy(settings.policy_spec())  # a bad spec is refused before the model loads
+    # a bad spec is refused before the model loads (an automatic budget is checked with a stand-in)
+    make_policy((replace(settings, budget=1024) if settings.budget == AUTO else settings).policy_spec())
     return settings
 
 
@@ -55,6 +69,11 @@ def _new_session(inputs: list[str], glob: str, model: str, question: str | None,
     settings = _settings(model, **opts)  # options first: they are cheap to check
     sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
     facts, known = resolve_model(model)
+    plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
+                        reserve=answer_reserve(settings))
+    if plan.note:
+        err.print(plan.note, soft_wrap=True)
+    settings = plan.settings
     check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
@@ -82,10 +101,13 @@ def _reopen(context: str, model: str | None, threads: int | None, max_tokens: in
     return session
 
 
-def _answer(session: Session, question: str) -> bool:
-    """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped."""
+def _answer(session: Session, question: str) -> bool | None:
+    """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped, None when the model
+    produced no answer (said on stderr, never a silent blank line)."""
+    said = ""
     with Interrupts() as stop:
         for piece in session.ask(question):
+            said += piece
             sys.stdout.write(piece)
             sys.stdout.flush()
             if stop.hit:
@@ -94,6 +116,10 @@ def _answer(session: Session, question: str) -> bool:
                 return False
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if not said.strip():
+        err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",
+                  soft_wrap=True)
+        return None
     return True
 
 
@@ -161,6 +187,8 @@ def ask(
     saved = _save(session, save_context) if save_context is not None else True
     completed = _answer(session, question)
     session.engine.close()
+    if completed is None:
+        raise typer.Exit(NO_ANSWER_EXIT)
     if not completed:
         raise typer.Exit(130)
     if not saved:

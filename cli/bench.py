@@ -73,15 +73,25 @@ def niah(
     json_out: Path = typer.Option(None, "--json", help="write every case here as JSON (rewritten after each case)"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
     png_out: Path = typer.Option(None, "--png", help="write an accuracy heatmap (length x depth per policy) here"),
+    task: str = typer.Option("multikey", "--task",
+                             help="multikey: four access codes in varied prose, the question names one (RULER); "
+                                  "prose: one code in that prose; passkey: one key in a repeated filler sentence"),
 ) -> None:
-    """Passkey retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt)."""
-    from kvpot.bench.grid import accuracy_table, heatmap_png, niah_grid
+    """Needle retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt).
 
+    `-P full` reads each haystack whole with full attention (stock llama.cpp's computation)."""
+    from kvpot.bench.grid import accuracy_table, heatmap_png, niah_grid
+    from kvpot.bench.niah import TASKS
+
+    if task not in TASKS:
+        raise KvpotError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
     facts, _ = resolve_model(model)
     for spec in policy:
         make_policy(spec)
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
-    previous = _load_cases(json_out) if resume else []
+    previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
+    if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
+        raise KvpotError(f"{json_out} holds cases of another task; write --task {task} to another file")
     results: list[dict] = list(previous)
 
     def on_case(r: dict) -> None:
@@ -93,8 +103,8 @@ def niah(
 
     with err.status(f"{len(previous)}/{total} cases") as status:
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
-                            on_case=on_case, done=previous)
-    table = Table(title=f"passkey retrieval, {facts.name} (accuracy per depth)")
+                            on_case=on_case, done=previous, task=task)
+    table = Table(title=f"needle retrieval ({task}), {facts.name} (accuracy per depth)")
     table.add_column("policy")
     table.add_column("length", justify="right")
     for d in depths:

@@ -16,7 +16,7 @@ from kvpot.pull import pull as pull_model
 from kvpot.sample import logbook
 from kvpot.textfile import read_document
 
-from ._common import err, user_errors
+from ._common import NO_ANSWER_EXIT, err, user_errors
 
 
 def _answer(model: str, document: str, question: str, ctx: int | None, threads: int | None,
@@ -97,9 +97,12 @@ def run(
     """
     document = read_document(file)
     if policy == "full":
-        _answer(model, document, prompt, ctx, threads, max_tokens, seed)
+        said = _answer(model, document, prompt, ctx, threads, max_tokens, seed)
     else:
-        _answer_with_pot(model, document, prompt, policy, budget, chunk, threads, max_tokens)
+        said = _answer_with_pot(model, document, prompt, policy, budget, chunk, threads, max_tokens)
+    if not said.strip():
+        err.print("[yellow]the model produced no answer[/yellow]")
+        raise typer.Exit(NO_ANSWER_EXIT)
 
 
 # ~8K tokens: long enough that the pot compacts several times at the default budget

@@ -89,11 +89,10 @@ def _gib(n: int) -> str:
 
 def check_settings_fit(facts: ModelFacts, settings) -> None:
     """The context `Session` would create for these settings, checked before the model loads."""
-    from kvpot.engine import MIN_TURN_ROOM
     from kvpot.policies import make_policy
-    from kvpot.session import QUESTION_ROOM
+    from kvpot.session import answer_reserve
 
-    reserve = settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
+    reserve = answer_reserve(settings)
     n_ctx = make_policy(settings.policy_spec()).cache_cells(settings.budget, settings.chunk) + reserve
     check_memory(facts, n_ctx, settings.chunk, facts.n_vocab, settings.budget, settings.chunk, settings.max_tokens)
 

@@ -95,6 +95,7 @@ class Engine:
         self._bos_done = False
         self.step = 0             # chunks read so far
         self._catalyst_cache: tuple[str | None, list[int]] = (None, [])
+        self.stop_reason = ""     # why the last answer ended (for "the model produced no answer")
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -362,9 +363,11 @@ class Engine:
         yielded except the last is in the cache; it stops at end-of-generation, at max_tokens, or
         when the cache must keep room for the next turn."""
         pending = b""
+        self.stop_reason = f"the {max_tokens}-token limit"
         for _ in range(max_tokens):
             tok = int(np.argmax(logits))
             if self.model.is_eog(tok):
+                self.stop_reason = f"end-of-generation ({self.model.piece(tok).decode('utf-8', 'replace') or tok})"
                 break
             pending += self.model.piece(tok)
             try:
@@ -374,6 +377,7 @@ class Engine:
             except UnicodeDecodeError:
                 pass
             if self.n_cells + 1 > self.ctx.n_ctx - self._turn_room():
+                self.stop_reason = "the room left in the context"
                 break
             self.ctx.decode([tok], self.pos_next, logits="last")
             self._append_cells(1)

@@ -68,7 +68,8 @@ class _Reader:
 
 
 def read_header(path: Path, keep_arrays: frozenset[str] = frozenset()) -> dict:
-    """GGUF key/values (arrays omitted unless named in keep_arrays)."""
+    """GGUF key/values (arrays omitted unless named in keep_arrays; an omitted array's length is
+    under "KEY#count")."""
     with open(path, "rb", buffering=1 << 16) as f:
         return read_header_from(f, path, keep_arrays)
 
@@ -96,6 +97,7 @@ def read_header_from(f, path: Path | str, keep_arrays: frozenset[str] = frozense
                 out[key] = val
             elif r.last_count is not None:  # a skipped array: its length (the vocabulary size)
                 counts[key] = r.last_count
+                out[f"{key}#count"] = r.last_count
         out["__array_lengths__"] = counts
         return out
     except _Truncated:
@@ -115,7 +117,15 @@ class ModelFacts:
     n_embd: int
     n_ctx_train: int
     chat_template: str | None
-    n_vocab: int = 0         # tokenizer.ggml.tokens entries (0 when the header does not say)
+    # what the KV cache costs (kvpot.budget): per-head key/value widths, the sliding window (0: none)
+    # and which layers use it, the vocabulary (the logits buffer), the file size (the weights)
+    head_dim_k: int = 0
+    head_dim_v: int = 0
+    n_ff: int = 0
+    n_vocab: int = 0
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    file_bytes: int = 0
 
 
 def check_gguf_header(path: Path, what: str = "model") -> None:
@@ -152,15 +162,43 @@ def read_model_facts(path: Path) -> ModelFacts:
         return int(v) if isinstance(v, (int, float)) else default
 
     n_head = num("attention.head_count")
+    n_layer = num("block_count")
+    n_embd = num("embedding_length")
+    head_dim = n_embd // n_head if n_head else 0
+    window = num("attention.sliding_window")
     return ModelFacts(
         path=path,
         arch=arch,
         name=kv.get("general.name") or path.stem,
-        n_layer=num("block_count"),
+        n_layer=n_layer,
         n_head=n_head,
         n_head_kv=num("attention.head_count_kv", n_head),
-        n_embd=num("embedding_length"),
+        n_embd=n_embd,
         n_ctx_train=num("context_length"),
         chat_template=kv.get("tokenizer.chat_template"),
-        n_vocab=int(kv["__array_lengths__"].get("tokenizer.ggml.tokens", 0)),
+        head_dim_k=num("attention.key_length", head_dim),
+        head_dim_v=num("attention.value_length", head_dim),
+        n_ff=num("feed_forward_length"),
+        n_vocab=num("vocab_size") or int(kv.get("tokenizer.ggml.tokens#count", 0)),
+        sliding_window=window,
+        swa_layers=swa_layers(arch, n_layer, window, kv.get(f"{arch}.attention.sliding_window_pattern")),
+        file_bytes=path.stat().st_size,
     )
+
+
+# llama.cpp's built-in sliding-window patterns (src/models/*.cpp, load_swa_pattern) for the
+# architectures whose GGUF files do not carry attention.sliding_window_pattern: every n-th layer
+# is global, the others slide
+_SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
+
+
+def swa_layers(arch: str, n_layer: int, window: int, pattern) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp decides (llama_hparams::set_swa_pattern).
+    An unknown pattern counts every layer as global: that overstates the KV a model needs, never
+    understates it."""
+    if window <= 0 or n_layer <= 0:
+        return (False,) * max(n_layer, 0)
+    n = pattern if isinstance(pattern, int) else _SWA_PATTERNS.get(arch)
+    if n is None:
+        return (False,) * n_layer
+    return tuple(n == 0 or (il % n < n - 1) for il in range(n_layer))

@@ -45,6 +45,11 @@ def _partial_stop(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
+def answer_reserve(settings: RunSettings) -> int:
+    """Cells a session keeps past the budget for the first question, the answer and the next turn."""
+    return settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
+
+
 class ReadingStopped(Exception):
     """Raised from a progress callback to stop reading; what was read so far stays in the pot."""
 
@@ -66,7 +71,7 @@ class Session:
         self.model_name = model_name
         self.settings = settings
         self.policy_spec = settings.policy_spec()
-        reserve = settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
+        reserve = answer_reserve(settings)
         self.engine = Engine(str(facts.path), make_policy(self.policy_spec), EngineConfig(
             budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,
             n_ctx=n_ctx))
@@ -157,6 +162,8 @@ class Session:
             held += piece
             cut = min((held.find(x) for x in self.format.stop if x in held), default=-1)
             if cut >= 0:  # a base model starts the next exchange: stop before it
+                stop = next(x for x in self.format.stop if held.find(x) == cut)
+                self.engine.stop_reason = f"the stop string {stop!r}"
                 if cut:
                     yield held[:cut]
                 return

@@ -17,7 +17,8 @@ from kvpot.prompting import PROMPT_CHOICES
 @dataclass(frozen=True)
 class RunSettings:
     policy: str = "infinipot"   # a policy spec; a bare "infinipot" takes |M| = budget, |C| = budget / 2
-    budget: int = 2048          # cells the memory may hold (InfiniPot's pot |M|; what others keep)
+    budget: int | str = "auto"  # cells the memory may hold (InfiniPot's pot |M|; what others keep), or
+                                # "auto": sized from the device (kvpot.budget; cli/ask.py resolves it)
     chunk: int = 512            # tokens per step
     threads: int = 0            # 0: every core
     prompt: str = "auto"        # auto | chat | completion
@@ -26,7 +27,9 @@ class RunSettings:
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--max-tokens", or "max_tokens in config.toml")."""
         n = lambda key: (names or {}).get(key, "--" + key.replace("_", "-"))  # noqa: E731
-        if self.budget < 16:
+        if isinstance(self.budget, str) and self.budget != AUTO:
+            raise KvpotError(f"{n('budget')} must be a number of cells or {AUTO!r}, got {self.budget!r}")
+        if self.budget != AUTO and self.budget < 16:
             raise KvpotError(f"{n('budget')} {self.budget} is too small: the pot needs at least 16 cells")
         if self.chunk < 16:
             raise KvpotError(f"{n('chunk')} {self.chunk} is too small: read at least 16 tokens per step")
@@ -42,11 +45,14 @@ class RunSettings:
         """The policy with the budget filled in where the spec leaves it open."""
         name, _, args = self.policy.partition(":")
         if name == "infinipot" and "pot=" not in args and "keep=" not in args:
+            if self.budget == AUTO:
+                raise KvpotError("internal: the automatic budget was not resolved before the policy was built")
             sized = f"pot={self.budget},keep={self.budget // 2}"
             return f"infinipot:{sized},{args}" if args else f"infinipot:{sized}"
         return self.policy
 
 
+AUTO = "auto"
 KEYS = {f.name: f.type for f in fields(RunSettings)}
 
 
@@ -59,9 +65,12 @@ def _layer(table: dict, where: str) -> dict:
     for key, value in table.items():
         if key not in KEYS:
             raise KvpotError(f"{where}: unknown setting {key!r} (known: {', '.join(KEYS)})")
-        want = int if KEYS[key] == "int" else str
-        if not isinstance(value, want) or isinstance(value, bool):
-            raise KvpotError(f"{where}: {key} must be a{'n integer' if want is int else ' string'}, got {value!r}")
+        want = int if KEYS[key].startswith("int") else str
+        if key == "budget" and value == AUTO:
+            pass
+        elif not isinstance(value, want) or isinstance(value, bool):
+            what = "n integer" + (f" or {AUTO!r}" if key == "budget" else "") if want is int else " string"
+            raise KvpotError(f"{where}: {key} must be a{what}, got {value!r}")
         out[key] = value
     return out
 

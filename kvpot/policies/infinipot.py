@@ -36,6 +36,11 @@ class InfiniPot(Policy):
                 the slots NuC leaves go to the most recent tokens, the paper's "CCD w/o CaP")
     cap_text:   the catalyst for cap="custom"
     cr_rope:    CR-RoPE, positions restart at 0..|C|-1 after each distillation (section 3.5)
+    n_sink:     not in the paper: the first n_sink tokens of the stream stay in every head (default 4),
+                StreamingLLM's attention sinks. The paper's models start with a BOS that takes so much
+                attention that CaP keeps it anyway; a model without BOS (SmolLM2) uses its first
+                tokens as sinks, and with NuC taking half of |C| CaP dropped them in some heads,
+                which broke the answer (docs/benchmarks.md). 0 gives the paper's selection exactly.
 
     Each distillation: the catalyst is decoded after the pot and its rows tapped (eq. 2, per
     layer and KV head), NuC is -log p of each token when it was read (eq. 4), T cells with the
@@ -50,6 +55,7 @@ class InfiniPot(Policy):
     cap: str = "auto"
     cap_text: str = ""
     cr_rope: bool = True
+    n_sink: int = 4
     _question: str | None = field(default=None, init=False, repr=False, compare=False)
     _nuc: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -60,6 +66,8 @@ class InfiniPot(Policy):
             raise KvpotError(f"infinipot: nuc_ratio must be within [0, 1], got {self.nuc_ratio}")
         if self.cap not in CAP_CHOICES:
             raise KvpotError(f"infinipot: cap must be one of {', '.join(CAP_CHOICES)}, got {self.cap!r}")
+        if not 0 <= self.n_sink < self.keep:
+            raise KvpotError(f"infinipot: n_sink must be within [0, keep), got {self.n_sink}")
         if self.cap == "custom" and not self.cap_text.strip():
             raise KvpotError("infinipot: cap=custom needs cap_text")
 
@@ -107,7 +115,7 @@ class InfiniPot(Policy):
         if n_real <= C:
             raise KvpotError(f"infinipot: the pot holds {n_real} tokens, not more than keep ({C}); raise pot or lower keep")
         nuc = self._padded_nuc(view.n_cells)
-        return select_ccd(view.scores, nuc, view.positions, C, self.nuc_ratio)
+        return select_ccd(view.scores, nuc, view.positions, C, self.nuc_ratio, self.n_sink)
 
     def after_compaction(self, keep: np.ndarray) -> None:
         if self._nuc is not None:
@@ -127,18 +135,23 @@ class InfiniPot(Policy):
 
 
 def select_ccd(scores: np.ndarray | None, nuc: np.ndarray, positions: np.ndarray, keep: int,
-               nuc_ratio: float) -> np.ndarray:
+               nuc_ratio: float, n_sink: int = 0) -> np.ndarray:
     """Appendix B: T = alpha*|C| highest-NuC cells first (their CaP score raised to the maximum), then
     per (layer, head) the top |C| by CaP score; catalyst cells (position -1) are never chosen.
-    Without CaP scores, recency (stream position) ranks the remaining slots."""
+    Without CaP scores, recency (stream position) ranks the remaining slots. Before all of them, the
+    cells holding the stream's first n_sink tokens (the attention sinks), in every head."""
     real = positions >= 0
     rep = scores.astype(np.float64) if scores is not None else positions.astype(np.float64)
     rep = np.where(real, rep, -np.inf)
+    top = np.nanmax(rep, axis=2, keepdims=True)
     T = round(nuc_ratio * keep)
     if T > 0:
         novelty = np.where(real, nuc.astype(np.float64), -np.inf)
+        # the sinks are kept anyway: NuC's T slots go to other tokens
+        novelty = np.where(real & (positions < n_sink), -np.inf, novelty)
         top_nuc = np.argsort(-novelty, axis=2, kind="stable")[:, :, :T]
-        boost = np.nanmax(np.where(real, rep, -np.inf), axis=2, keepdims=True) + 1.0
-        np.put_along_axis(rep, top_nuc, np.broadcast_to(boost, top_nuc.shape), axis=2)
+        np.put_along_axis(rep, top_nuc, np.broadcast_to(top + 1.0, top_nuc.shape), axis=2)
+    if n_sink:
+        rep = np.where(real & (positions < n_sink), top + 2.0, rep)
     chosen = np.argsort(-rep, axis=2, kind="stable")[:, :, :keep]
     return np.sort(chosen, axis=2)

@@ -32,7 +32,9 @@ class ContextParams:
 class LlamaModel:
     """A loaded GGUF model; the file must have been checked by kvpot.gguf_file first."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, vocab_only: bool = False):
+        """vocab_only: the tokenizer and metadata without the weights (counting tokens before the
+        context is sized)."""
         load_runtime()
         import llama_cpp as L
 
@@ -43,6 +45,7 @@ class LlamaModel:
         logs.install()
         L.llama_backend_init()
         params = L.llama_model_default_params()
+        params.vocab_only = vocab_only
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise KvpotError(f"llama.cpp could not load the model {path}")

@@ -1,0 +1,190 @@
+"""`--budget auto`: how many KV cells the device holds for a model, and whether a document is read
+with full attention (the exact stock computation) or through the pot.
+
+Pure arithmetic on facts passed in (the model's GGUF facts, the device's free memory), so it is
+tested without a model; `device_memory()` is the one probe of the machine.
+
+What a context of n cells costs, besides the weights (llama.cpp, no flash attention):
+  KV:        per global layer n cells x KV heads x (key + value width) x 2 bytes (f16);
+             per sliding-window layer at most window + chunk cells, however long the input
+  attention: the chunk's scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one
+             layer at a time (the graph allocator reuses them across layers)
+  logits:    rows x vocabulary x 4 bytes, twice (the graph's output and llama.cpp's copy);
+             every row of a chunk when a policy needs each token's log-probability (NuC)
+  activations: chunk x (4 x embedding + 2 x feed-forward) x 4 bytes
+Those are estimates; the margin covers what they miss (small graphs, the tokenizer, Python).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import ModelFacts
+
+KV_BYTES = 2                 # f16 cache cells
+F32 = 4
+# left free: a quarter of what is free now (other programs, estimate error), and at least 512 MiB
+MARGIN_SHARE = 0.25
+MARGIN_MIN = 512 << 20
+# bytes of free memory to plan with instead of probing the machine
+MEMORY_ENV = "KVPOT_DEVICE_MEMORY"
+# fewer cells than this is no useful pot: refuse rather than read with a sliver of memory
+MIN_CELLS = 256
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    free_bytes: int
+    where: str               # "RAM", or the GPU's name
+    holds_weights: bool = True  # CPU: the weights are mapped into the same RAM
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """The largest context (in cells) the device holds for the model, and why."""
+
+    cells: int
+    reason: str
+
+
+def global_kv_bytes_per_cell(facts: ModelFacts) -> int:
+    """Bytes one more cell costs in every layer whose cache grows with the input."""
+    n_global = sum(1 for swa in _swa(facts) if not swa)
+    return n_global * facts.n_head_kv * (facts.head_dim_k + facts.head_dim_v) * KV_BYTES
+
+
+def window_kv_bytes(facts: ModelFacts, chunk: int) -> int:
+    """The sliding-window layers' caches: window + chunk cells each, whatever the input."""
+    n_swa = sum(1 for swa in _swa(facts) if swa)
+    return n_swa * (facts.sliding_window + chunk) * facts.n_head_kv * (facts.head_dim_k + facts.head_dim_v) * KV_BYTES
+
+
+def kv_bytes(facts: ModelFacts, cells: int, chunk: int) -> int:
+    """Whole KV cache of a context of `cells` cells (sliding-window layers capped at their window)."""
+    n_swa = sum(1 for swa in _swa(facts) if swa)
+    per_layer = facts.n_head_kv * (facts.head_dim_k + facts.head_dim_v) * KV_BYTES
+    swa_cells = min(cells, facts.sliding_window + chunk)
+    return global_kv_bytes_per_cell(facts) * cells + n_swa * per_layer * swa_cells
+
+
+def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> int:
+    """The chunk's compute buffer and logits for a context of `cells` cells."""
+    return (2 * facts.n_head * chunk * cells * F32
+            + 2 * logit_rows * facts.n_vocab * F32
+            + chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
+
+
+def margin_bytes(free: int) -> int:
+    return max(MARGIN_MIN, int(MARGIN_SHARE * free))
+
+
+def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int) -> DevicePlan:
+    """Cells of the largest context that fits: free memory less the margin, the weights (where
+    they share the device), the fixed costs (sliding-window caches, logits, activations), divided
+    by what each cell costs (global-layer KV + the chunk's attention scores over it); capped at
+    the model's trained context, the longest span its positions were trained for."""
+    fixed = window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows)
+    weights = facts.file_bytes if mem.holds_weights else 0
+    margin = margin_bytes(mem.free_bytes)
+    per_cell = global_kv_bytes_per_cell(facts) + 2 * facts.n_head * chunk * F32
+    usable = mem.free_bytes - margin - weights - fixed
+    fits = usable // per_cell if usable > 0 else 0
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    if fits < MIN_CELLS:
+        raise KvpotError(
+            f"not enough memory for a pot: {mib(mem.free_bytes)} free in {mem.where}, the model needs "
+            f"{mib(weights)} of weights + {mib(fixed)} of buffers + a {mib(margin)} margin, leaving room for "
+            f"{max(fits, 0)} cells (at least {MIN_CELLS}); free some memory or pass --budget N")
+    cap = facts.n_ctx_train or fits
+    cells = min(fits, cap)
+    why = (f"{mib(mem.free_bytes)} free in {mem.where}, less {mib(weights)} weights, {mib(fixed)} buffers and a "
+           f"{mib(margin)} margin, at {per_cell / 1024:,.1f} KiB per cell holds {fits:,} cells")
+    if cells < fits:
+        why += f"; capped at the model's trained context of {cap:,}"
+    return DevicePlan(cells=int(cells), reason=why)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a document is read: "full" attention in a context of `cells`, or the pot at budget `cells`."""
+
+    mode: str
+    cells: int
+    reason: str
+
+
+def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int) -> Reading:
+    """Full attention when the document (counted exactly, None when unknown, e.g. stdin) plus the
+    question and answer fit both the device's context and the model's trained context: that is what
+    stock llama.cpp computes. Otherwise the pot, as large as the device holds."""
+    limit = min(plan.cells, n_ctx_train or plan.cells)
+    if doc_tokens is not None and doc_tokens + chunk + reserve <= limit:
+        return Reading("full", doc_tokens, f"the input's {doc_tokens:,} tokens fit the {limit:,} cells the device and "
+                                           f"the model's trained context allow: full attention, as stock llama.cpp")
+    budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
+    what = "its length is unknown (stdin)" if doc_tokens is None else f"{doc_tokens:,} tokens do not fit {limit:,} cells"
+    return Reading("pot", budget, f"{what}: the pot takes {budget:,} cells ({plan.reason})")
+
+
+def pot_cells(cells: int, n_ctx_train: int, reserve: int, chunk: int) -> int:
+    """The largest pot budget in a context of `cells` (the device's plan, already capped at the trained
+    context): what is left after the chunk being read and the answer's room."""
+    budget = min(cells, n_ctx_train or cells) - reserve - chunk
+    if budget < MIN_CELLS:
+        raise KvpotError(f"the device holds {cells:,} cells; with {reserve + chunk:,} for reading and answering "
+                         f"that leaves less than a {MIN_CELLS}-cell pot; pass --budget N")
+    return budget
+
+
+def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int, limit: int,
+                 exact: bool = True) -> int:
+    """`--policy full`: the cells the document needs; refuses before reading when they cannot fit
+    `limit` (the device's or the user's) or the model's trained context."""
+    cap = min(limit, n_ctx_train or limit)
+    if doc_tokens is None:
+        return max(MIN_CELLS, cap - reserve - chunk)
+    need = doc_tokens + chunk + reserve
+    if need > cap:
+        which = "the model's trained context" if cap == n_ctx_train else "the memory for"
+        size = f"{doc_tokens:,} tokens" if exact else f"more than {doc_tokens:,} tokens (counting stopped there)"
+        raise KvpotError(f"full attention keeps every token: the input is {size}, {need:,} cells with "
+                         f"reading ({chunk}) and answering ({reserve}) room, more than {which} {cap:,} cells; "
+                         f"choose a pot policy (e.g. --policy infinipot)")
+    return doc_tokens
+
+
+def device_memory(gpu: bool = False) -> DeviceMemory:
+    """Free memory where the KV cache will live: RAM (MemAvailable on Linux, free + inactive pages
+    elsewhere). A GPU backend is not probed yet: RAM is reported, and the reason says so."""
+    pretend = os.environ.get(MEMORY_ENV)
+    if pretend:  # another device's memory (a phone's, a test's), weights included
+        try:
+            return DeviceMemory(free_bytes=int(pretend), where=f"{MEMORY_ENV}", holds_weights=True)
+        except ValueError:
+            raise KvpotError(f"{MEMORY_ENV} must be a number of bytes, got {pretend!r}") from None
+    where = "RAM" if not gpu else "RAM (GPU memory is not probed yet)"
+    return DeviceMemory(free_bytes=_available_ram(), where=where, holds_weights=True)
+
+
+def _available_ram() -> int:
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    for name, share in (("SC_AVPHYS_PAGES", 1.0), ("SC_PHYS_PAGES", 0.5)):  # macOS has only the total: half of it
+        try:
+            return int(os.sysconf(name) * os.sysconf("SC_PAGE_SIZE") * share)
+        except (ValueError, OSError, AttributeError):
+            continue
+    raise KvpotError("cannot tell how much memory is free on this machine; pass --budget N")
+
+
+def _swa(facts: ModelFacts) -> tuple[bool, ...]:
+    return facts.swa_layers or (False,) * facts.n_layer

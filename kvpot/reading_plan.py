@@ -1,0 +1,89 @@
+"""How `ask` and `chat` read their input: the budget the settings name, or `--budget auto`.
+
+auto: the device's memory sets the largest context (kvpot.budget). An input that fits it and the
+model's trained context is read with full attention, the exact stock computation (unless the user
+chose a policy); a longer one goes through the pot at the largest budget that fits. `--policy full`
+sizes its context from the input and refuses before reading when the input cannot fit.
+
+Inputs with a known size are counted exactly before reading, with the tokenizer alone (a
+vocabulary-only load) and the same incremental tokenization the session reads with, and only up
+to the most that could fit, so a huge file costs no more than the limit's worth of tokenizing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvpot import budget as device_budget
+from kvpot.gguf_file import ModelFacts
+from kvpot.ingest import IncrementalTokenizer, SourceSet
+from kvpot.policies import make_policy
+from kvpot.settings import AUTO, RunSettings
+
+
+# no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
+# larger than limit x this cannot fit and is not counted (loading Gemma's vocabulary alone takes ~3 s)
+MAX_BYTES_PER_TOKEN = 16
+
+
+@dataclass(frozen=True)
+class ReadingPlan:
+    settings: RunSettings    # with a number for the budget (full attention: the input's tokens)
+    note: str | None         # what was decided and why, for stderr (None: the user's own budget)
+
+
+def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) -> int | None:
+    """Tokens the session will read (BOS, the prompt format's opening, the sources), exactly; None
+    when unknown (stdin). Past `limit` it stops counting and returns a number above the limit (a
+    lower bound of the input's tokens)."""
+    if sources.total_bytes is None:
+        return None
+    if sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
+        return sources.total_bytes // MAX_BYTES_PER_TOKEN  # a lower bound, already past the limit
+    from kvpot.prompting import choose_format
+    from kvpot.runtime.llama import LlamaModel
+
+    vocab = LlamaModel(str(facts.path), vocab_only=True)
+    try:
+        n = len(vocab.bos())
+        n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open())
+        tok = IncrementalTokenizer(vocab.tokenize)
+        for toks in tok.stream(SourceSet(sources=list(sources.sources)).pieces()):  # a copy: its own counters
+            n += len(toks)
+            if n > limit:
+                break
+        return n
+    finally:
+        vocab.close()
+
+
+def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
+                 reserve: int, memory: device_budget.DeviceMemory | None = None) -> ReadingPlan:
+    """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
+    replaces it); `reserve`: cells the session keeps for the question and the answer."""
+    full = settings.policy.partition(":")[0].strip().lower() == "full"
+    if settings.budget != AUTO and not full:
+        return ReadingPlan(settings, None)
+    chunk = settings.chunk
+    if settings.budget != AUTO:  # --policy full --budget N: a context of N cells, as asked
+        limit, why = settings.budget, f"--budget {settings.budget}"
+    else:
+        wants_logprobs = False if full else make_policy(replace(settings, budget=1024).policy_spec()).before_chunk(chunk).logprobs
+        mem = memory or device_budget.device_memory()
+        plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1)
+        limit, why = plan.cells, plan.reason
+    n_ctx_train = facts.n_ctx_train or limit
+    tokens = count_tokens(facts, settings.prompt, sources, min(limit, n_ctx_train))
+    if full:
+        exact = tokens is None or tokens <= min(limit, n_ctx_train)
+        cells = device_budget.full_context(n_ctx_train, tokens, reserve, chunk, limit, exact=exact)
+        note = (f"full attention over {tokens:,} tokens" if tokens is not None
+                else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
+        return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}")
+    reading = device_budget.choose_reading(device_budget.DevicePlan(limit, why), n_ctx_train, tokens, reserve, chunk)
+    if reading.mode == "full" and not policy_chosen:
+        return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}")
+    if reading.mode == "full":  # the user's policy, at the largest budget (it will not need to evict)
+        pot = device_budget.pot_cells(limit, n_ctx_train, reserve, chunk)
+        return ReadingPlan(replace(settings, budget=pot), f"budget auto: {settings.policy} with {pot:,} cells ({why})")
+    return ReadingPlan(replace(settings, budget=reading.cells), f"budget auto: {reading.reason}")

@@ -1,0 +1,95 @@
+"""`kvpot ask` with --budget auto (the default): an input that fits is read with full attention and
+answers exactly as stock llama.cpp does in the same run; past the device's memory it goes through
+the largest pot; `--policy full` refuses an input that cannot fit before reading it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvpot.budget import MEMORY_ENV, DeviceMemory, plan_cells, pot_cells
+from kvpot.cli.main import app
+from kvpot.gguf_file import read_model_facts
+from kvpot.prompting import question_suffix
+from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.sample import logbook
+from kvpot.session import answer_reserve
+from kvpot.settings import RunSettings
+
+from conftest import assert_one_line_error
+
+runner = CliRunner()
+OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt", "completion", "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_doc(tmp_path_factory, smollm2_path):
+    text, question, _ = logbook(n_entries=24)  # about 1K tokens
+    path = tmp_path_factory.mktemp("auto") / "logbook.txt"
+    path.write_text(text)
+    return path, text, question
+
+
+def stock_answer(model_path, text: str, question: str, n: int) -> str:
+    """Stock llama.cpp, in this process: the whole prompt in one context (no kvpot call), greedy."""
+    model = LlamaModel(str(model_path))
+    toks = model.bos() + model.tokenize(text) + model.tokenize("\n\n" + question_suffix(question))
+    ctx = LlamaContext(model, ContextParams(n_ctx=len(toks) + n + 16, n_batch=256, n_threads=2))
+    for s in range(0, len(toks), 256):
+        ctx.decode(toks[s:s + 256], s, logits="last")
+    out, pos = b"", len(toks)
+    for _ in range(n):
+        tok = int(np.argmax(ctx.logits_last()))
+        if model.is_eog(tok):
+            break
+        out += model.piece(tok)
+        ctx.decode([tok], pos, logits="last")
+        pos += 1
+    ctx.close()
+    model.close()
+    return out.decode("utf-8", errors="replace").split("\nQuestion:")[0].split("\nAnswer:")[0]
+
+
+def test_an_input_that_fits_is_read_with_full_attention_as_stock(small_doc, smollm2_path, monkeypatch):
+    monkeypatch.setenv(MEMORY_ENV, str(8 << 30))
+    path, text, question = small_doc
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS])
+    assert res.exit_code == 0, res.output
+    assert "full attention, as stock llama.cpp" in res.stderr
+    assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10)
+
+
+def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path, monkeypatch):
+    facts = read_model_facts(smollm2_path)
+    # memory for about 1400 cells: the document (~1K tokens) with reading and answering room does not fit
+    per_cell = 30 * 3 * 128 * 2 + 2 * 9 * 256 * 4
+    free = 512 * 2**20 + facts.file_bytes + 2 * 256 * facts.n_vocab * 4 + 256 * (4 * 576 + 2 * 1536) * 4 + 1400 * per_cell
+    # (under 2 GiB free the margin is its 512 MiB floor)
+    monkeypatch.setenv(MEMORY_ENV, str(free))
+    settings = RunSettings(chunk=256, max_tokens=10)
+    plan = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256)
+    want = pot_cells(plan.cells, facts.n_ctx_train, answer_reserve(settings), 256)
+    path, _, question = small_doc
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS])
+    assert res.exit_code == 0, res.output
+    assert f"the pot takes {want:,} cells" in res.stderr
+    assert f"infinipot:pot={want},keep={want // 2}" in res.stderr
+
+
+def test_policy_full_refuses_before_reading_with_the_numbers(tmp_path, smollm2_path):
+    text, question, _ = logbook(n_entries=260)  # about 11K tokens: past SmolLM2's 8K context
+    path = tmp_path / "long.txt"
+    path.write_text(text)
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS, "--policy", "full"])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "full attention keeps every token: the input is more than")
+    assert "trained context 8,192 cells" in res.stderr
+    assert "reading" not in res.stderr.split("error:")[0]  # refused before anything was read
+
+
+def test_a_bad_budget_is_one_line(small_doc):
+    path, _, question = small_doc
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS, "--budget", "lots"])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "--budget must be a number of cells or auto")

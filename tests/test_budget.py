@@ -1,0 +1,123 @@
+"""`--budget auto` arithmetic (kvpot.budget) on made-up device and model facts: no model, no machine state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpot.budget import DeviceMemory, choose_reading, full_context, kv_bytes, plan_cells
+from kvpot.errors import KvpotError
+from kvpot.gguf_file import ModelFacts, swa_layers
+
+MiB, GiB = 2**20, 2**30
+
+
+def gemma_like(**kw) -> ModelFacts:
+    """Gemma-3-270M's shape: 18 layers, 4 heads / 1 KV head of 256, a 512-token window on 5 of 6 layers."""
+    base = dict(path=Path("m.gguf"), arch="gemma3", name="g", n_layer=18, n_head=4, n_head_kv=1, n_embd=640,
+                n_ctx_train=32768, chat_template=None, head_dim_k=256, head_dim_v=256, n_ff=2048, n_vocab=262144,
+                sliding_window=512, swa_layers=swa_layers("gemma3", 18, 512, None), file_bytes=253 * MiB)
+    base.update(kw)
+    return ModelFacts(**base)
+
+
+def smol_like(**kw) -> ModelFacts:
+    base = dict(path=Path("m.gguf"), arch="llama", name="s", n_layer=30, n_head=9, n_head_kv=3, n_embd=576,
+                n_ctx_train=8192, chat_template=None, head_dim_k=64, head_dim_v=64, n_ff=1536, n_vocab=49152,
+                sliding_window=0, swa_layers=(), file_bytes=98 * MiB)
+    base.update(kw)
+    return ModelFacts(**base)
+
+
+def test_gemma3_pattern_matches_llama_cpp():
+    # set_swa_pattern(6): layers 5, 11, 17 are global, the other 15 slide
+    pattern = swa_layers("gemma3", 18, 512, None)
+    assert [il for il, swa in enumerate(pattern) if not swa] == [5, 11, 17]
+    assert swa_layers("gemma3", 18, 512, 2) == tuple(il % 2 == 0 for il in range(18))
+    assert swa_layers("mystery", 4, 512, None) == (False,) * 4  # unknown: every layer global (overstates)
+    assert swa_layers("gemma3", 18, 0, None) == (False,) * 18   # no window at all
+
+
+def test_kv_bytes_per_layer_type():
+    g = gemma_like()
+    per_layer_cell = 1 * (256 + 256) * 2
+    # 3 global layers grow with the context; 15 window layers stop at window + chunk
+    assert kv_bytes(g, 32768, 512) == 3 * 32768 * per_layer_cell + 15 * (512 + 512) * per_layer_cell
+    assert kv_bytes(g, 300, 512) == 18 * 300 * per_layer_cell
+    s = smol_like()
+    assert kv_bytes(s, 8192, 512) == 30 * 8192 * 3 * 128 * 2  # 180 MiB, every layer global
+
+
+def expected_cells(facts: ModelFacts, free: int, chunk: int, rows: int) -> int:
+    """The same budget written out by hand, term by term (module docstring of kvpot.budget)."""
+    row_kv = facts.n_head_kv * (facts.head_dim_k + facts.head_dim_v) * 2
+    n_swa = sum(facts.swa_layers)
+    n_global = facts.n_layer - n_swa
+    fixed = (n_swa * (facts.sliding_window + chunk) * row_kv      # window caches
+             + 2 * rows * facts.n_vocab * 4                        # logits, twice
+             + chunk * (4 * facts.n_embd + 2 * facts.n_ff) * 4)   # activations
+    per_cell = n_global * row_kv + 2 * facts.n_head * chunk * 4   # KV + scores and softmax
+    margin = max(512 * MiB, free // 4)
+    return (free - margin - facts.file_bytes - fixed) // per_cell
+
+
+@pytest.mark.parametrize("free", [2 * GiB, 3 * GiB])
+@pytest.mark.parametrize("make", [gemma_like, smol_like])
+def test_plan_follows_free_memory_and_stops_at_the_trained_context(make, free):
+    facts = make()
+    for rows in (1, 512):
+        want = expected_cells(facts, free, 512, rows)
+        plan = plan_cells(facts, DeviceMemory(free, "RAM"), chunk=512, logit_rows=rows)
+        assert plan.cells == min(want, facts.n_ctx_train)
+        assert "free in RAM" in plan.reason
+        assert ("capped at the model's trained context" in plan.reason) == (want > facts.n_ctx_train)
+    # NuC's every-row logits cost Gemma's 262K vocabulary 1 GiB: fewer cells than with one row
+    few = plan_cells(facts, DeviceMemory(free, "RAM"), 512, 512).cells
+    many = plan_cells(facts, DeviceMemory(free, "RAM"), 512, 1).cells
+    assert few <= many
+
+
+def test_plan_on_a_laptop_reaches_the_trained_context():
+    for facts in (gemma_like(), smol_like()):
+        plan = plan_cells(facts, DeviceMemory(24 * GiB, "RAM"), 512, 512)
+        assert plan.cells == facts.n_ctx_train
+
+
+def test_weights_count_only_where_they_live():
+    facts = gemma_like(n_ctx_train=10**7)
+    on_cpu = plan_cells(facts, DeviceMemory(3 * GiB, "RAM", holds_weights=True), 512, 1).cells
+    on_gpu = plan_cells(facts, DeviceMemory(3 * GiB, "GPU", holds_weights=False), 512, 1).cells
+    per_cell = 3 * 512 * 2 + 2 * 4 * 512 * 4
+    assert on_gpu - on_cpu == pytest.approx(facts.file_bytes / per_cell, abs=1)
+
+
+def test_too_little_memory_is_refused_with_the_numbers():
+    with pytest.raises(KvpotError, match=r"not enough memory for a pot: 700 MiB free in RAM"):
+        plan_cells(gemma_like(), DeviceMemory(700 * MiB, "RAM"), 512, 512)
+
+
+def test_full_attention_when_the_input_fits_else_the_largest_pot():
+    plan = plan_cells(gemma_like(), DeviceMemory(24 * GiB, "RAM"), 512, 512)
+    reserve, chunk = 448, 512
+    fits = 32768 - reserve - chunk
+    r = choose_reading(plan, 32768, fits, reserve, chunk)
+    assert (r.mode, r.cells) == ("full", fits) and "full attention" in r.reason
+    r = choose_reading(plan, 32768, fits + 1, reserve, chunk)
+    assert (r.mode, r.cells) == ("pot", 32768 - reserve - chunk)
+    r = choose_reading(plan, 32768, None, reserve, chunk)  # stdin: length unknown
+    assert r.mode == "pot" and "unknown" in r.reason
+    # a small device: the limit is its memory, not the model
+    small = plan_cells(gemma_like(), DeviceMemory(2 * GiB, "RAM"), 512, 512)
+    assert small.cells < 32768
+    assert choose_reading(small, 32768, small.cells - reserve - chunk, reserve, chunk).mode == "full"
+    assert choose_reading(small, 32768, small.cells - reserve - chunk + 1, reserve, chunk).mode == "pot"
+
+
+def test_policy_full_sizes_from_the_input_and_refuses_before_reading():
+    assert full_context(8192, 7000, 448, 512, limit=10**6) == 7000
+    with pytest.raises(KvpotError, match=r"the input is 7,300 tokens, 8,260 cells .* trained context 8,192"):
+        full_context(8192, 7300, 448, 512, limit=10**6)
+    with pytest.raises(KvpotError, match=r"more than the memory for 4,000 cells"):
+        full_context(8192, 3500, 448, 512, limit=4000)
+    assert full_context(8192, None, 448, 512, limit=10**6) == 8192 - 448 - 512  # stdin: the most it can take
