@@ -55,9 +55,10 @@ def _budget(raw: str | None) -> int | str | None:
 
 
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
-    check_cli_numbers(budget, chunk, threads, max_tokens)
+    budget = _budget(budget)
+    check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
     known = KNOWN.get(model)
-    cli = {"policy": policy, "budget": _budget(budget), "chunk": chunk, "threads": threads, "prompt": prompt,
+    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
     # a bad spec is refused before the model loads (an automatic budget is checked with a stand-in)
