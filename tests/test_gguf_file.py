@@ -37,6 +37,9 @@ def test_header_reader_agrees_with_gguf_py(smollm2_path):
         assert got == pytest.approx(want) if isinstance(want, float) else got == want, key
         compared += 1
     assert compared > 10
+    # arrays are skipped, their lengths kept (the vocabulary size sizes the logits in kvpot.budget)
+    tokens = ref.fields["tokenizer.ggml.tokens"]
+    assert ours["tokenizer.ggml.tokens#count"] == len(tokens.data)
 
 
 def test_not_gguf(tmp_path):
