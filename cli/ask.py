@@ -17,7 +17,7 @@ from kvpot.policies import make_policy
 from kvpot.session import Session
 from kvpot.settings import resolve_settings
 
-from ._common import err, user_errors
+from ._common import RPC_HELP, connect_rpc, err, user_errors
 from ._interrupt import Interrupts
 from .reading import read_with_progress
 
@@ -36,6 +36,7 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (d
 PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest answer, in tokens")]
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
+RpcOpt = Annotated[str, typer.Option("--rpc", help=RPC_HELP)]
 
 
 def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
@@ -106,6 +107,7 @@ def ask(
     prompt: PromptOpt = None,
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
+    rpc: RpcOpt = None,
 ) -> None:
     """Read files of any length, then answer one question about them.
 
@@ -117,11 +119,13 @@ def ask(
     if context:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
+        connect_rpc(rpc)
         session = _reopen(context, model, threads)
         session.set_question(question)
     else:
         if not inputs:
             raise KvpotError("pass the files to read before the question (or --context PATH)")
+        connect_rpc(rpc)
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
@@ -189,6 +193,7 @@ def chat(
     prompt: PromptOpt = None,
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
+    rpc: RpcOpt = None,
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 
@@ -198,12 +203,14 @@ def chat(
     if context:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
+        connect_rpc(rpc)
         session = _reopen(context, model, threads)
     else:
         if not inputs:
             raise KvpotError("pass the files to read (or --context PATH)")
         if "-" in inputs:
             raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
+        connect_rpc(rpc)
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
