@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MODEL   ?= gemma3-270m
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models demo test clean-venv
+.PHONY: all venv runtime install pull pull-test-models demo test test-aarch64 clean-venv
 
 all: install
 
@@ -36,6 +36,11 @@ demo: pull
 
 test: pull-test-models
 	$(BIN)/python -m pytest -q
+
+# not part of `make test` (a cross build of llama.cpp, ~15 min on 2 cores): libllama + kvpot for aarch64,
+# tests/pot_check under qemu-aarch64-static vs natively, SmolLM2 Q4_1 and a Q4_0 copy (docs/termux.md)
+test-aarch64: pull-test-models
+	tests/run_aarch64.sh $(BIN)/python
 
 clean-venv:
 	rm -rf $(VENV)
