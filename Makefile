@@ -3,6 +3,8 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 MODEL   ?= gemma3-270m
+# e.g. --system-site-packages to reuse a distribution's numpy (Termux: pkg install python-numpy)
+VENV_FLAGS ?=
 export PYTHONPATH :=
 
 .PHONY: all venv runtime install pull pull-test-models demo test test-aarch64 clean-venv
@@ -11,7 +13,7 @@ all: install
 
 # build tools the patched llama-cpp-python wheel needs (built without isolation so cmake's build dir is reused)
 $(BIN)/.kvpot-venv:
-	$(PY) -m venv $(VENV)
+	$(PY) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "scikit-build-core[pyproject]>=0.9.2" "pytest>=7"
 	touch $@

