@@ -5,17 +5,25 @@
 // CR-RoPE, reads a question and prints:
 //   kept <layer> <head> <cell>...      the cells each (layer, KV head) kept, in cell order
 //   score <layer> <head> <s>...        the tapped mass of those cells and of the first dropped one
+//   stock <v>...                       the logits after the document, before any compaction (stock llama.cpp)
 //   logits <v>...                      the logits after the question (every 97th id, plus the top 10)
 //   top <id>...                        the top 10 token ids
+// With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
+// document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
+// cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
+// rank a near-tie differently.
 //
-// usage: pot_check MODEL.gguf [n_threads]
+// usage: pot_check MODEL.gguf [n_threads [REF.txt]]
 #include "llama.h"
 #include "kvpot.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -130,6 +138,12 @@ int main(int argc, char ** argv) {
     }
     if (kvpot_tap_request(ctx, rows.data(), (int32_t) rows.size()) < 0) die("kvpot_tap_request");
     decode(ctx, batch, doc.data() + N_DOC - CHUNK, CHUNK, N_DOC - CHUNK, false);
+    {
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        printf("stock");
+        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
+    }
 
     kvpot_pot_stats st;
     if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
@@ -176,6 +190,43 @@ int main(int argc, char ** argv) {
     printf("\ntop");
     for (int32_t i = 0; i < 10; ++i) printf(" %d", top[i]);
     printf("\n");
+
+    if (argc > 3) {
+        // the same document in a fresh cache, compacted with the reference run's cells
+        std::ifstream ref(argv[3]);
+        std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> rows_ref;
+        for (std::string line; std::getline(ref, line);) {
+            std::istringstream is(line);
+            std::string tag;
+            int32_t l, h;
+            if (!(is >> tag) || tag != "kept" || !(is >> l >> h)) {
+                continue;
+            }
+            for (int32_t c; is >> c;) rows_ref[{l, h}].push_back(c);
+        }
+        for (int32_t l = 0; l < n_layer; ++l) {
+            for (int32_t h = 0; h < n_head; ++h) {
+                const auto & r = rows_ref[{il[l], h}];
+                if ((int32_t) r.size() != N_KEEP) {
+                    fprintf(stderr, "pot_check: %s has no kept row for layer %d head %d\n", argv[3], il[l], h);
+                    return 1;
+                }
+                std::copy(r.begin(), r.end(), keep.begin() + ((size_t) l*n_head + h)*N_KEEP);
+            }
+        }
+        llama_memory_clear(llama_get_memory(ctx), true);
+        kvpot_pot_reset(ctx);
+        for (int32_t p = 0; p < N_DOC; p += CHUNK) {
+            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+        }
+        if (kvpot_pot_compact(ctx, keep.data(), n_layer, n_head, N_KEEP, true) < 0) die("kvpot_pot_compact");
+        if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+        decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        printf("imposed");
+        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
+    }
 
     llama_batch_free(batch);
     llama_free(ctx);
