@@ -34,6 +34,8 @@ def parse(path: str) -> dict:
             out[f[0]][key] = [float(x) for x in f[3:]] if f[0] == "score" else [int(x) for x in f[3:]]
         elif f[0] in ("logits", "stock", "imposed"):
             out[f[0]] = np.array([float(x) for x in f[1:]])
+            if f[0] == "logits":  # every 97th id, then the top-10 values: keep the sampled part
+                out[f[0]] = out[f[0]][:-10]
         elif f[0] == "top":
             out["top"] = [int(x) for x in f[1:]]
         elif f[0] == "model":
@@ -91,8 +93,6 @@ def main(a_path: str, b_path: str) -> int:
         idx_a = int(np.argmax(a["logits"]))
         if idx_a != int(np.argmax(b["imposed"])):
             problems.append("the most likely sampled token differs after compaction")
-    if int(np.argmax(a["stock"])) != int(np.argmax(b["stock"])):
-        problems.append("stock llama.cpp's most likely sampled token differs")
     independent = float(np.abs(a["logits"] - b["logits"]).max())
     line += f"; with each CPU's own cells {independent:.3g}; top-1 {a['top'][0]} vs {b['top'][0]}"
     print(line)
