@@ -3,15 +3,17 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 MODEL   ?= gemma3-270m
+# e.g. --system-site-packages to reuse a distribution's numpy (Termux: pkg install python-numpy)
+VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models demo test fuzz clean-venv
+.PHONY: all venv runtime install pull pull-test-models demo test fuzz test-aarch64 clean-venv
 
 all: install
 
 # build tools the patched llama-cpp-python wheel needs (built without isolation so cmake's build dir is reused)
 $(BIN)/.kvpot-venv:
-	$(PY) -m venv $(VENV)
+	$(PY) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "scikit-build-core[pyproject]>=0.9.2" "pytest>=7"
 	touch $@
@@ -42,6 +44,11 @@ FUZZ_EXAMPLES ?= 100000
 fuzz: pull-test-models
 	KVPOT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KVPOT_FUZZ_REPORT=$(CURDIR)/fuzz-report.json \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+
+# not part of `make test` (a cross build of llama.cpp, ~15 min on 2 cores): libllama + kvpot for aarch64,
+# tests/pot_check under qemu-aarch64-static vs natively, SmolLM2 Q4_1 and a Q4_0 copy (docs/termux.md)
+test-aarch64: pull-test-models
+	tests/run_aarch64.sh $(BIN)/python
 
 clean-venv:
 	rm -rf $(VENV)

@@ -33,3 +33,18 @@ def user_errors(fn):
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+RPC_HELP = ("HOST:PORT[,HOST:PORT...] of `kvpot rpc-server` processes (other machines or this one): "
+            "the model's layers and their part of the pot are spread over their devices")
+
+
+def connect_rpc(spec: str | None) -> None:
+    """Register the RPC servers' devices before a model loads (each server is checked first)."""
+    if not spec:
+        return
+    from kvpot.runtime.rpc import parse_endpoints, use_servers
+
+    endpoints = parse_endpoints(spec)
+    devices = use_servers(endpoints)
+    err.print(f"RPC: {', '.join(endpoints)} (devices: {', '.join(devices)})", soft_wrap=True)

@@ -21,7 +21,7 @@ from kvpot.safe_write import resolve_target
 from kvpot.session import Session, answer_reserve
 from kvpot.settings import AUTO, resolve_settings
 
-from ._common import NO_ANSWER_EXIT, err, user_errors
+from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
 from ._interrupt import Interrupts
 from .reading import read_with_progress
 
@@ -43,6 +43,7 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (d
 PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest answer, in tokens")]
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
+RpcOpt = Annotated[str, typer.Option("--rpc", help=RPC_HELP)]
 
 
 def _budget(raw: str | None) -> int | str | None:
@@ -159,6 +160,7 @@ def ask(
     prompt: PromptOpt = None,
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
+    rpc: RpcOpt = None,
 ) -> None:
     """Read files of any length, then answer one question about them.
 
@@ -177,11 +179,13 @@ def ask(
     if context is not None:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
+        connect_rpc(rpc)
         session = _reopen(context, model, threads, max_tokens)
         session.set_question(question)
     else:
         if not inputs:
             raise KvpotError("pass the files to read before the question (or --context PATH)")
+        connect_rpc(rpc)
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
@@ -249,6 +253,7 @@ def chat(
     prompt: PromptOpt = None,
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
+    rpc: RpcOpt = None,
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 
@@ -262,12 +267,14 @@ def chat(
     if context is not None:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
+        connect_rpc(rpc)
         session = _reopen(context, model, threads, max_tokens)
     else:
         if not inputs:
             raise KvpotError("pass the files to read (or --context PATH)")
         if "-" in inputs:
             raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
+        connect_rpc(rpc)
         session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)

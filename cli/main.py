@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import ask, bench, build, convert, doctor, models, run
+from . import ask, bench, build, convert, doctor, models, rpc, run
 from ._crash import enable_crash_reports
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.command()(models.models)
 app.command()(run.run)
 app.command()(run.demo)
 app.command()(build.build)
+app.command(name="rpc-server")(rpc.rpc_server)
 app.add_typer(bench.app, name="bench")
 app.add_typer(convert.app, name="convert")
 

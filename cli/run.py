@@ -16,7 +16,7 @@ from kvpot.pull import pull as pull_model
 from kvpot.sample import logbook
 from kvpot.textfile import read_document
 
-from ._common import NO_ANSWER_EXIT, err, user_errors
+from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
 
 
 def _answer(model: str, document: str, question: str, ctx: int | None, threads: int | None,
@@ -89,6 +89,7 @@ def run(
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: all cores)"),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="longest answer, in tokens"),
     seed: int = typer.Option(0, "--seed", help="sampling seed"),
+    rpc: str = typer.Option(None, "--rpc", help=RPC_HELP),
 ) -> None:
     """Answer a question about a document.
 
@@ -96,6 +97,7 @@ def run(
     a pot policy reads any length in chunks and keeps at most --budget cells per layer and KV head.
     """
     document = read_document(file)
+    connect_rpc(rpc)
     if policy == "full":
         said = _answer(model, document, prompt, ctx, threads, max_tokens, seed)
     else:

@@ -74,7 +74,16 @@ ggml_tensor * mask_dead_cells(ggml_context * ctx0, llm_graph_result * res, const
     for (int64_t c = live; c < (int64_t) st.n_compacted && c < n_kv; ++c) {
         bias[c] = -INFINITY;
     }
-    ggml_tensor * b = add_input<float, GGML_TYPE_F32>(res, ctx0, std::move(bias)); // [n_kv]
+    // the bias takes the mask's type (0 and -INF are exact in F16): Metal's ADD needs both operands
+    // of one type, and an F16 mask (flash attention) plus an F32 bias would fall back to the CPU
+    ggml_tensor * b = nullptr; // [n_kv]
+    if (kq_mask->type == GGML_TYPE_F16) {
+        std::vector<ggml_fp16_t> bias16(bias.size());
+        ggml_fp32_to_fp16_row(bias.data(), bias16.data(), (int64_t) bias.size());
+        b = add_input<ggml_fp16_t, GGML_TYPE_F16>(res, ctx0, std::move(bias16));
+    } else {
+        b = add_input<float, GGML_TYPE_F32>(res, ctx0, std::move(bias));
+    }
     return ggml_add(ctx0, kq_mask, b); // [n_kv, n_tokens_pad, 1, 1], the mask's own type
 }
 
@@ -181,7 +190,13 @@ void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, c
     qr = ggml_permute(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tap), 0, 2, 1, 3);
 
     // [d, n_kv, n_head_kv]; query head h reads KV head h / n_group (ggml's mul_mat broadcast, as in llama.cpp)
-    ggml_tensor * kp = ggml_permute(ctx0, ggml_view_3d(ctx0, k, d, n_head_kv, n_kv, k->nb[1], k->nb[2], 0), 0, 2, 1, 3);
+    ggml_tensor * kv3 = ggml_view_3d(ctx0, k, d, n_head_kv, n_kv, k->nb[1], k->nb[2], 0);
+    if (ggml_is_quantized(k->type) && ggml_is_contiguous(kv3)) {
+        // a permuted quantized src0 is not one Vulkan's MUL_MAT takes (it wants dims 0-1 contiguous) and the
+        // tap would run on the CPU; dequantize the contiguous view first (CPY q -> F32 is supported everywhere)
+        kv3 = ggml_cast(ctx0, kv3, GGML_TYPE_F32);
+    }
+    ggml_tensor * kp = ggml_permute(ctx0, kv3, 0, 2, 1, 3);
 
     ggml_tensor * kq = ggml_mul_mat(ctx0, kp, qr); // [n_kv, n_tap, n_head]
     ggml_mul_mat_set_prec(kq, GGML_PREC_F32);

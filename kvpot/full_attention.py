@@ -34,10 +34,15 @@ def open_llama(facts: ModelFacts, settings: GenSettings):
     load_runtime()  # refuses a stock libllama before a model is opened
     from llama_cpp import Llama
 
+    from kvpot.runtime import rpc
+
+    # llama_cpp.Llama keeps every layer on the CPU unless asked; with RPC servers (kvpot run --rpc)
+    # the layers go to their devices, as in the pot's engine (llama.cpp's default: all layers)
+    n_gpu_layers = -1 if rpc.registered() else 0
     try:
         return Llama(model_path=str(facts.path), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                      n_threads=settings.n_threads, n_threads_batch=settings.n_threads,
-                     seed=settings.seed, verbose=False)
+                     n_gpu_layers=n_gpu_layers, seed=settings.seed, verbose=False)
     except ValueError as e:  # llama_cpp raises ValueError("Failed to load model from file: ...")
         raise KvpotError(f"llama.cpp could not load {facts.path}: {e}") from None
 

@@ -16,7 +16,7 @@ from conftest import assert_one_line_error, run_cli
 
 runner = CliRunner()
 
-COMMANDS = ["ask", "chat", "doctor", "pull", "models", "run", "demo", "build"]
+COMMANDS = ["ask", "chat", "doctor", "pull", "models", "run", "demo", "build", "rpc-server"]
 
 
 def test_top_level_help_lists_commands():

@@ -296,3 +296,29 @@ def test_bad_tap_and_read_calls_fail_cleanly(smol, doc_tokens):
     with pytest.raises(PotCallError, match="no log-probs were requested"):
         pot.logprobs_get(4)
     ctx.close()
+
+
+def test_score_taps_with_quantized_k_cache(smol, doc_tokens):
+    """A Q8_0 K cache is dequantized before the tap's product (a permuted quantized operand is not one
+    every backend's MUL_MAT takes): taps equal the kq_soft_max rows of the same run, where llama.cpp
+    multiplies the Q8_0 cache itself, within Q8_0's rounding."""
+    from kvpot.runtime.llama import ContextParams, LlamaContext
+
+    pot_layers = [0, 29]
+    catcher = TensorCatcher({f"kq_soft_max-{il}" for il in pot_layers})
+    ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2, type_k="q8_0"),
+                       cb_eval=catcher.callback)
+    pot = Pot(ctx.ptr)
+    decode_chunks(ctx, doc_tokens[:200], CHUNK)
+    rows = [5, CHUNK - 1]
+    pot.tap_request([200 + r for r in rows])
+    catcher.caught.clear()
+    ctx.decode(doc_tokens[200:200 + CHUNK], 200, logits="last")
+    n_cells = 200 + CHUNK
+    got = pot.tap_get(n_cells)
+    pot.tap_clear()
+    for il in pot_layers:
+        sm = catcher.caught[f"kq_soft_max-{il}"][0]
+        want = sm[:, rows, :n_cells].sum(axis=1).reshape(3, 3, n_cells).sum(axis=1)
+        np.testing.assert_allclose(got[pot.layer_ids.index(il)], want, rtol=0, atol=2e-2)
+    ctx.close()

@@ -27,8 +27,9 @@ from kvpot.build.pins import LLAMA_CPP_COMMIT, SDIST_VERSION, VENDOR_DIR
 from kvpot.build.sdist import extract_pristine, fetch_sdist
 from kvpot.errors import BuildError
 
-# options kvpot always adds: multimodal (mtmd) is not used and costs a third of the build
-KVPOT_CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
+# options kvpot always adds: multimodal (mtmd) is not used and costs a third of the build;
+# the RPC backend (one source file, ggml-rpc) lets `kvpot ask --rpc` spread a model over machines
+KVPOT_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_RPC=ON"
 
 
 @dataclass

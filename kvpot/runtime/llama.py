@@ -14,6 +14,9 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.runtime.library import load as load_runtime
 
+# more than any model has: llama.cpp offloads min(this, n_layer + 1) layers
+N_GPU_LAYERS_ALL = 999
+
 # llama.h: enum ggml_type values accepted for the KV cache
 CACHE_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}
 
@@ -46,6 +49,11 @@ class LlamaModel:
         L.llama_backend_init()
         params = L.llama_model_default_params()
         params.vocab_only = vocab_only
+
+        # every layer (and its part of the pot) on the devices llama.cpp has: a GPU backend's, the RPC
+        # servers' (kvpot ask --rpc); nothing changes without one. llama.cpp's default (-1) means "fit
+        # automatically", which only its common library resolves; here it would leave every layer on the CPU
+        params.n_gpu_layers = N_GPU_LAYERS_ALL
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise KvpotError(f"llama.cpp could not load the model {path}")

@@ -1,0 +1,27 @@
+"""`kvpot rpc-server`: lend this machine's device to `kvpot ask --rpc` on another machine."""
+
+from __future__ import annotations
+
+import typer
+
+from kvpot.full_attention import default_threads
+
+from ._common import err, user_errors
+
+
+@user_errors
+def rpc_server(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface; "
+                             "the protocol has no authentication, use it only on a trusted network)"),
+    port: int = typer.Option(50052, "--port", "-p", min=1, max=65535, help="TCP port"),
+    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: every core)"),
+    device: str = typer.Option(None, "--device", help="which device to serve (default: the first GPU, else the CPU)"),
+) -> None:
+    """Serve this machine's GPU or CPU to kvpot (or llama.cpp) clients over llama.cpp's RPC protocol.
+
+    Runs until Ctrl-C. Clients pass --rpc HOST:PORT; layers of the model and their part of the pot
+    then live here. Client and server must run the same kvpot build.
+    """
+    from kvpot.runtime.rpc import serve
+
+    serve(host, port, threads or default_threads(), device, say=lambda m: err.print(f"[yellow]{m}[/yellow]"))

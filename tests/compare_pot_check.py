@@ -1,0 +1,105 @@
+"""Compare two pot_check outputs of one model: A from this machine, B from another CPU (aarch64 under
+qemu) run with A's output as its reference (so B also prints `imposed`: its logits after compacting
+with A's kept cells).
+
+1. Kept cells chosen independently: every (layer, KV head) row keeps the same cells, except cells whose
+   tapped score is within twice the measured A-vs-B tap difference of the row's cut-off (a near-tie
+   that summation order alone can flip). The tap difference is measured in the same run, over the
+   cells both kept.
+2. Compaction on identical cells: B's `imposed` logits may differ from A's logits by no more than twice
+   what stock llama.cpp's logits (before any compaction) differ between A and B, or LOGIT_TOL of their
+   range, whichever is larger; and the most likely next token is the same.
+Prints a summary; exits 1 on a mismatch.
+
+usage: python compare_pot_check.py A.txt B.txt
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+LOGIT_TOL = 0.02
+
+
+def parse(path: str) -> dict:
+    out: dict = {"kept": {}, "score": {}}
+    for line in open(path):
+        f = line.split()
+        if not f:
+            continue
+        if f[0] in ("kept", "score"):
+            key = (int(f[1]), int(f[2]))
+            out[f[0]][key] = [float(x) for x in f[3:]] if f[0] == "score" else [int(x) for x in f[3:]]
+        elif f[0] in ("logits", "stock", "imposed"):
+            out[f[0]] = np.array([float(x) for x in f[1:]])
+            if f[0] == "logits":  # every 97th id, then the top-10 values: keep the sampled part
+                out[f[0]] = out[f[0]][:-10]
+        elif f[0] == "top":
+            out["top"] = [int(x) for x in f[1:]]
+        elif f[0] == "model":
+            out["model"] = " ".join(f[2:])
+        elif f[0] == "after":
+            out["after"] = line.strip()
+    return out
+
+
+def main(a_path: str, b_path: str) -> int:
+    a, b = parse(a_path), parse(b_path)
+    problems = []
+    if a.get("model") != b.get("model") or a.get("after") != b.get("after"):
+        problems.append(f"shapes differ: {a.get('model')} / {b.get('model')}; {a.get('after')} / {b.get('after')}")
+    if "imposed" not in b:
+        problems.append(f"{b_path} has no `imposed` line (run it with {a_path} as REF)")
+
+    # tap noise between the two CPUs: score differences over the cells both runs kept
+    noise = 0.0
+    for key, ka in a["kept"].items():
+        kb = b["kept"].get(key, [])
+        sa = dict(zip(ka, a["score"][key]))
+        sb = dict(zip(kb, b["score"].get(key, [])))
+        for c in set(ka) & set(kb):
+            noise = max(noise, abs(sa[c] - sb[c]))
+    n_same = n_tie = 0
+    for key, ka in a["kept"].items():
+        kb = b["kept"].get(key)
+        if kb is None:
+            problems.append(f"layer {key[0]} head {key[1]} missing in {b_path}")
+            continue
+        if ka == kb:
+            n_same += 1
+            continue
+        sa, sb = dict(zip(ka, a["score"][key])), dict(zip(kb, b["score"][key]))
+        cut_a, cut_b = a["score"][key][-1], b["score"][key][-1]
+        far = [c for c in set(ka) - set(kb) if sa[c] - cut_a > 2 * noise] + \
+              [c for c in set(kb) - set(ka) if sb[c] - cut_b > 2 * noise]
+        if far:
+            problems.append(f"layer {key[0]} head {key[1]} keeps different cells beyond a tie: {sorted(far)[:8]}")
+        else:
+            n_tie += 1
+    rows = len(a["kept"])
+
+    stock_diff = float(np.abs(a["stock"] - b["stock"]).max())
+    span = float(a["logits"].max() - a["logits"].min())
+    line = (f"{rows} (layer, head) rows: {n_same} identical, {n_tie} differ only at near-ties "
+            f"(tap noise {noise:.3g}), {rows - n_same - n_tie} differ; stock logits max |diff| {stock_diff:.3g}")
+    if "imposed" in b:
+        pot_diff = float(np.abs(a["logits"] - b["imposed"]).max())
+        bound = max(2 * stock_diff, LOGIT_TOL * span)
+        line += f"; after compaction on identical cells {pot_diff:.3g} (bound {bound:.3g}, range {span:.3g})"
+        if pot_diff > bound:
+            problems.append(f"logits after compaction differ by {pot_diff:.4g} > {bound:.4g}")
+        idx_a = int(np.argmax(a["logits"]))
+        if idx_a != int(np.argmax(b["imposed"])):
+            problems.append("the most likely sampled token differs after compaction")
+    independent = float(np.abs(a["logits"] - b["logits"]).max())
+    line += f"; with each CPU's own cells {independent:.3g}; top-1 {a['top'][0]} vs {b['top'][0]}"
+    print(line)
+    for p in problems[:10]:
+        print("MISMATCH:", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,236 @@
+// pot_check: the pot on one machine, as plain C++ over libllama + kvpot.h (no Python), so that the same
+// run can be made on x86 and on aarch64 (natively or under qemu) and the outputs compared
+// (tests/compare_pot_check.py). It loads a model, reads a few hundred tokens in chunks, taps the
+// attention of the last chunk's rows, keeps the top cells per layer and KV head, compacts with
+// CR-RoPE, reads a question and prints:
+//   kept <layer> <head> <cell>...      the cells each (layer, KV head) kept, in cell order
+//   score <layer> <head> <s>...        the tapped mass of those cells and of the first dropped one
+//   stock <v>...                       the logits after the document, before any compaction (stock llama.cpp)
+//   logits <v>...                      the logits after the question (every 97th id, plus the top 10)
+//   top <id>...                        the top 10 token ids
+// With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
+// document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
+// cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
+// rank a near-tie differently.
+//
+// usage: pot_check MODEL.gguf [n_threads [REF.txt]]
+#include "llama.h"
+#include "kvpot.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+static const int32_t N_CTX   = 512;
+static const int32_t CHUNK   = 64;
+static const int32_t N_DOC   = 320;
+static const int32_t N_KEEP  = 96;
+
+static void die(const char * what) {
+    fprintf(stderr, "pot_check: %s: %s\n", what, kvpot_last_error());
+    exit(1);
+}
+
+static std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool add_bos) {
+    std::vector<llama_token> out(text.size() + 8);
+    int32_t n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_bos, false);
+    if (n < 0) {
+        out.resize(-n);
+        n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_bos, false);
+    }
+    out.resize(std::max(n, 0));
+    return out;
+}
+
+// a deterministic logbook: days of weather, cargo and crew, one access code in the middle
+static std::string logbook() {
+    static const char * weather[] = {"calm", "a stiff westerly", "rain squalls", "fog until noon", "a long swell"};
+    static const char * cargo[]   = {"salt", "timber", "wool", "copper", "barley", "lamp oil"};
+    static const char * crew[]    = {"Ada", "Tomas", "Ilse", "Rurik", "Mara", "Joss"};
+    std::string s = "Logbook of the schooner Marrow, kept by the first mate.\n\n";
+    uint32_t x = 12345;
+    for (int day = 1; day <= 40; ++day) {
+        x = x*1103515245u + 12345u;
+        const uint32_t r = x >> 8;
+        s += "Day " + std::to_string(day) + ": " + weather[r % 5] + ". Loaded " + std::to_string(10 + r % 90) +
+             " barrels of " + cargo[(r >> 4) % 6] + "; " + crew[(r >> 8) % 6] + " kept the watch.\n";
+        if (day == 20) {
+            s += "The access code for the salt warehouse is 48213.\n";
+        }
+    }
+    return s;
+}
+
+static void decode(llama_context * ctx, llama_batch & batch, const llama_token * toks, int32_t n, llama_pos pos0, bool all_logits) {
+    batch.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        batch.token[i]     = toks[i];
+        batch.pos[i]       = pos0 + i;
+        batch.n_seq_id[i]  = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i]    = all_logits || i == n - 1;
+    }
+    if (llama_decode(ctx, batch) != 0) {
+        fprintf(stderr, "pot_check: llama_decode failed at %d\n", pos0);
+        exit(1);
+    }
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf [n_threads]\n", argv[0]);
+        return 2;
+    }
+    const int n_threads = argc > 2 ? atoi(argv[2]) : 2;
+
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            fputs(text, stderr);
+        }
+    }, nullptr);
+    llama_backend_init();
+
+    llama_model_params mp = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) {
+        fprintf(stderr, "pot_check: cannot load %s\n", argv[1]);
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = N_CTX;
+    cp.n_batch         = CHUNK;
+    cp.n_ubatch        = CHUNK;
+    cp.n_seq_max       = 1;
+    cp.n_threads       = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.no_perf         = true;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        fprintf(stderr, "pot_check: cannot create a context\n");
+        return 1;
+    }
+    llama_batch batch = llama_batch_init(CHUNK, 0, 1);
+
+    std::vector<llama_token> doc = tokenize(vocab, logbook(), true);
+    if ((int32_t) doc.size() < N_DOC) {
+        fprintf(stderr, "pot_check: document too short (%zu tokens)\n", doc.size());
+        return 1;
+    }
+    doc.resize(N_DOC);
+
+    // read all chunks but the last, then tap every 8th row of the last one
+    for (int32_t p = 0; p < N_DOC - CHUNK; p += CHUNK) {
+        decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+    }
+    std::vector<llama_pos> rows;
+    for (int32_t r = 7; r < CHUNK; r += 8) {
+        rows.push_back(N_DOC - CHUNK + r);
+    }
+    if (kvpot_tap_request(ctx, rows.data(), (int32_t) rows.size()) < 0) die("kvpot_tap_request");
+    decode(ctx, batch, doc.data() + N_DOC - CHUNK, CHUNK, N_DOC - CHUNK, false);
+    {
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        printf("stock");
+        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
+    }
+
+    kvpot_pot_stats st;
+    if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+    const int32_t n_layer = st.n_pot_layers;
+    const int32_t n_head  = st.n_head_kv;
+    std::vector<int32_t> il(n_layer);
+    kvpot_pot_layers(ctx, il.data(), n_layer);
+
+    printf("model %s layers %d kv_heads %d cells %d\n", argv[1], n_layer, n_head, st.n_cells_used);
+    std::vector<int32_t> keep((size_t) n_layer*n_head*N_KEEP);
+    std::vector<float> tap((size_t) n_head*N_DOC);
+    for (int32_t l = 0; l < n_layer; ++l) {
+        if (kvpot_tap_get(ctx, l, tap.data(), n_head, N_DOC) < 0) die("kvpot_tap_get");
+        for (int32_t h = 0; h < n_head; ++h) {
+            const float * s = tap.data() + (size_t) h*N_DOC;
+            std::vector<int32_t> order(N_DOC);
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[a] > s[b]; });
+            const float first_dropped = s[order[N_KEEP]];
+            order.resize(N_KEEP);
+            std::sort(order.begin(), order.end());
+            std::copy(order.begin(), order.end(), keep.begin() + ((size_t) l*n_head + h)*N_KEEP);
+            printf("kept %d %d", il[l], h);
+            for (int32_t c : order) printf(" %d", c);
+            printf("\nscore %d %d", il[l], h);
+            for (int32_t c : order) printf(" %.6g", s[c]);
+            printf(" %.6g\n", first_dropped);
+        }
+    }
+    if (kvpot_tap_request(ctx, nullptr, 0) < 0) die("kvpot_tap_request");
+    if (kvpot_pot_compact(ctx, keep.data(), n_layer, n_head, N_KEEP, true) < 0) die("kvpot_pot_compact");
+    if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+    printf("after cells %d pos_next %d compactions %d\n", st.n_cells_used, st.pos_next, st.n_compactions);
+
+    const std::vector<llama_token> q = tokenize(vocab, "\nQuestion: what is the access code for the salt warehouse?\nAnswer:", false);
+    decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+    const float * logits = llama_get_logits_ith(ctx, -1);
+    std::vector<int32_t> top(n_vocab);
+    std::iota(top.begin(), top.end(), 0);
+    std::partial_sort(top.begin(), top.begin() + 10, top.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    printf("logits");
+    for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", logits[t]);
+    for (int32_t i = 0; i < 10; ++i) printf(" %.6g", logits[top[i]]);
+    printf("\ntop");
+    for (int32_t i = 0; i < 10; ++i) printf(" %d", top[i]);
+    printf("\n");
+
+    if (argc > 3) {
+        // the same document in a fresh cache, compacted with the reference run's cells
+        std::ifstream ref(argv[3]);
+        std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> rows_ref;
+        for (std::string line; std::getline(ref, line);) {
+            std::istringstream is(line);
+            std::string tag;
+            int32_t l, h;
+            if (!(is >> tag) || tag != "kept" || !(is >> l >> h)) {
+                continue;
+            }
+            for (int32_t c; is >> c;) rows_ref[{l, h}].push_back(c);
+        }
+        for (int32_t l = 0; l < n_layer; ++l) {
+            for (int32_t h = 0; h < n_head; ++h) {
+                const auto & r = rows_ref[{il[l], h}];
+                if ((int32_t) r.size() != N_KEEP) {
+                    fprintf(stderr, "pot_check: %s has no kept row for layer %d head %d\n", argv[3], il[l], h);
+                    return 1;
+                }
+                std::copy(r.begin(), r.end(), keep.begin() + ((size_t) l*n_head + h)*N_KEEP);
+            }
+        }
+        llama_memory_clear(llama_get_memory(ctx), true);
+        kvpot_pot_reset(ctx);
+        for (int32_t p = 0; p < N_DOC; p += CHUNK) {
+            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+        }
+        if (kvpot_pot_compact(ctx, keep.data(), n_layer, n_head, N_KEEP, true) < 0) die("kvpot_pot_compact");
+        if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+        decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        printf("imposed");
+        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
+    }
+
+    llama_batch_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
