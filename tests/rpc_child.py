@@ -75,7 +75,7 @@ def main() -> None:
 
     # raw pot calls: taps on the last chunk's rows, log-probs, per-head compaction with CR-RoPE
     ctx = LlamaContext(model, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=N_THREADS))
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     head, last = doc[:n - CHUNK], doc[n - CHUNK:]
     decode_chunks(ctx, head, CHUNK)
     rows = [n - CHUNK + r for r in (0, 17, 40, CHUNK - 1)]

@@ -58,7 +58,7 @@ def test_keeping_every_cell_matches_stock(smol, doc_tokens, question_tokens, fa,
     want = _logits_after(ref, question_tokens, p)
 
     ctx = new_ctx(smol, N_CTX, CHUNK, fa, tk, tv)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     p = decode_chunks(ctx, doc_tokens, CHUNK)
     n = len(doc_tokens)
     pot.compact(np.broadcast_to(np.arange(n), (pot.n_layers, pot.n_head_kv, n)), cr_rope=False)
@@ -121,7 +121,7 @@ def test_same_set_for_every_head_matches_seq_rm(smol, doc_tokens, question_token
     want = _logits_after(ref, question_tokens, p_ref)
 
     ctx = new_ctx(smol, N_CTX, CHUNK, fa, tk, tv)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens, CHUNK)
     pot.compact(np.broadcast_to(kept, (pot.n_layers, pot.n_head_kv, kept.size)), cr_rope=cr_rope)
     st = pot.stats()
@@ -139,7 +139,7 @@ def test_per_head_sets_are_read_back_exactly(smol, smollm2_path, doc_tokens, fa,
     d = 64
     rope = rope_facts(smollm2_path)
     ctx = new_ctx(smol, N_CTX, CHUNK, fa, tk, tv)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     n = len(doc_tokens)
     decode_chunks(ctx, doc_tokens, CHUNK)
     layers = [0, pot.n_layers // 2, pot.n_layers - 1]
@@ -180,7 +180,7 @@ def test_score_taps_equal_kq_soft_max_rows(smol, doc_tokens):
     from kvpot.runtime.llama import ContextParams, LlamaContext
 
     ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2), cb_eval=catcher.callback)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     first = doc_tokens[:200]
     decode_chunks(ctx, first, CHUNK)
     batch = doc_tokens[200:200 + CHUNK]
@@ -207,7 +207,7 @@ def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens):
     import llama_cpp as L
 
     ctx = new_ctx(smol, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     batch = doc_tokens[:CHUNK]
     targets = doc_tokens[1:CHUNK + 1]
     pot.logprobs_request(0, targets)
@@ -224,7 +224,7 @@ def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens):
 
 def test_stats_report_cells_and_bytes(smol, doc_tokens):
     ctx = new_ctx(smol, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     pot.set_budget(128)
     decode_chunks(ctx, doc_tokens[:192], CHUNK)
     st = pot.stats()
@@ -249,7 +249,7 @@ def test_stats_report_cells_and_bytes(smol, doc_tokens):
 ])
 def test_bad_compaction_calls_fail_cleanly(smol, doc_tokens, case, needle):
     ctx = new_ctx(smol, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:100], CHUNK)
     keep = np.broadcast_to(np.arange(50), (30, 3, 50)).copy()
     if case == "index_out_of_range":
@@ -280,7 +280,7 @@ def test_bad_compaction_calls_fail_cleanly(smol, doc_tokens, case, needle):
 
 def test_bad_tap_and_read_calls_fail_cleanly(smol, doc_tokens):
     ctx = new_ctx(smol, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:64], CHUNK)
     with pytest.raises(PotCallError, match="no score tap was requested"):
         pot.tap_get(64)
@@ -308,7 +308,7 @@ def test_score_taps_with_quantized_k_cache(smol, doc_tokens):
     catcher = TensorCatcher({f"kq_soft_max-{il}" for il in pot_layers})
     ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2, type_k="q8_0"),
                        cb_eval=catcher.callback)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:200], CHUNK)
     rows = [5, CHUNK - 1]
     pot.tap_request([200 + r for r in rows])

@@ -39,7 +39,7 @@ def question_tokens(gemma):
 
 def test_pot_is_the_global_layers(gemma, doc_tokens):
     ctx = new_ctx(gemma, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     # Gemma-3: every sixth layer is global (5 sliding-window layers, then 1 global)
     assert pot.layer_ids == [5, 11, 17]
     assert pot.n_head_kv == 1
@@ -57,7 +57,7 @@ def test_keeping_every_cell_matches_stock(gemma, doc_tokens, question_tokens, fa
     decode_chunks(ref, question_tokens, CHUNK, p)
     want = ref.logits_last()
     ctx = new_ctx(gemma, N_CTX, CHUNK, fa)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens, CHUNK)
     pot.compact(np.broadcast_to(np.arange(N_DOC), (pot.n_layers, 1, N_DOC)), cr_rope=False)
     decode_chunks(ctx, question_tokens, CHUNK, p)
@@ -85,7 +85,7 @@ def test_same_set_matches_stock_seq_rm(gemma, doc_tokens, question_tokens, fa, c
     want = ref.logits_last()
 
     ctx = new_ctx(gemma, N_CTX, CHUNK, fa)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens, CHUNK)
     pot.compact(np.broadcast_to(kept, (pot.n_layers, pot.n_head_kv, kept.size)), cr_rope=cr_rope)
     assert pot.stats().pos_next == p_ref
@@ -125,7 +125,7 @@ def test_cr_rope_keys_equal_numpy_rope_per_layer(gemma, gemma_path, doc_tokens):
     rope = rope_facts(gemma_path)
     d = 256
     ctx = new_ctx(gemma, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     n = len(doc_tokens)
     decode_chunks(ctx, doc_tokens, CHUNK)
     rng = np.random.default_rng(3)
@@ -149,7 +149,7 @@ def test_cr_rope_keys_equal_numpy_rope_per_layer(gemma, gemma_path, doc_tokens):
 def test_score_taps_equal_kq_soft_max_on_global_layers(gemma, doc_tokens):
     catcher = TensorCatcher({f"kq_soft_max-{il}" for il in (5, 11, 17)})
     ctx = LlamaContext(gemma, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2), cb_eval=catcher.callback)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:768], CHUNK)
     rows = [0, 100, CHUNK - 1]
     pot.tap_request([768 + r for r in rows])
@@ -168,7 +168,7 @@ def test_cr_rope_with_fewer_cells_than_the_window_keeps_the_window(gemma, doc_to
     """Keeping the last 256 < 512 cells: all are inside the window, so they keep their place in it
     (512 - 256 ..) and no window cell is pushed below 0."""
     ctx = new_ctx(gemma, N_CTX, CHUNK)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens, CHUNK)
     swa_before = pot.stats().n_swa_used
     keep = np.broadcast_to(np.arange(N_DOC - 256, N_DOC), (pot.n_layers, 1, 256))

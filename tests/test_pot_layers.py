@@ -45,7 +45,7 @@ def softmax_reference(kq: np.ndarray, scale: float, visible: np.ndarray) -> np.n
 def test_dead_cells_leave_each_layers_softmax(smol, doc_tokens, seed):
     catcher = TensorCatcher({f"kq-{il}" for il in CAUGHT} | {f"kq_soft_max-{il}" for il in CAUGHT})
     ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2), cb_eval=catcher.callback)
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:N_READ], CHUNK)
     keep, n_live = ragged_keep(pot.n_layers, pot.n_head_kv, seed)
     pot.compact(keep, cr_rope=False)
@@ -79,7 +79,7 @@ def test_dead_cells_survive_save_and_restore(smol, doc_tokens):
     """The per-layer counts are part of the pot's state: a restored context continues identically,
     and a dead cell cannot be kept again."""
     ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2))
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:N_READ], CHUNK)
     keep, n_live = ragged_keep(pot.n_layers, pot.n_head_kv, 3)
     pot.compact(keep, cr_rope=True)
@@ -87,7 +87,7 @@ def test_dead_cells_survive_save_and_restore(smol, doc_tokens):
     seq, state = ctx.seq_state(), pot.state_bytes()
 
     other = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2))
-    other_pot = Pot(other.ptr)
+    other_pot = Pot(other)
     other.set_seq_state(seq)
     other_pot.set_state_bytes(state)
     pos0 = pot.stats().pos_next
@@ -102,7 +102,7 @@ def test_dead_cells_survive_save_and_restore(smol, doc_tokens):
     plain[-pot.n_layers:] = WIDTH
     third = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2))
     third.set_seq_state(seq)
-    Pot(third.ptr).set_state_bytes(plain.tobytes())
+    Pot(third).set_state_bytes(plain.tobytes())
     decode_chunks(third, new, CHUNK, pos0)
     assert np.abs(third.logits_last() - ctx.logits_last()).max() > 1e-2
 
@@ -122,7 +122,7 @@ def test_dead_cells_survive_save_and_restore(smol, doc_tokens):
 ])
 def test_bad_ragged_calls_fail_cleanly(smol, doc_tokens, case, needle):
     ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2))
-    pot = Pot(ctx.ptr)
+    pot = Pot(ctx)
     decode_chunks(ctx, doc_tokens[:100], CHUNK)
     keep = np.broadcast_to(np.arange(50), (pot.n_layers, pot.n_head_kv, 50)).copy()
     if case == "bad_state":
@@ -149,7 +149,7 @@ def test_dead_cells_with_flash_attention_f16_mask(smol, doc_tokens):
     got = {}
     for fa in (False, True):
         ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2, flash_attn=fa))
-        pot = Pot(ctx.ptr)
+        pot = Pot(ctx)
         decode_chunks(ctx, doc_tokens[:N_READ], CHUNK)
         keep, n_live = ragged_keep(pot.n_layers, pot.n_head_kv, 5)
         pot.compact(keep, cr_rope=False)
