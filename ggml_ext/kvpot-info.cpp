@@ -38,54 +38,42 @@ const char * kvpot_backends(void) {
     return names.c_str();
 }
 
-static ggml_backend_dev_t cpu_device() {
+// a function the CPU backend registers under `name` (the loader's own lookup), or nullptr
+static void * cpu_proc(const char * name, ggml_backend_dev_t & dev) {
     ggml_backend_load_all();
-    return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    return dev ? ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), name) : nullptr;
+}
+
+// the ends of the two lists ggml returns
+static bool done(ggml_backend_buffer_type_t b) { return b == nullptr; }
+static bool done(const ggml_backend_feature & f) { return f.name == nullptr; }
+
+// "a,b,c" from the items of a list that ends as `done` says
+template <typename T, typename F>
+static const char * join(std::string & out, T * items, F && text) {
+    out.clear();
+    for (T * it = items; it != nullptr && !done(*it); ++it) {
+        if (!out.empty()) {
+            out += ",";
+        }
+        out += text(*it);
+    }
+    return out.c_str();
 }
 
 const char * kvpot_cpu_extra_bufts(void) {
     static thread_local std::string names;
-    names.clear();
-    ggml_backend_dev_t dev = cpu_device();
-    if (dev == nullptr) {
-        return names.c_str();
-    }
-    // the same lookup llama.cpp's model loader does to find the extra buffer types it may use
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-    auto get_extra_bufts = (ggml_backend_dev_get_extra_bufts_t)
-        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-    if (get_extra_bufts == nullptr) {
-        return names.c_str();
-    }
-    for (ggml_backend_buffer_type_t * buft = get_extra_bufts(dev); buft != nullptr && *buft != nullptr; ++buft) {
-        if (!names.empty()) {
-            names += ",";
-        }
-        names += ggml_backend_buft_name(*buft);
-    }
-    return names.c_str();
+    ggml_backend_dev_t dev = nullptr;
+    // the extra buffer types llama.cpp's model loader may put weights in
+    auto get = (ggml_backend_dev_get_extra_bufts_t) cpu_proc("ggml_backend_dev_get_extra_bufts", dev);
+    return join(names, get ? get(dev) : nullptr, [](ggml_backend_buffer_type_t b) { return std::string(ggml_backend_buft_name(b)); });
 }
 
 const char * kvpot_cpu_features(void) {
     static thread_local std::string out;
-    out.clear();
-    ggml_backend_dev_t dev = cpu_device();
-    if (dev == nullptr) {
-        return out.c_str();
-    }
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-    auto get_features = (ggml_backend_get_features_t)
-        ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
-    if (get_features == nullptr) {
-        return out.c_str();
-    }
-    for (ggml_backend_feature * f = get_features(reg); f != nullptr && f->name != nullptr; ++f) {
-        if (!out.empty()) {
-            out += ",";
-        }
-        out += f->name;
-        out += "=";
-        out += f->value ? f->value : "";
-    }
-    return out.c_str();
+    ggml_backend_dev_t dev = nullptr;
+    auto get = (ggml_backend_get_features_t) cpu_proc("ggml_backend_get_features", dev);
+    return join(out, get ? get(ggml_backend_dev_backend_reg(dev)) : nullptr,
+                [](const ggml_backend_feature & f) { return std::string(f.name) + "=" + (f.value ? f.value : ""); });
 }
