@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvpot.checks import check_cli_numbers, check_pot_room, check_settings_fit, check_threads
+from kvpot.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources, looks_like_input
 from kvpot.model_ref import resolve_model
@@ -18,7 +18,7 @@ from kvpot.models.registry import DEFAULT_MODEL, KNOWN
 from kvpot.policies import make_policy
 from kvpot.reading_plan import plan_reading
 from kvpot.safe_write import resolve_target
-from kvpot.session import Session, answer_reserve
+from kvpot.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.settings import AUTO, resolve_settings
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
@@ -73,9 +73,12 @@ def _new_session(inputs: list[str], glob: str, model: str, question: str | None,
     facts, known = resolve_model(model)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings))
+    settings = plan.settings
+    # an automatic budget, and a policy whose smallest step depends on the input's length (IMDC's m_0),
+    # checked against the policy now that both are known
+    check_budget(settings.policy_spec(), settings.budget, expected_tokens=_estimated_tokens(sources))
     if plan.note:
         err.print(plan.note, soft_wrap=True)
-    settings = plan.settings
     check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
@@ -83,6 +86,11 @@ def _new_session(inputs: list[str], glob: str, model: str, question: str | None,
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
     check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
     return session, sources
+
+
+def _estimated_tokens(sources) -> int | None:
+    """The input's length as the session will declare it to the policy when reading starts."""
+    return int(sources.total_bytes / BYTES_PER_TOKEN_GUESS) if sources.total_bytes else None
 
 
 def _reopen(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:

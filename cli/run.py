@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from kvpot import paths
+from kvpot.checks import check_budget
 from kvpot.full_attention import GenSettings, check_fits, default_threads, open_llama, prompt_tokens, stream_answer
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL
@@ -96,6 +97,8 @@ def run(
     With --policy full (the default) the document must fit the context, as in stock llama.cpp;
     a pot policy reads any length in chunks and keeps at most --budget cells per layer and KV head.
     """
+    if policy != "full":  # a bad spec or a budget it cannot work with: before anything is read or loaded
+        check_budget(policy, budget)
     document = read_document(file)
     connect_rpc(rpc)
     if policy == "full":

@@ -125,6 +125,13 @@ class Policy:
     def budget_at(self, step: int, budget: int) -> int:
         return budget
 
+    def check_budget(self, budget: int) -> None:
+        """Raise BudgetTooSmall (one line) when `budget` cells can never work with this policy's
+        parameters. Called where settings are validated, before the model loads or anything is
+        read (and again by select), so an impossible budget is never found at the first compaction."""
+        if budget < 1:
+            raise BudgetTooSmall(f"{self.name} needs a budget of at least 1 cell, got {budget}", least=1)
+
     def after_chunk(self, view: PotView) -> None:
         pass
 
@@ -170,7 +177,13 @@ def same_for_all_heads(cells: np.ndarray, n_layer: int, n_head_kv: int) -> np.nd
 
 
 class BudgetTooSmall(KvpotError, ValueError):
-    """The budget cannot hold what the policy always keeps (sinks, observation window, ...)."""
+    """The budget cannot hold what the policy always keeps (sinks, observation window, ...).
+    `least`: the smallest budget that works with the policy's parameters (None: no budget helps,
+    another parameter must change)."""
+
+    def __init__(self, message: str, least: int | None = None):
+        super().__init__(message)
+        self.least = least
 
 
 def keep_ends(positions: np.ndarray, n_first: int, n_last: int) -> np.ndarray:
@@ -238,6 +251,9 @@ class Wrapping(Policy):
 
     def budget_at(self, step: int, budget: int):
         return self.wrapped.budget_at(step, budget)
+
+    def check_budget(self, budget: int) -> None:
+        self.wrapped.check_budget(budget)
 
     def after_chunk(self, view: PotView) -> None:
         self.wrapped.after_chunk(view)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import DEAD, Policy, PotView, Wrapping, select_per_layer
+from kvpot.policies.base import DEAD, BudgetTooSmall, Policy, PotView, Wrapping, select_per_layer
 from kvpot.policies.imdc_schedule import (
     FUNCTIONS,
     PER_LAYER,
@@ -156,6 +156,26 @@ class IMDC(Wrapping):
         self._declared = n_tokens
         self._schedule_arrays()  # an infeasible schedule fails before any decoding
         self.pruner.set_expected_length(n_tokens)
+
+    def check_budget(self, budget: int) -> None:
+        """IMDC keeps its own memory (m_0 .. m_max, not the engine's budget): its pruner must work with
+        m_max always, and with m_0, the least any step keeps, once the input length is known."""
+        try:
+            self.pruner.check_budget(self.m_max)
+        except BudgetTooSmall as e:
+            raise BudgetTooSmall(f"imdc: m_max ({self.m_max}) is too small for its pruner {self.pruner.name}, "
+                                 f"which needs at least {e.least} cells: raise m_max") from None
+        if self._length() is None:
+            return
+        n = n_chunks(self._length(), self.chunk)
+        m_0 = self._m_0(n)
+        try:
+            self.pruner.check_budget(m_0)
+        except BudgetTooSmall as e:
+            how = "as set" if self.m_0 is not None else f"m_max / n for {n} chunks"
+            raise BudgetTooSmall(f"imdc: the first step keeps m_0 = {m_0} cells ({how}), too few for its pruner "
+                                 f"{self.pruner.name}, which needs at least {e.least}: set m_0 "
+                                 f"(imdc:...,m_0={e.least}) or raise m_max or chunk") from None
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         # the engine's budget and chunk are IMDC's m_max and c; c + m_max bounds every schedule
