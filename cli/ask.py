@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from kvpot.settings import AUTO, resolve_settings
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
 from ._interrupt import Interrupts
-from .reading import read_with_progress
+from .reading import QuestionProgress, read_with_progress
 
 MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
 POLICY_HELP = ("how the pot chooses what to keep: infinipot (default), streaming, snapkv, h2o, truncate, imdc, "
@@ -115,8 +116,14 @@ def _answer(session: Session, question: str) -> bool | None:
     """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped, None when the model
     produced no answer (said on stderr, never a silent blank line)."""
     said = ""
+    progress = QuestionProgress()  # shown only when the question is read through the pot
     with Interrupts() as stop:
-        for piece in session.ask(question):
+        try:
+            pieces = session.ask(question, on_progress=progress.update)
+            first = next(pieces, None)
+        finally:
+            progress.close()
+        for piece in itertools.chain([] if first is None else [first], pieces):
             said += piece
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -190,6 +197,8 @@ def ask(
         connect_rpc(rpc)
         session = _reopen(context, model, threads, max_tokens)
         session.set_question(question)
+        # a question too long for a catalyst that holds it: said before reading it
+        check_pot_room(session.engine, budget_option="the --budget the files are read with")
     else:
         if not inputs:
             raise KvpotError("pass the files to read before the question (or --context PATH)")
