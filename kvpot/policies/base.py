@@ -70,6 +70,9 @@ class PotView:
 class Policy:
     """Base: keeps everything. Subclasses are small dataclasses that override what they need.
 
+    Before anything loads, where settings are validated:
+      check_budget(budget)       -> raise BudgetTooSmall when the budget can never work (SnapKV's window,
+                                    StreamingLLM's sinks, ...); select calls it too
     Hooks, in the order the engine calls them:
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
