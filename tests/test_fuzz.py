@@ -32,9 +32,17 @@ from kvpot.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, 
 from kvpot.errors import KvpotError
 from kvpot.gguf_file import GGUF_MAGIC, read_header_from
 
-EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 1000,
+EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))  # inputs per strategy
+# inputs per Hypothesis example: each example costs ~1-2 ms of Hypothesis's own bookkeeping (saving and
+# restoring the global random state, its tree of choices) whatever it draws, more than a raw input takes
+# to check, so the long run draws a batch of inputs per example; the short run one, derandomized
+BATCH = int(os.environ.get("KVPOT_FUZZ_BATCH", "1" if EXAMPLES <= 1000 else "25"))
+FUZZ = settings(max_examples=-(-EXAMPLES // BATCH), deadline=None, derandomize=EXAMPLES <= 1000,
                 suppress_health_check=list(HealthCheck), database=None)
+
+
+def _batch(strategy):
+    return st.lists(strategy, min_size=BATCH, max_size=BATCH)
 
 _stats: dict[str, dict] = {}
 
@@ -64,7 +72,7 @@ def _write_report() -> None:
     report = os.environ.get("KVPOT_FUZZ_REPORT")
     if report:
         with open(report, "w") as f:
-            json.dump({"examples_per_strategy": EXAMPLES, "targets": _stats}, f, indent=1)
+            json.dump({"inputs_per_strategy": EXAMPLES, "inputs_per_example": BATCH, "targets": _stats}, f, indent=1)
 
 
 def teardown_module(module) -> None:
@@ -218,15 +226,17 @@ _context_file = _context_strategy()
 
 
 @FUZZ
-@given(st.binary(max_size=256))
-def test_fuzz_context_raw_bytes(data):
-    _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
+@given(_batch(st.binary(max_size=256)))
+def test_fuzz_context_raw_bytes(batch):
+    for data in batch:
+        _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
 
 
 @FUZZ
-@given(_context_file)
-def test_fuzz_context_structured(data):
-    _check("context, structured and mutated", parse_context, data)
+@given(_batch(_context_file))
+def test_fuzz_context_structured(batch):
+    for data in batch:
+        _check("context, structured and mutated", parse_context, data)
 
 
 def test_good_synthetic_context_is_accepted():
@@ -297,15 +307,17 @@ def _read_gguf(data: bytes) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=128))
-def test_fuzz_gguf_raw_bytes(data):
-    _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
+@given(_batch(st.binary(max_size=128)))
+def test_fuzz_gguf_raw_bytes(batch):
+    for data in batch:
+        _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
 
 
 @FUZZ
-@given(_gguf_file)
-def test_fuzz_gguf_structured(data):
-    _check("gguf header, structured and mutated", _read_gguf, data)
+@given(_batch(_gguf_file))
+def test_fuzz_gguf_structured(batch):
+    for data in batch:
+        _check("gguf header, structured and mutated", _read_gguf, data)
 
 
 def test_gguf_header_of_a_real_model_is_accepted(smollm2_path):
