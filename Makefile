@@ -39,11 +39,14 @@ demo: pull
 test: pull-test-models
 	$(BIN)/python -m pytest -q
 
-# the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each
+# the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.
+# The two targets run side by side, each writing its counts to fuzz-report-TARGET.json.
 FUZZ_EXAMPLES ?= 100000
 fuzz: pull-test-models
-	KVPOT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KVPOT_FUZZ_REPORT=$(CURDIR)/fuzz-report.json \
-		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+	@pids=; for t in context gguf; do \
+		KVPOT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KVPOT_FUZZ_REPORT=$(CURDIR)/fuzz-report-$$t.json \
+			$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k $$t & pids="$$pids $$!"; \
+	done; fail=0; for p in $$pids; do wait $$p || fail=1; done; exit $$fail
 
 # not part of `make test` (a cross build of llama.cpp, ~15 min on 2 cores): libllama + kvpot for aarch64,
 # tests/pot_check under qemu-aarch64-static vs natively, SmolLM2 Q4_1 and a Q4_0 copy (docs/termux.md)

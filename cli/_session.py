@@ -4,28 +4,24 @@ session itself (kvpot.session) knows nothing about terminals."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpot.models.registry import KNOWN
-
-from kvpot.checks import (
-    check_cli_numbers,
-    check_pot_room,
-    check_settings_fit,
-    check_threads,
-)
+from kvpot.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
 from kvpot.model_ref import resolve_model
-from kvpot.policies import build_policy, make_policy
+from kvpot.models.registry import KNOWN
+from kvpot.policies import make_policy
 from kvpot.reading_plan import plan_reading
-from kvpot.session import Session, answer_reserve
+from kvpot.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.settings import AUTO, RunSettings, resolve_settings
 
 from ._common import err
 from ._interrupt import Interrupts
+from .reading import QuestionProgress
 
 
 def parse_budget(raw: str | None) -> int | str | None:
@@ -45,12 +41,9 @@ def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    # a bad spec, or a budget the policy cannot honour, is refused before the model loads (an
-    # automatic budget is checked once it is resolved, by check_settings_fit)
-    if settings.budget == AUTO:
-        make_policy(settings.policy)
-    else:
-        build_policy(settings.policy, settings.budget, settings.chunk)
+    # a bad spec is refused before the model loads; a budget the policy cannot honour too (settings'
+    # own check, naming where the budget was set); an automatic one once it is resolved (new_session)
+    make_policy(settings.policy)
     return settings
 
 
@@ -65,6 +58,9 @@ def new_session(inputs: list[str], glob: str, model: str, question: str | None, 
     if plan.note:
         err.print(plan.note, soft_wrap=True)
     settings = plan.settings
+    # an automatic budget, and a policy whose smallest step depends on the input's length (IMDC's m_0),
+    # checked against the policy now that both are known
+    check_budget(settings.policy, settings.budget, settings.chunk, expected_tokens=_estimated_tokens(sources))
     check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
@@ -72,6 +68,11 @@ def new_session(inputs: list[str], glob: str, model: str, question: str | None, 
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
     check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
     return session, sources
+
+
+def _estimated_tokens(sources: SourceSet) -> int | None:
+    """The input's length as the session will declare it to the policy when reading starts."""
+    return int(sources.total_bytes / BYTES_PER_TOKEN_GUESS) if sources.total_bytes else None
 
 
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
@@ -106,8 +107,14 @@ def answer(session: Session, question: str) -> Answered:
     """Stream the answer to stdout; Ctrl-C stops it. An empty answer is said on stderr (never a
     silent blank line)."""
     said = ""
+    progress = QuestionProgress()  # shown only when the question is read through the pot
     with Interrupts() as stop:
-        for piece in session.ask(question):
+        try:
+            pieces = session.ask(question, on_progress=progress.update)
+            first = next(pieces, None)
+        finally:
+            progress.close()
+        for piece in itertools.chain([] if first is None else [first], pieces):
             said += piece
             sys.stdout.write(piece)
             sys.stdout.flush()

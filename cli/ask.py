@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from kvpot.models.registry import DEFAULT_MODEL
 from rich.table import Table
 
+from kvpot.checks import check_pot_room
 from kvpot.errors import KvpotError
+from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.ingest import looks_like_input
 from kvpot.safe_write import resolve_target
 from kvpot.session import Session
@@ -85,6 +86,8 @@ def ask(
         connect_rpc(rpc)
         session = reopen_session(context, model, threads, max_tokens)
         session.set_question(question)
+        # a question too long for a catalyst that holds it: said before reading it
+        check_pot_room(session.engine, budget_option="the --budget the files are read with")
     else:
         if not inputs:
             raise KvpotError("pass the files to read before the question (or --context PATH)")

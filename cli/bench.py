@@ -9,10 +9,12 @@ import typer
 from rich.table import Table
 
 from kvpot.bench.throughput import ThroughputPlan, run_plan
+from kvpot.checks import check_budget
 from kvpot.errors import KvpotError
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL
-from kvpot.policies import build_policy, make_policy
+from kvpot.policies import make_policy
+from kvpot.settings import RunSettings
 
 from ._common import err, user_errors
 
@@ -35,8 +37,8 @@ def throughput(
     json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
 ) -> None:
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill."""
+    check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
-    build_policy(policy, budget, chunk)  # refuse a bad spec or budget before any process starts
     if budget + chunk > 1 << 20:
         raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
@@ -85,9 +87,9 @@ def niah(
 
     if task not in TASKS:
         raise KvpotError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
+    for spec in policy:  # a bad spec or an impossible budget, before any haystack is read
+        check_budget(spec, budget, chunk, expected_tokens=max(lengths))
     facts, _ = resolve_model(model)
-    for spec in policy:
-        build_policy(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
@@ -165,9 +167,9 @@ def ppl(
     from kvpot.runtime.llama import LlamaModel
     from kvpot.textfile import read_document
 
-    facts, _ = resolve_model(model)
     for spec in policy:
-        build_policy(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
+        check_budget(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
+    facts, _ = resolve_model(model)
     text = read_document(file)
     lm = LlamaModel(str(facts.path))
     tokens = lm.tokenize(text)[: max_tokens or None]
@@ -209,9 +211,9 @@ def context(
     from kvpot.bench.context_report import context_table
     from kvpot.bench.throughput import run_case
 
+    if policy:  # refuse a bad spec (or a budget it cannot work with) before any process starts
+        check_budget(policy, budget, RunSettings().chunk) if budget else make_policy(policy)
     facts, _ = resolve_model(model)
-    if policy:
-        make_policy(policy)  # refuse a bad spec before any process starts
     pot_opts = (["--policy", policy] if policy else []) + (["--budget", str(budget)] if budget else [])
     with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:
         out = keep_files or Path(tmp)

@@ -87,6 +87,48 @@ def _summary(session: Session, sources: SourceSet) -> None:
               f"pot {st['tokens in pot']:,} cells, {st['compactions']} compactions{extra}", soft_wrap=True)
 
 
+class QuestionProgress:
+    """Progress of a question too long for the free cells, read through the pot like a document:
+    a Rich bar on a terminal, plain lines elsewhere (one when it starts, then every PLAIN_EVERY_S,
+    one when it is read). Nothing is shown for a short question (no progress is reported for it).
+    `close()` before the answer is written, so the bar never mixes with it."""
+
+    def __init__(self):
+        self._progress: Progress | None = None
+        self._task = None
+        self._t0 = self._last = 0.0
+        self._started = self._done = False
+
+    def update(self, p: ReadProgress) -> None:
+        now = time.perf_counter()
+        if not self._started:
+            self._started, self._t0, self._last = True, now, now
+            err.print(f"[bold]reading the question[/bold] ({p.est_total:,} tokens, more than the free cells) "
+                      f"through the pot", soft_wrap=True)
+            if err.is_terminal:
+                columns = (TextColumn("[bold]question"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
+                           _Rate(), TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"), TimeRemainingColumn())
+                self._progress = Progress(*columns, console=err, transient=True)
+                self._progress.start()
+                self._task = self._progress.add_task("question", total=p.est_total, cells=p.cells, cap=p.capacity)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=p.tokens, cells=p.cells)
+        elif now - self._last >= PLAIN_EVERY_S and p.tokens < (p.est_total or 0):
+            self._last = now
+            err.print(f"read {p.tokens:,} of {p.est_total:,} question tokens, {p.tokens / (now - self._t0):,.0f} tok/s, "
+                      f"pot {p.cells:,}/{p.capacity:,} cells", soft_wrap=True)
+        if p.est_total is not None and p.tokens >= p.est_total and not self._done:
+            self._done = True
+            self.close()
+            err.print(f"read the question's {p.tokens:,} tokens in {now - self._t0:.1f}s; pot {p.cells:,} cells, "
+                      f"{p.compactions} compactions", soft_wrap=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
 def _offer_to_keep(session: Session) -> bool:
     n = session.doc_tokens
     err.print(f"[yellow]stopped[/yellow] after {n:,} tokens")

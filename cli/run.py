@@ -51,7 +51,8 @@ def run(
         if budget is not None:
             raise KvpotError("pass --ctx or --budget, not both (for --policy full they are the same)")
         budget = str(ctx)
-    check_text_file(file)  # one document: a directory or a binary file is refused as such (ask reads folders)
+    if file.is_dir() or file.is_file():  # one document: a folder or a binary file is refused as such (a pipe is read)
+        check_text_file(file)
     connect_rpc(rpc)
     session, sources = new_session([str(file)], "*", model, prompt, policy=policy, budget=budget, chunk=chunk,
                                    threads=threads, prompt=None, max_tokens=max_tokens)

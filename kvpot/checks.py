@@ -1,7 +1,9 @@
 """Checks that run before llama.cpp sees a combination of options it would abort on or choke on.
 
-Each refusal is one KvpotError line that names the command-line option to change. Two stages:
+Each refusal is one KvpotError line that names the command-line option to change. The stages:
 - `check_cli_numbers`: option values on their own (no model needed);
+- `check_budget`: a budget the policy can never work with (SnapKV's window, StreamingLLM's sinks, ...),
+  which the policy itself would only find at its first compaction, after loading and reading;
 - `check_memory`: what the context and its buffers will take, from the GGUF header, before the
   model is loaded (a huge --budget or --chunk otherwise fails after a long wait);
 - `check_pot_room`: with the model loaded and the question known, whether the policy's catalyst
@@ -45,6 +47,23 @@ def check_cli_numbers(budget: int | None, chunk: int | None, threads: int | None
             raise KvpotError(f"{option} {value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)")
     if max_tokens is not None and max_tokens > MAX_CELLS:
         raise KvpotError(f"--max-tokens {max_tokens:,} is larger than any context ({MAX_CELLS:,})")
+
+
+def check_budget(policy_spec: str, budget: int, chunk: int, option: str = "--budget",
+                 expected_tokens: int | None = None) -> None:
+    """Refuse a budget the policy cannot work with, before the model loads: the policy sized as the
+    engine will size it (`Policy.fit`). `expected_tokens`: the input's estimated length, where a
+    policy's smallest step depends on it (IMDC's m_0)."""
+    from kvpot.policies import BudgetTooSmall, build_policy
+
+    try:
+        policy = build_policy(policy_spec, budget, chunk)
+        if expected_tokens:
+            policy.set_expected_length(expected_tokens)
+    except BudgetTooSmall as e:
+        if e.least is None:  # another parameter of the policy must change, not the budget
+            raise
+        raise BudgetTooSmall(f"{e}; raise {option} to at least {e.least}", least=e.least) from None
 
 
 # -- memory ---------------------------------------------------------------------------------------

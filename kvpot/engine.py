@@ -340,12 +340,17 @@ class Engine:
             self._bos_done = True
         if not toks:
             raise KvpotError("nothing to ask: the question is empty")
-        if self.n_cells + len(toks) > self.ctx.n_ctx - self._turn_room():
+        if self.prompt_is_read(len(toks)):
             self.feed_stream([toks[:-1]], on_chunk=on_chunk)
             toks = toks[-1:]
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
         return self.ctx.logits_last()
+
+    def prompt_is_read(self, n_tokens: int) -> bool:
+        """Whether `prompt` reads a turn of n tokens through the pot, chunk by chunk (with progress),
+        rather than decoding it as it is."""
+        return self.n_cells + n_tokens > self.ctx.n_ctx - self._turn_room()
 
     def _turn_room(self) -> int:
         """Cells an answer leaves free so the next chat turn can start a chunk (and a catalyst)."""

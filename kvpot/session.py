@@ -148,12 +148,31 @@ class Session:
             out += self.engine.model.tokenize(seg.text, special=seg.special)
         return out
 
-    def ask(self, question: str, max_tokens: int | None = None) -> Iterator[str]:
-        """Stream the answer to a question; the exchange stays in the pot for the next turn."""
+    def ask(self, question: str, max_tokens: int | None = None,
+            on_progress: Callable[[ReadProgress], None] | None = None) -> Iterator[str]:
+        """Stream the answer to a question; the exchange stays in the pot for the next turn.
+
+        `on_progress`: called as a question too long for the free cells is read through the pot,
+        chunk by chunk (first with 0 tokens read, before the first chunk); never for a short one."""
         if not question.strip():
             raise KvpotError("the question is empty")
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
-        logits = self.engine.prompt(self._tokens(segs))
+        toks = self._tokens(segs)
+        eng = self.engine
+        on_chunk = None
+        if on_progress is not None and eng.prompt_is_read(len(toks)):
+            start, total = eng.tokens_seen, len(toks)
+
+            def progress(tokens: int, cells: int, compactions: int) -> None:
+                on_progress(ReadProgress(tokens, total, cells, eng.ctx.n_ctx, compactions, 0, 0))
+
+            def on_chunk(ev: FeedEvent) -> None:
+                progress(ev.tokens_read - start, ev.cells, ev.stats.n_compactions)
+
+            progress(0, eng.n_cells, eng.stats().n_compactions)
+        logits = eng.prompt(toks, on_chunk=on_chunk)
+        if on_chunk is not None:  # the last token is decoded after the chunks: the question is read
+            progress(len(toks), eng.n_cells, eng.stats().n_compactions)
         self.turns += 1
         if os.environ.get(SAVE_LOGITS_ENV):  # diagnostics: compare answers across processes
             np.save(Path(os.environ[SAVE_LOGITS_ENV]) / f"turn-{self.turns}.npy", logits)

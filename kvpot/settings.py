@@ -39,6 +39,10 @@ class RunSettings:
             raise KvpotError(f"{n('max_tokens')} must be at least 1, got {self.max_tokens}")
         if self.threads < 0:
             raise KvpotError(f"{n('threads')} must be at least 1 (0: every core), got {self.threads}")
+        if self.budget != AUTO:  # a budget the policy can never work with: said now, not at its first compaction
+            from kvpot.checks import check_budget
+
+            check_budget(self.policy, self.budget, self.chunk, n("budget"))
         return replace(self, threads=self.threads or default_threads())
 
 

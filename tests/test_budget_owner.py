@@ -81,9 +81,9 @@ def test_imdc_takes_m_max_and_c_from_budget_and_chunk():
     ("infinipot:pot=4096", 1024, "infinipot: pot (|M| = 4096) is more than --budget 1024"),
     ("infinipot:n_sink=64", 100, "n_sink must be within [0, keep = 50)"),
     ("imdc:pruner=streaming,m_max=2048", 1024, "imdc: m_max (2048) is more than --budget 1024"),
-    ("streaming:n_sink=64", 64, "streaming: budget (64) must exceed n_sink (64)"),
-    ("snapkv:window=32", 32, "snapkv: budget (32) must exceed window (32)"),
-    ("locret:heads=x.gguf,n_s=64", 64, "locret: budget (64) must exceed the stabilizer length n_s (64)"),
+    ("streaming:n_sink=64", 64, "streaming: the budget (64) must exceed n_sink (64)"),
+    ("snapkv:window=32", 32, "snapkv: the budget (32) must exceed window (32)"),
+    ("locret:heads=x.gguf,n_s=64", 64, "locret: the budget (64) must exceed the stabilizer length n_s (64)"),
 ])
 def test_a_budget_the_policy_cannot_honour_is_refused(spec, budget, needle):
     with pytest.raises(Exception) as e:

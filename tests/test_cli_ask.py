@@ -46,6 +46,40 @@ def test_ask_on_a_saved_context_answers_the_same(saved, doc):
     assert res.stdout == first
 
 
+def test_a_long_question_shows_progress(doc):
+    """A question longer than the free cells is read through the pot like a document, and says so."""
+    path, question, _ = doc
+    fast = [a if a != "512" else "256" for a in FAST]
+    res = runner.invoke(app, ["ask", str(path), "Tell me about the voyage. " * 100 + question, "-P", "snapkv", *fast])
+    assert res.exit_code in (0, 5), res.output  # 5: the model answered nothing (said on stderr), not this test's concern
+    lines = res.stderr.splitlines()
+    start = [ln for ln in lines if ln.startswith("reading the question (")]
+    done = [ln for ln in lines if ln.startswith("read the question's ")]
+    assert len(start) == 1 and len(done) == 1, res.stderr
+    assert "through the pot" in start[0] and "compactions" in done[0]
+    assert start[0].index("reading the question") < res.stderr.index("read the question's")
+
+
+def test_a_short_question_shows_no_question_progress(saved, doc):
+    ctx, _ = saved
+    _, question, _ = doc
+    res = runner.invoke(app, ["ask", "--context", str(ctx), question])
+    assert res.exit_code == 0, res.output
+    assert "the question" not in res.stderr, res.stderr
+
+
+def test_a_question_too_long_for_a_reopened_pot_is_one_line_before_reading(saved, doc):
+    """InfiniPot's catalyst holds the question (CaP-Q): one that leaves the pot no room to read is
+    refused as the question being too long, not as a pot that "keeps every token" after reading."""
+    ctx, _ = saved
+    _, question, _ = doc
+    res = runner.invoke(app, ["ask", "--context", str(ctx), "Tell me about the voyage. " * 250 + question])
+    assert res.exit_code == 1
+    said = res.stderr[res.stderr.index(" cells\n") + len(" cells\n"):]  # after the "reopened ..." line
+    assert_one_line_error(said, "the question is too long for the budget")
+    assert "raise the --budget the files are read with to at least" in said
+
+
 def test_chat_commands(doc, tmp_path):
     path, question, _ = doc
     ctx = tmp_path / "chat.kvctx"

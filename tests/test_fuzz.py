@@ -32,9 +32,17 @@ from kvpot.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, 
 from kvpot.errors import KvpotError
 from kvpot.gguf_file import GGUF_MAGIC, read_header_from
 
-EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 1000,
+EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))  # inputs per strategy
+# inputs per Hypothesis example: each example costs ~1-2 ms of Hypothesis's own bookkeeping (saving and
+# restoring the global random state, its tree of choices) whatever it draws, more than a raw input takes
+# to check, so the long run draws a batch of inputs per example; the short run one, derandomized
+BATCH = int(os.environ.get("KVPOT_FUZZ_BATCH", "1" if EXAMPLES <= 1000 else "25"))
+FUZZ = settings(max_examples=-(-EXAMPLES // BATCH), deadline=None, derandomize=EXAMPLES <= 1000,
                 suppress_health_check=list(HealthCheck), database=None)
+
+
+def _batch(strategy):
+    return st.lists(strategy, min_size=BATCH, max_size=BATCH)
 
 _stats: dict[str, dict] = {}
 
@@ -64,30 +72,44 @@ def _write_report() -> None:
     report = os.environ.get("KVPOT_FUZZ_REPORT")
     if report:
         with open(report, "w") as f:
-            json.dump({"examples_per_strategy": EXAMPLES, "targets": _stats}, f, indent=1)
+            json.dump({"inputs_per_strategy": EXAMPLES, "inputs_per_example": BATCH, "targets": _stats}, f, indent=1)
 
 
 def teardown_module(module) -> None:
     _write_report()
 
 
+# Every strategy below is built once, at import: a strategy made inside a composite on each draw
+# (st.sampled_from(a_list), a composite called with a new argument) is validated again every time,
+# which made Hypothesis spend most of a structured input's ~5-20 ms on validation and the long run
+# too slow to reach 100,000 inputs (docs/fuzzing.md). Mutations are drawn as a plan (what, where)
+# from a fixed strategy and applied to the bytes in plain Python.
+
 # -- mutations ---------------------------------------------------------------------------------------
 
-@st.composite
-def _mutated(draw, base: bytes) -> bytes:
+_AT = st.integers(0, 1 << 16)  # an offset, taken modulo the input's length
+_RUNS = (b"\xff" * 8, b"\x00" * 8, struct.pack("<Q", 1 << 63), struct.pack("<I", 1 << 31))
+_MUTATIONS = st.lists(st.one_of(
+    st.tuples(st.just("flip"), _AT, st.integers(0, 7)),
+    st.tuples(st.just("cut"), _AT, st.integers(1, 64)),
+    st.tuples(st.just("insert"), _AT, st.binary(min_size=1, max_size=16)),
+    st.tuples(st.just("overwrite"), _AT, st.sampled_from(_RUNS)),
+), min_size=1, max_size=4)
+
+
+def _mutate(base: bytes, plan: list[tuple]) -> bytes:
+    """Byte flips, cuts, insertions and 0xff/0x00/sign-bit runs, at offsets modulo the length."""
     data = bytearray(base)
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["flip", "cut", "insert", "overwrite"]))
-        at = draw(st.integers(0, max(len(data) - 1, 0)))
+    for kind, at, arg in plan:
+        at = at % len(data) if data else 0
         if kind == "flip" and data:
-            data[at] ^= 1 << draw(st.integers(0, 7))
+            data[at] ^= 1 << arg
         elif kind == "cut":
-            del data[at:at + draw(st.integers(1, 64))]
+            del data[at:at + arg]
         elif kind == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=16))
-        else:
-            chunk = draw(st.sampled_from([b"\xff" * 8, b"\x00" * 8, struct.pack("<Q", 1 << 63), struct.pack("<I", 1 << 31)]))
-            data[at:at + len(chunk)] = chunk
+            data[at:at] = arg
+        elif kind == "overwrite":
+            data[at:at + len(arg)] = arg
     return bytes(data)
 
 
@@ -107,17 +129,25 @@ def _good_header() -> dict:
             "engine": {"tokens_seen": 3, "policy": {"x": {"__array__": "policy.x"}}}}
 
 
+_HEADER_KEY = st.sampled_from(tuple(sorted(_good_header())))
+# replace, drop or retype some fields (a dropped key drawn again is dropped again: a no-op)
+_HEADER_EDITS = st.lists(st.one_of(st.tuples(st.just("drop"), _HEADER_KEY, st.none()),
+                                   st.tuples(st.just("replace"), _HEADER_KEY, _json),
+                                   st.tuples(st.just("keep"), _HEADER_KEY, st.none())), max_size=3)
+
+
 @st.composite
-def _header(draw) -> dict:
+def _header_strategy(draw) -> dict:
     h = _good_header()
-    for _ in range(draw(st.integers(0, 3))):  # replace, drop or retype some fields
-        key = draw(st.sampled_from(sorted(h)))
-        action = draw(st.sampled_from(["drop", "replace", "keep"]))
+    for action, key, value in draw(_HEADER_EDITS):
         if action == "drop":
             h.pop(key, None)
         elif action == "replace":
-            h[key] = draw(_json)
+            h[key] = value
     return h
+
+
+_header = _header_strategy()
 
 
 def _arrays_blob(arrays: dict[str, bytes]) -> bytes:
@@ -134,17 +164,23 @@ def _npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+_ARRAY = st.tuples(st.lists(st.integers(0, 4), max_size=3).map(tuple),           # shape
+                   st.sampled_from((np.int64, np.float32, np.int8, np.uint16)),    # dtype
+                   st.one_of(st.none(), _MUTATIONS),                               # mutations of its .npy bytes
+                   st.sampled_from(("positions", "policy.x", "a")))                # its name
+_ARRAYS = st.lists(_ARRAY, max_size=3)
+
+
 @st.composite
-def _arrays(draw) -> bytes:
+def _arrays_strategy(draw) -> bytes:
     items = {}
-    for i in range(draw(st.integers(0, 3))):
-        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
-        dtype = draw(st.sampled_from([np.int64, np.float32, np.int8, np.uint16]))
+    for i, (shape, dtype, plan, name) in enumerate(draw(_ARRAYS)):
         raw = _npy(np.zeros(shape, dtype=dtype))
-        if draw(st.booleans()):
-            raw = draw(_mutated(raw))
-        items[draw(st.sampled_from(["positions", "policy.x", f"a{i}"]))] = raw
+        items[name if name != "a" else f"a{i}"] = _mutate(raw, plan) if plan else raw
     return _arrays_blob(items)
+
+
+_arrays = _arrays_strategy()
 
 
 def _assemble(header: bytes, blobs: list[bytes], tags=_TAGS, version: int = FORMAT_VERSION) -> bytes:
@@ -163,30 +199,44 @@ def _with_digest(data: bytes) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
+_BAD_HEADER = st.one_of(st.none(), st.sampled_from((b"", b"[]", b"{", b"\xff\xfe", b"null", b'{"engine": 1}')))
+_BLOB = st.binary(max_size=64)
+_VERSION = st.sampled_from((FORMAT_VERSION,) * 6 + (0, 2))
+# mutations, and whether the checksum is recomputed after them (3 times in 4)
+_CONTEXT_MUTATION = st.one_of(st.none(), st.tuples(_MUTATIONS, st.integers(0, 3)))
+
+
 @st.composite
-def _context_file(draw) -> bytes:
-    header = json.dumps(draw(_header())).encode()
-    if draw(st.booleans()):
-        header = draw(st.sampled_from([b"", b"[]", b"{", b"\xff\xfe", b"null", b'{"engine": 1}'])) or header
-    blobs = [draw(st.binary(max_size=64)), draw(st.binary(max_size=64)), draw(_arrays())]
-    data = _assemble(header, blobs, version=draw(st.sampled_from([FORMAT_VERSION] * 6 + [0, 2])))
-    if draw(st.booleans()):
-        data = draw(_mutated(data))
-        if draw(st.integers(0, 3)):
+def _context_strategy(draw) -> bytes:
+    header = json.dumps(draw(_header)).encode()
+    bad = draw(_BAD_HEADER)
+    if bad is not None:
+        header = bad or header
+    blobs = [draw(_BLOB), draw(_BLOB), draw(_arrays)]
+    data = _assemble(header, blobs, version=draw(_VERSION))
+    mutation = draw(_CONTEXT_MUTATION)
+    if mutation is not None:
+        data = _mutate(data, mutation[0])
+        if mutation[1]:
             data = _with_digest(data)
     return data
 
 
-@FUZZ
-@given(st.binary(max_size=256))
-def test_fuzz_context_raw_bytes(data):
-    _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
+_context_file = _context_strategy()
 
 
 @FUZZ
-@given(_context_file())
-def test_fuzz_context_structured(data):
-    _check("context, structured and mutated", parse_context, data)
+@given(_batch(st.binary(max_size=256)))
+def test_fuzz_context_raw_bytes(batch):
+    for data in batch:
+        _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
+
+
+@FUZZ
+@given(_batch(_context_file))
+def test_fuzz_context_structured(batch):
+    for data in batch:
+        _check("context, structured and mutated", parse_context, data)
 
 
 def test_good_synthetic_context_is_accepted():
@@ -203,38 +253,53 @@ def _gguf_string(s: bytes) -> bytes:
 
 
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR_RAW = {t: st.binary(min_size=struct.calcsize(f), max_size=struct.calcsize(f)) for t, f in _SCALAR_FMT.items()}
+_GGUF_STRING = st.binary(max_size=12)
+
+
+def _gguf_value_strategy(depth: int):
+    """A typed GGUF value (type tag + payload); arrays of depth 0 hold values of depth 1."""
+    vtypes = st.sampled_from((4, 5, 6, 7, 8, 10, 12, 9) if depth == 0 else (4, 8, 10))
+    items = st.lists(_gguf_value_strategy(depth + 1), max_size=5) if depth == 0 else None
+    etypes = st.sampled_from((4, 8, 0))
+
+    @st.composite
+    def value(draw) -> bytes:
+        vtype = draw(vtypes)
+        if vtype == 8:
+            return struct.pack("<I", 8) + _gguf_string(draw(_GGUF_STRING))
+        if vtype == 9:
+            etype = draw(etypes)
+            elems = draw(items)  # values of other types: a mistyped array, as a broken file has
+            body = b"".join(v[4:] if etype != 0 else b"\x01" for v in elems)
+            return struct.pack("<I", 9) + struct.pack("<IQ", etype, len(elems)) + body
+        return struct.pack("<I", vtype) + draw(_SCALAR_RAW[vtype])
+
+    return value()
+
+
+_KEYS = (b"general.architecture", b"general.name", b"general.type", b"llama.block_count",
+         b"llama.attention.head_count", b"tokenizer.ggml.tokens", b"tokenizer.chat_template", b"x")
+_GGUF_ENTRIES = st.lists(st.tuples(st.sampled_from(_KEYS), _gguf_value_strategy(0)), max_size=5)
+_GGUF_VERSION = st.sampled_from((3, 3, 3, 2, 1, 4))
+_N_TENSORS = st.integers(0, 10)
+_ONE_IN_FIVE = st.integers(0, 4)
+_U64 = st.integers(0, 2**64 - 1)
+_GGUF_MUTATION = st.one_of(st.none(), _MUTATIONS)
 
 
 @st.composite
-def _gguf_value(draw, depth: int = 0) -> bytes:
-    vtype = draw(st.sampled_from([4, 5, 6, 7, 8, 10, 12, 9] if depth == 0 else [4, 8, 10]))
-    if vtype == 8:
-        return struct.pack("<I", 8) + _gguf_string(draw(st.binary(max_size=12)))
-    if vtype == 9:
-        etype = draw(st.sampled_from([4, 8, 0]))
-        n = draw(st.integers(0, 5))
-        items = b""
-        for _ in range(n):
-            items += draw(_gguf_value(depth + 1))[4:] if etype != 0 else b"\x01"
-        return struct.pack("<I", 9) + struct.pack("<IQ", etype, n) + items
-    fmt = _SCALAR_FMT[vtype]
-    raw = draw(st.binary(min_size=struct.calcsize(fmt), max_size=struct.calcsize(fmt)))
-    return struct.pack("<I", vtype) + raw
+def _gguf_strategy(draw) -> bytes:
+    entries = [_gguf_string(key) + value for key, value in draw(_GGUF_ENTRIES)]
+    version = draw(_GGUF_VERSION)
+    n_tensors = draw(_N_TENSORS)
+    n_kv = len(entries) if draw(_ONE_IN_FIVE) else draw(_U64)  # the true count 4 times in 5
+    data = GGUF_MAGIC + struct.pack("<IQQ", version, n_tensors, n_kv) + b"".join(entries)
+    plan = draw(_GGUF_MUTATION)
+    return _mutate(data, plan) if plan else data
 
 
-_KEYS = [b"general.architecture", b"general.name", b"general.type", b"llama.block_count",
-         b"llama.attention.head_count", b"tokenizer.ggml.tokens", b"tokenizer.chat_template", b"x"]
-
-
-@st.composite
-def _gguf_file(draw) -> bytes:
-    entries = [_gguf_string(draw(st.sampled_from(_KEYS))) + draw(_gguf_value()) for _ in range(draw(st.integers(0, 5)))]
-    version = draw(st.sampled_from([3, 3, 3, 2, 1, 4]))
-    n_kv = len(entries) if draw(st.integers(0, 4)) else draw(st.integers(0, 2**64 - 1))
-    data = GGUF_MAGIC + struct.pack("<IQQ", version, draw(st.integers(0, 10)), n_kv) + b"".join(entries)
-    if draw(st.booleans()):
-        data = draw(_mutated(data))
-    return data
+_gguf_file = _gguf_strategy()
 
 
 def _read_gguf(data: bytes) -> None:
@@ -242,15 +307,17 @@ def _read_gguf(data: bytes) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=128))
-def test_fuzz_gguf_raw_bytes(data):
-    _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
+@given(_batch(st.binary(max_size=128)))
+def test_fuzz_gguf_raw_bytes(batch):
+    for data in batch:
+        _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
 
 
 @FUZZ
-@given(_gguf_file())
-def test_fuzz_gguf_structured(data):
-    _check("gguf header, structured and mutated", _read_gguf, data)
+@given(_batch(_gguf_file))
+def test_fuzz_gguf_structured(batch):
+    for data in batch:
+        _check("gguf header, structured and mutated", _read_gguf, data)
 
 
 def test_gguf_header_of_a_real_model_is_accepted(smollm2_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import pytest
 
@@ -49,9 +50,15 @@ def test_hf_offline_gives_one_clear_line(tmp_path):
 
 
 def test_hf_unreachable_host_gives_one_clear_line(tmp_path):
-    # nothing listens on the discard port: the same path a machine without network takes
-    res = run_cli("pull", "hf:someone/some-model/model.Q4_0.gguf",
-                  env={"KVPOT_HOME": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"})
+    # a port this test holds bound but never listens on: connecting is refused, the same path a
+    # machine without network takes, whatever else runs on the machine (no fixed port is assumed
+    # closed, and nothing else can take this one while the socket is held); no proxy in between
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        res = run_cli("pull", "hf:someone/some-model/model.Q4_0.gguf",
+                      env={"KVPOT_HOME": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+                           "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "cannot reach Hugging Face")
 

@@ -84,6 +84,28 @@ def test_chat_turns_stay_in_the_bounded_memory(smollm2_path, doc_file):
     s.engine.close()
 
 
+def test_a_long_question_reports_progress_like_a_document(smollm2_path, doc_file):
+    """A question longer than the free cells is read through the pot chunk by chunk, with progress:
+    from 0 to every token of the turn, over several chunks; a short one reports nothing."""
+    path, question, _ = doc_file
+    s = _session(smollm2_path, policy="snapkv", budget=256, chunk=64)
+    s.read(collect_sources([str(path)]))
+    short, long_events = [], []
+    "".join(s.ask(question, on_progress=short.append))
+    assert short == []
+    long_question = "Tell me about the voyage. " * 150 + question  # more than the context's cells
+    n_turn = len(s._tokens(s.format.follow_up(long_question)))
+    assert s.engine.prompt_is_read(n_turn)
+    answer = "".join(s.ask(long_question, on_progress=long_events.append))
+    assert answer.strip()
+    read = [p.tokens for p in long_events]
+    assert read[0] == 0 and read[-1] == n_turn and read == sorted(read)
+    assert len(read) >= 2 + n_turn // 64 - 1  # the start, one event per chunk, the end
+    assert {p.est_total for p in long_events} == {n_turn}
+    assert all(p.cells <= p.capacity == s.engine.ctx.n_ctx for p in long_events)
+    s.engine.close()
+
+
 def test_reset_conversation_returns_to_the_document(smollm2_path, doc_file):
     path, question, _ = doc_file
     s = _session(smollm2_path, policy="streaming")

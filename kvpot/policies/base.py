@@ -70,6 +70,9 @@ class PotView:
 class Policy:
     """Base: keeps everything. Subclasses are small dataclasses that override what they need.
 
+    Before anything loads, where settings are validated:
+      check_budget(budget)       -> raise BudgetTooSmall when the budget can never work (SnapKV's window,
+                                    StreamingLLM's sinks, ...); select calls it too
     Hooks, in the order the engine calls them:
       fit(budget, chunk)         -> once, before anything else: the user's --budget and --chunk, mapped
                                     onto the policy's own sizes that its spec left open (None);
@@ -109,10 +112,11 @@ class Policy:
         self.check_budget(budget)
 
     def check_budget(self, budget: int) -> None:
-        """Raise BudgetTooSmall when `select` cannot keep `budget` cells (e.g. fewer than its sinks);
-        a wrapper asks its wrapped policy this for each size it will give it."""
+        """Raise BudgetTooSmall (one line; `least`: the smallest budget that works, when one does) when
+        `select` cannot keep `budget` cells (e.g. fewer than its sinks). `fit` calls it before the model
+        loads; a wrapper asks its wrapped policy this for each size it will give it."""
         if budget < 1:
-            raise BudgetTooSmall(f"{self.name} needs a budget of at least 1 cell, got {budget}")
+            raise BudgetTooSmall(f"{self.name} needs a budget of at least 1 cell, got {budget}", least=1)
 
     def set_question(self, text: str) -> None:
         pass
@@ -186,7 +190,13 @@ def same_for_all_heads(cells: np.ndarray, n_layer: int, n_head_kv: int) -> np.nd
 
 
 class BudgetTooSmall(KvpotError, ValueError):
-    """The budget cannot hold what the policy always keeps (sinks, observation window, ...)."""
+    """The budget cannot hold what the policy always keeps (sinks, observation window, ...).
+    `least`: the smallest budget that works with the policy's parameters (None: no budget helps,
+    another parameter must change)."""
+
+    def __init__(self, message: str, least: int | None = None):
+        super().__init__(message)
+        self.least = least
 
 
 def keep_ends(positions: np.ndarray, n_first: int, n_last: int) -> np.ndarray:

@@ -45,7 +45,7 @@ class H2O(Policy):
         self._acc = acc
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
-        self.check_budget(budget)
+        self.check_budget(budget)  # any budget of at least 1 cell works: heavy + recent = budget
         if view.n_cells <= budget:
             return None
         if self._acc is None:  # nothing observed yet: keep the most recent cells

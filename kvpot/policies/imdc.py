@@ -94,7 +94,8 @@ class IMDC(Wrapping):
             raise KvpotError(f"imdc: m_0 must be within [1, m_max={self.m_max}], got {self.m_0}")
 
     def fit(self, budget: int, chunk: int) -> None:
-        if self.m_max is None:
+        from_budget = self.m_max is None
+        if from_budget:
             self.m_max = budget
         elif self.m_max > budget:
             raise BudgetTooSmall(f"imdc: m_max ({self.m_max}) is more than --budget {budget}: the memory never "
@@ -102,7 +103,13 @@ class IMDC(Wrapping):
         if self.chunk is None:
             self.chunk = max(chunk, -(-self.m_max // 2))
         self._check_m_0()
-        self.pruner.fit(self.m_max, self.chunk)  # the pruner's own sizes; each step then gives it m_i
+        try:
+            self.pruner.fit(self.m_max, self.chunk)  # the pruner's own sizes; each step then gives it m_i
+        except BudgetTooSmall as e:
+            if from_budget:
+                raise  # its `least` is the budget to ask for
+            raise BudgetTooSmall(f"imdc: m_max ({self.m_max}) is too small for its pruner {self.pruner.name}, which "
+                                 f"needs at least {e.least}: raise m_max") from None
         if self._length() is not None:
             self._schedule_arrays()
 
@@ -138,8 +145,10 @@ class IMDC(Wrapping):
             try:
                 self.pruner.check_budget(smallest)
             except BudgetTooSmall as e:
+                needs = f"which needs at least {e.least}: set m_0 (imdc:...,m_0={e.least})" if e.least else f"({e}): set m_0"
                 raise BudgetTooSmall(f"imdc: over {n} chunks the {self.function} schedule keeps as few as {smallest} "
-                                     f"cells, too few for its pruner ({e}); raise m_0, the budget or the chunk") from None
+                                     f"cells, too few for its pruner {self.pruner.name}, {needs} or raise the budget or "
+                                     "the chunk") from None
             self._plan = (n_tokens, chunks, memory)
         return self._plan[1], self._plan[2]
 

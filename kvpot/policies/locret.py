@@ -64,14 +64,16 @@ class Locret(Policy):
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(head_scores=True)
 
-    def check_budget(self, budget: int) -> None:
-        self.stabilizers(budget)
-
     def stabilizers(self, budget: int) -> int:
         n_s = self.n_s if self.n_s is not None else min(2500, budget // 4)
         if n_s >= budget:
-            raise BudgetTooSmall(f"locret: budget ({budget}) must exceed the stabilizer length n_s ({n_s})")
+            raise BudgetTooSmall(f"locret: the budget ({budget}) must exceed the stabilizer length n_s ({n_s}) "
+                                 f"(or lower it: locret:n_s=N)", least=n_s + 1)
         return n_s
+
+    def check_budget(self, budget: int) -> None:
+        super().check_budget(budget)
+        self.stabilizers(budget)
 
     def after_chunk(self, view: PotView) -> None:
         n_new = view.chunk_positions.size

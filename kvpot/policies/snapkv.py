@@ -61,7 +61,8 @@ class SnapKV(Policy):
 
     def check_budget(self, budget: int) -> None:
         if self.window >= budget:
-            raise BudgetTooSmall(f"snapkv: budget ({budget}) must exceed window ({self.window})")
+            raise BudgetTooSmall(f"snapkv: the budget ({budget}) must exceed window ({self.window}), the observation "
+                                 f"window it always keeps (or lower it: snapkv:window=N)", least=self.window + 1)
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
         self.check_budget(budget)

@@ -31,8 +31,8 @@ class StreamingLLM(Policy):
 
     def check_budget(self, budget: int) -> None:
         if budget <= self.n_sink:
-            raise BudgetTooSmall(
-                f"streaming: budget ({budget}) must exceed n_sink ({self.n_sink}) to leave room for recent tokens")
+            raise BudgetTooSmall(f"streaming: the budget ({budget}) must exceed n_sink ({self.n_sink}) to leave room for "
+                                 f"recent tokens (or lower n_sink: streaming:n_sink=N)", least=self.n_sink + 1)
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
         self.check_budget(budget)
