@@ -39,6 +39,8 @@ def locret(
     heldout: int = typer.Option(4, "--heldout", min=0, help="held-out samples for the rank correlation"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
     dtype: str = typer.Option("f16", "--dtype", help="f16 or f32 weights in the adapter"),
+    cache: Path = typer.Option(None, "--cache", help="keep each sample's captured features and labels here "
+                                                     "(about 40 MB a sample for SmolLM2): a rerun reads them back"),
 ) -> None:
     """Train Locret's retaining heads for MODEL and write them as an adapter GGUF.
 
@@ -70,7 +72,8 @@ def locret(
             progress.update(fit, completed=step + 1, note=f"loss {loss:.4f}")
 
         report = train_locret(facts.path, out, sources=list(data or []) or None, n_samples=samples, length=length,
-                              n_heldout=heldout, cfg=cfg, dtype=dtype, on_capture=on_capture, on_step=on_step)
+                              n_heldout=heldout, cfg=cfg, dtype=dtype, on_capture=on_capture, on_step=on_step,
+                              cache=cache)
     err.print(f"{out}: retaining heads for {facts.name}, hidden {hidden}; loss {report.loss_before:.4f} -> "
               f"{report.loss_after:.4f} on {report.n_tokens} training tokens"
               + (f"; held-out Spearman {report.spearman:.3f}" if report.spearman is not None else ""))

@@ -132,7 +132,13 @@ def test_tiny_training_run_lowers_its_loss_and_scores_in_graph_as_torch_does(smo
         samples = make_samples(vocab, [text_dir], 2, 160, seed=1)
     finally:
         vocab.close()
-    data, layer_ids = capture_all(smollm2_path, samples, base, threads=2)
+    data, layer_ids = capture_all(smollm2_path, samples, base, threads=2, cache=tmp_path / "cache")
+    # a rerun reads the captures back instead of decoding again
+    assert len(list((tmp_path / "cache").glob("locret-*.npz"))) == len(samples)
+    again, _ = capture_all(smollm2_path, samples, base, threads=2, cache=tmp_path / "cache")
+    for a, b in zip(data, again):
+        np.testing.assert_array_equal(a.x, b.x)
+        np.testing.assert_array_equal(a.y, b.y)
     cfg = FitConfig(hidden=8, steps=40, lr=1e-2, seed=0)
     model, losses = fit(data, base, layer_ids, cfg)
     assert len(losses) == 40 and np.isfinite(losses).all()

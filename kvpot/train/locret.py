@@ -8,6 +8,7 @@ predicted scores with the labels, per (layer, KV head), averaged.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +55,18 @@ def heldout_spearman(model, data: list[Captured]) -> float:
     return float(np.mean(vals))
 
 
+def _cache_file(cache: Path, base: BaseIdentity, s: Sample) -> Path:
+    """Named by what determines the capture: the model file and the sample's tokens and split."""
+    h = hashlib.sha256(f"{base.sha256}|{s.n_prompt}|{s.kind}|".encode())
+    h.update(np.asarray(s.tokens, dtype=np.int64).tobytes())
+    return cache / f"locret-{h.hexdigest()[:32]}.npz"
+
+
 def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, threads: int,
-                on_sample=None) -> tuple[list[Captured], list[int]]:
-    """Decode each sample once with capture on; returns the captured data and the pot's layer ids."""
+                on_sample=None, cache: Path | None = None) -> tuple[list[Captured], list[int]]:
+    """Decode each sample once with capture on; returns the captured data and the pot's layer ids.
+    With a cache directory, captures are kept there and a later run (resumed, or another hidden
+    size) reads them instead of decoding again."""
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
     from kvpot.runtime.pot import Pot
 
@@ -68,7 +78,17 @@ def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, thr
         cap = Capturer(ctx, pot, base, N_BATCH)
         out = []
         for i, s in enumerate(samples):
-            out.append(cap.run(s))
+            f = _cache_file(cache, base, s) if cache else None
+            if f is not None and f.is_file():
+                with np.load(f) as z:
+                    out.append(Captured(x=z["x"], y=z["y"], kind=s.kind))
+            else:
+                out.append(cap.run(s))
+                if f is not None:
+                    cache.mkdir(parents=True, exist_ok=True)
+                    tmp = f.with_name(f.stem + ".tmp.npz")
+                    np.savez(tmp, x=out[-1].x, y=out[-1].y)
+                    tmp.replace(f)
             if on_sample:
                 on_sample(i, s)
         return out, list(pot.layer_ids)
@@ -79,7 +99,7 @@ def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, thr
 
 def train_locret(model_path: Path, out: Path, *, sources: list[Path] | None = None, n_samples: int = 48,
                  length: int = 768, n_heldout: int = 4, cfg: FitConfig | None = None, dtype: str = "f16",
-                 on_capture=None, on_step=None) -> TrainReport:
+                 on_capture=None, on_step=None, cache: Path | None = None) -> TrainReport:
     """Train retaining heads for the model at model_path and write them to out (an adapter GGUF)."""
     import_torch()  # before minutes of capture: a missing extra is one line, now
     from kvpot.runtime.llama import LlamaModel
@@ -93,7 +113,7 @@ def train_locret(model_path: Path, out: Path, *, sources: list[Path] | None = No
         held = make_samples(vocab, sources, n_heldout, length, cfg.seed + 1_000_003) if n_heldout else []
     finally:
         vocab.close()
-    data, layer_ids = capture_all(model_path, samples + held, base, cfg.threads, on_capture)
+    data, layer_ids = capture_all(model_path, samples + held, base, cfg.threads, on_capture, cache)
     train, test = data[:len(samples)], data[len(samples):]
 
     model, losses = fit(train, base, layer_ids, cfg, on_step)
