@@ -70,6 +70,7 @@ GEMMA3_270M = KnownModel(
     # budget auto: full attention up to its 32K context, InfiniPot past it with the largest pot the
     # device holds (kvpot.budget, docs/benchmarks.md)
     defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    adapters={"locret": "gemma3-270m.locret.gguf"},
 )
 
 KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}
