@@ -127,3 +127,28 @@ def test_ask_with_locret_and_foreign_heads(smollm2_path, gemma_path, smol_heads,
     res = run_cli("ask", str(doc), "Which day?", "-m", str(smollm2_path), "--policy", f"locret:heads={smol_heads}",
                   "--budget", "256", "--chunk", "64", "-n", "4")
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_shipped_heads_are_found_for_the_known_models(which, request, tmp_path):
+    """`--policy locret` without a path takes the heads shipped in models/ for a known model, found by
+    the model file's sha256; a model with none shipped (another file) still gets the one-line error."""
+    from kvpot.models.registry import GEMMA3_270M, SHIPPED_DIR, SMOLLM2_135M
+
+    path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
+    known = SMOLLM2_135M if which == "smollm2" else GEMMA3_270M
+    shipped = SHIPPED_DIR / known.adapters["locret"]
+    assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
+    heads = Locret().retaining_heads(path)
+    assert heads.base == BaseIdentity.of_model(path)
+    twin = tmp_path / "twin.gguf"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    twin.write_bytes(bytes(data))
+    with pytest.raises(KvpotError, match="locret needs retaining heads for this model"):
+        Locret().retaining_heads(twin)
+    doc = tmp_path / "log.txt"
+    doc.write_text(logbook(n_entries=8, seed=4)[0])
+    res = run_cli("ask", str(doc), "Which day?", "-m", str(path), "--policy", "locret",
+                  "--budget", "256", "--chunk", "64", "-n", "4")
+    assert res.returncode == 0, res.stderr
