@@ -66,6 +66,9 @@ def test_selection_matches_algorithm_1_over_chunks():
 def test_refusals_are_one_line():
     with pytest.raises(BudgetTooSmall, match="must exceed the stabilizer length"):
         Locret(heads="x", n_s=64).stabilizers(64)
+    with pytest.raises(BudgetTooSmall, match="must exceed the stabilizer length"):
+        Locret(heads="x", n_s=64).fit(64, 32)
+    Locret(heads="x", n_s=64).fit(65, 32)
     with pytest.raises(KvpotError, match="n_s must be"):
         make_policy("locret:n_s=-1")
     with pytest.raises(KvpotError, match="locret needs retaining heads"):

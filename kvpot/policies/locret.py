@@ -73,6 +73,11 @@ class Locret(Policy):
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(head_scores=True)
 
+    def fit(self, budget: int, chunk: int) -> None:
+        """--budget is the paper's b and --chunk its B; an unset n_s follows b (stabilizers()).
+        Raises BudgetTooSmall when b cannot hold more than the stabilizers."""
+        self.stabilizers(budget)
+
     def stabilizers(self, budget: int) -> int:
         n_s = self.n_s if self.n_s is not None else min(2500, budget // 4)
         if n_s >= budget:
