@@ -13,7 +13,7 @@ from kvpot.model_ref import resolve_model
 
 from ._common import err, user_errors
 
-app = typer.Typer(help="Train a method's parts for a model from documents on this machine (needs kvpot[train]).",
+app = typer.Typer(help="Train a method's parts for a model from documents on this machine (needs torch: the train extra).",
                   no_args_is_help=True)
 
 
@@ -56,6 +56,13 @@ def locret(
         raise KvpotError(f"--output {out}: expected a .gguf file name")
     if not out.parent.is_dir():
         raise KvpotError(f"--output {out}: directory {out.parent} does not exist")
+    for d in data or []:
+        if not d.expanduser().exists():
+            raise KvpotError(f"--data {d} does not exist")
+    if data:
+        from kvpot.train.documents import list_files
+
+        list_files(list(data))  # one line now for directories without text, not after the progress bars
     import_torch()
     facts, _ = resolve_model(model)
     cfg = FitConfig(hidden=hidden, steps=steps, lr=lr, seed=seed, threads=threads)

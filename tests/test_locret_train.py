@@ -179,3 +179,7 @@ def test_train_cli_is_one_line_without_torch(tmp_path, smollm2_path):
     res = run_cli("train", "locret", "-m", str(smollm2_path), "-o", str(tmp_path / "h.bin"))
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "expected a .gguf")
+    res = run_cli("train", "locret", "-m", str(smollm2_path), "-o", str(tmp_path / "h.gguf"), "--data",
+                  str(tmp_path / "missing"))
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "does not exist")
