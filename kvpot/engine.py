@@ -60,6 +60,8 @@ class Engine:
         facts = read_model_facts(model_path)  # a bad file never reaches llama.cpp
         if config.budget < 1 or config.chunk < 1:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
+        # the one place --budget and --chunk reach the policy: it sizes itself or refuses
+        policy.fit(config.budget, config.chunk)
         need = policy.cache_cells(config.budget, config.chunk)
         if config.cache_size(policy) < need:
             raise KvpotError(f"context size {config.cache_size(policy)} cannot hold budget {config.budget} + chunk {config.chunk}")

@@ -73,9 +73,7 @@ class Locret(Policy):
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(head_scores=True)
 
-    def fit(self, budget: int, chunk: int) -> None:
-        """--budget is the paper's b and --chunk its B; an unset n_s follows b (stabilizers()).
-        Raises BudgetTooSmall when b cannot hold more than the stabilizers."""
+    def check_budget(self, budget: int) -> None:
         self.stabilizers(budget)
 
     def stabilizers(self, budget: int) -> int:
