@@ -334,3 +334,64 @@ int32_t kvpot_pot_cell_pos(llama_context * ctx, int32_t * out, int32_t n) {
         return 0;
     });
 }
+
+// ---- Locret: training capture ----
+
+int32_t kvpot_capture_enable(llama_context * ctx, bool on) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.force_rebuild = st.force_rebuild || st.capture_on != on;
+        st.capture_on = on;
+        st.captured_qkv.clear();
+        st.captured_q.clear();
+        return 0;
+    });
+}
+
+namespace {
+
+// hand over rows of `row` floats captured for index i, then forget them
+int32_t capture_take(std::vector<std::vector<float>> & src, int32_t i, float * out, int32_t n_rows, int64_t row,
+                     const char * what) {
+    if (i < 0 || row < 1) {
+        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": bad layer or row size");
+    }
+    if (i >= (int32_t) src.size() || src[i].empty()) {
+        return 0;
+    }
+    auto & s = src[i];
+    if ((int64_t) s.size() % row != 0) {
+        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": " + std::to_string(s.size()) +
+                          " captured values are not rows of " + std::to_string(row));
+    }
+    const int64_t n_have = (int64_t) s.size() / row;
+    if (!out || n_rows < n_have) {
+        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": the output holds " + std::to_string(n_rows) +
+                          " rows, " + std::to_string(n_have) + " were captured");
+    }
+    std::copy(s.begin(), s.end(), out);
+    s.clear();
+    return (int32_t) n_have;
+}
+
+} // namespace
+
+int32_t kvpot_capture_qkv_take(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t width) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state * st = kvpot_state_find(ctx);
+        if (!st || !st->capture_on) {
+            return kvpot_fail(KVPOT_ERR_STATE, "capture is off");
+        }
+        return capture_take(st->captured_qkv, il, out, n_tokens, width, "captured [Q; K; V]");
+    });
+}
+
+int32_t kvpot_capture_q_take(llama_context * ctx, int32_t ipot, float * out, int32_t n_rows, int32_t n_head, int32_t d) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state * st = kvpot_state_find(ctx);
+        if (!st || !st->capture_on) {
+            return kvpot_fail(KVPOT_ERR_STATE, "capture is off");
+        }
+        return capture_take(st->captured_q, ipot, out, n_rows, (int64_t) n_head*d, "captured query rows");
+    });
+}

@@ -60,11 +60,13 @@ std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t
     return h;
 }
 
-ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
-                                ggml_tensor * v, int32_t il) {
+ggml_tensor * kvpot_heads_input(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v) {
     // [d, n_h, n_tokens] (possibly a view of a fused QKV) -> [d*n_h, n_tokens]
     auto flat = [&](ggml_tensor * t) { return ggml_cont_2d(ctx0, t, t->ne[0]*t->ne[1], t->ne[2]); };
-    ggml_tensor * x = ggml_concat(ctx0, ggml_concat(ctx0, flat(q), flat(k), 0), flat(v), 0); // [width, n_tokens]
+    return ggml_concat(ctx0, ggml_concat(ctx0, flat(q), flat(k), 0), flat(v), 0); // [width, n_tokens]
+}
+
+ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * x, int32_t il) {
     ggml_tensor * h = ggml_mul_mat(ctx0, heads.fc1[il], x);                                 // [hidden, n_tokens]
     h = heads.act == 0 ? ggml_silu(ctx0, h) : ggml_gelu(ctx0, h);
     return ggml_mul_mat(ctx0, heads.fc2[il], h);                                            // [n_head_kv, n_tokens]

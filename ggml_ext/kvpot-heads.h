@@ -29,7 +29,10 @@ std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t
                                               int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
                                               std::string & err);
 
-// the graph piece for layer il; q [d_k, n_head, n_tokens], k [d_k, n_head_kv, n_tokens],
-// v [d_v, n_head_kv, n_tokens] (views allowed); returns scores [n_head_kv, n_tokens]
-ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
-                                ggml_tensor * v, int32_t il);
+// the heads' input for one layer: q [d_k, n_head, n_tokens], k [d_k, n_head_kv, n_tokens],
+// v [d_v, n_head_kv, n_tokens] (views allowed) -> x = [Q; K; V] [width, n_tokens]; also what the
+// training capture returns, so trained features are the inference features by construction
+ggml_tensor * kvpot_heads_input(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
+
+// the graph piece for layer il on x from kvpot_heads_input; returns scores [n_head_kv, n_tokens]
+ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * x, int32_t il);

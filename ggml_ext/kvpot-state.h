@@ -60,7 +60,17 @@ struct kvpot_state {
     std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
     std::vector<std::vector<float>>                head_scores;   // per model layer, [n_tokens][n_head_kv] since the last take
 
-    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on); }
+    // training capture for the retaining heads (kvpot_capture_enable): per model layer the heads'
+    // input [Q; K; V] of every token, per pot layer the tapped query rows after RoPE, times kq_scale
+    bool                                           capture_on = false;
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_qkv;  // (model layer, [width, n_tokens])
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_q;    // (pot layer, [d*n_head, n_tap])
+    std::vector<std::vector<float>>                captured_qkv; // per model layer, [n_tokens][width] since the last take
+    std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
+
+    bool active() const {
+        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on;
+    }
     bool has_dead_cells() const {
         for (int32_t n : n_live) {
             if ((uint32_t) n < n_compacted) {

@@ -129,6 +129,8 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     st->pending_lp = nullptr;
     st->pending_lp_rows.clear();
     st->pending_heads.clear();
+    st->pending_qkv.clear();
+    st->pending_q.clear();
     if (!st->tap_pos.empty()) {
         for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
             for (llama_pos p : st->tap_pos) {
@@ -143,13 +145,26 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
 
 void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int32_t il) {
     kvpot_state * st = g_build.st;
-    if (!st || !st->heads || !st->heads_on || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
+    if (!st || il < 0) {
         return;
     }
-    ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, q, k, v, il); // [n_head_kv, n_tokens]
-    ggml_set_output(s);
-    ggml_build_forward_expand(gf, s);
-    st->pending_heads.push_back({il, s});
+    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size();
+    if (!score && !st->capture_on) {
+        return;
+    }
+    ggml_tensor * x = kvpot_heads_input(ctx0, q, k, v); // [width, n_tokens]
+    if (st->capture_on) {
+        // training reads the very tensor the heads read
+        ggml_set_output(x);
+        ggml_build_forward_expand(gf, x);
+        st->pending_qkv.push_back({il, x});
+    }
+    if (score) {
+        ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, x, il); // [n_head_kv, n_tokens]
+        ggml_set_output(s);
+        ggml_build_forward_expand(gf, s);
+        st->pending_heads.push_back({il, s});
+    }
 }
 
 ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
@@ -187,6 +202,13 @@ void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, c
     // the tapped query rows: [d, n_head, n_tap] -> [d, n_tap, n_head]
     ggml_tensor * qc = ggml_is_contiguous(q) ? q : ggml_cont(ctx0, q);
     ggml_tensor * qr = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, qc, d*n_head, n_tokens), g_build.rows_t);
+    if (g_build.st->capture_on) {
+        // Locret's labels: q·k of these rows is the pre-softmax score once q carries kq_scale
+        ggml_tensor * qs = ggml_scale(ctx0, qr, kq_scale); // [d*n_head, n_tap]
+        ggml_set_output(qs);
+        ggml_build_forward_expand(gf, qs);
+        g_build.st->pending_q.push_back({ipot, qs});
+    }
     qr = ggml_permute(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tap), 0, 2, 1, 3);
 
     // [d, n_kv, n_head_kv]; query head h reads KV head h / n_group (ggml's mul_mat broadcast, as in llama.cpp)
@@ -270,7 +292,8 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(res);
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
-    if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty())) {
+    if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty() &&
+                st->pending_qkv.empty() && st->pending_q.empty())) {
         return;
     }
     ggml_backend_sched_synchronize(lctx->get_sched());
@@ -302,6 +325,22 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
     }
     st->pending_heads.clear();
+    // training capture, appended the same way
+    auto append = [](std::vector<std::vector<float>> & dst, const std::vector<std::pair<int32_t, ggml_tensor *>> & src) {
+        for (const auto & [i, t] : src) {
+            if (i >= (int32_t) dst.size()) {
+                dst.resize(i + 1);
+            }
+            auto & out = dst[i];
+            const size_t n0 = out.size();
+            out.resize(n0 + ggml_nelements(t));
+            ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
+        }
+    };
+    append(st->captured_qkv, st->pending_qkv);
+    append(st->captured_q, st->pending_q);
+    st->pending_qkv.clear();
+    st->pending_q.clear();
     if (st->pending_lp) {
         buf.resize(ggml_nelements(st->pending_lp));
         ggml_backend_tensor_get(st->pending_lp, buf.data(), 0, ggml_nbytes(st->pending_lp));

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 6
+#define KVPOT_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -153,6 +153,23 @@ KVPOT_API int32_t kvpot_heads_enable(struct llama_context * ctx, bool on);
 // scores of model layer il for the tokens decoded since the last take, in decode order:
 // out[t*n_head_kv + h]; returns the number of tokens and forgets them
 KVPOT_API int32_t kvpot_heads_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
+
+// ---- Locret: training capture for the retaining heads (issue 13) ----
+
+// capture (on) or not (off, the default) what training the retaining heads needs, in every following
+// decode: per model layer the heads' input [Q; K; V] of each token (the tensor kvpot_heads_set's heads
+// read, before RoPE), and per pot layer the query rows tapped by kvpot_tap_request after RoPE, times
+// the attention's kq_scale (so q·k is the pre-softmax score). Switching drops what was captured;
+// kvpot_pot_reset switches it off.
+KVPOT_API int32_t kvpot_capture_enable(struct llama_context * ctx, bool on);
+
+// [Q; K; V] of model layer il for the tokens decoded since the last take, in decode order:
+// out[t*width + e]; returns the number of tokens and forgets them
+KVPOT_API int32_t kvpot_capture_qkv_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t width);
+
+// tapped query rows of pot layer ipot since the last take, in decode order: out[(r*n_head + h)*d + e];
+// returns the number of rows and forgets them
+KVPOT_API int32_t kvpot_capture_q_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_rows, int32_t n_head, int32_t d);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+# trained parts shipped in this directory beside the registry (adapter GGUFs, docs/formats.md)
+SHIPPED_DIR = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,9 @@ class KnownModel:
     parts: tuple[WheelMember, ...]
     # defaults the CLI uses unless overridden
     defaults: dict = field(default_factory=dict)
+    # adapter GGUFs shipped in SHIPPED_DIR, by what they are for ("locret": retaining heads);
+    # how each was made is in docs/locret.md
+    adapters: dict = field(default_factory=dict)
 
 
 SMOLLM2_135M = KnownModel(
@@ -44,6 +51,7 @@ SMOLLM2_135M = KnownModel(
     # device holds (kvpot.budget); plain completion prompts, because this model retrieves from long
     # documents far more reliably without its chat template (DESIGN.md)
     defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
+    adapters={"locret": "smollm2-135m.locret.gguf"},
 )
 
 GEMMA3_270M = KnownModel(
@@ -62,9 +70,19 @@ GEMMA3_270M = KnownModel(
     # budget auto: full attention up to its 32K context, InfiniPot past it with the largest pot the
     # device holds (kvpot.budget, docs/benchmarks.md)
     defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    adapters={"locret": "gemma3-270m.locret.gguf"},
 )
 
 KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}
+
+
+def shipped_adapter(kind: str, sha256: str) -> Path | None:
+    """The adapter of this kind shipped for the known model with this GGUF sha256, if any."""
+    for m in KNOWN.values():
+        if m.sha256 == sha256 and kind in m.adapters:
+            path = SHIPPED_DIR / m.adapters[kind]
+            return path if path.is_file() else None
+    return None
 # the base Gemma retrieves from long documents where SmolLM2-Instruct does not: on the 8K-token
 # sample logbook (`kvpot demo`) Gemma answers the strongbox code, SmolLM2 invents one
 DEFAULT_MODEL = GEMMA3_270M.name

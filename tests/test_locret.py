@@ -66,6 +66,9 @@ def test_selection_matches_algorithm_1_over_chunks():
 def test_refusals_are_one_line():
     with pytest.raises(BudgetTooSmall, match="must exceed the stabilizer length"):
         Locret(heads="x", n_s=64).stabilizers(64)
+    with pytest.raises(BudgetTooSmall, match="must exceed the stabilizer length"):
+        Locret(heads="x", n_s=64).fit(64, 32)
+    Locret(heads="x", n_s=64).fit(65, 32)
     with pytest.raises(KvpotError, match="n_s must be"):
         make_policy("locret:n_s=-1")
     with pytest.raises(KvpotError, match="locret needs retaining heads"):
@@ -125,5 +128,30 @@ def test_ask_with_locret_and_foreign_heads(smollm2_path, gemma_path, smol_heads,
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "was made for another model")
     res = run_cli("ask", str(doc), "Which day?", "-m", str(smollm2_path), "--policy", f"locret:heads={smol_heads}",
+                  "--budget", "256", "--chunk", "64", "-n", "4")
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_shipped_heads_are_found_for_the_known_models(which, request, tmp_path):
+    """`--policy locret` without a path takes the heads shipped in models/ for a known model, found by
+    the model file's sha256; a model with none shipped (another file) still gets the one-line error."""
+    from kvpot.models.registry import GEMMA3_270M, SHIPPED_DIR, SMOLLM2_135M
+
+    path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
+    known = SMOLLM2_135M if which == "smollm2" else GEMMA3_270M
+    shipped = SHIPPED_DIR / known.adapters["locret"]
+    assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
+    heads = Locret().retaining_heads(path)
+    assert heads.base == BaseIdentity.of_model(path)
+    twin = tmp_path / "twin.gguf"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    twin.write_bytes(bytes(data))
+    with pytest.raises(KvpotError, match="locret needs retaining heads for this model"):
+        Locret().retaining_heads(twin)
+    doc = tmp_path / "log.txt"
+    doc.write_text(logbook(n_entries=8, seed=4)[0])
+    res = run_cli("ask", str(doc), "Which day?", "-m", str(path), "--policy", "locret",
                   "--budget", "256", "--chunk", "64", "-n", "4")
     assert res.returncode == 0, res.stderr

@@ -17,7 +17,7 @@ class Locret(Policy):
     Retaining Heads", section 3.3 and Algorithm 1) on the pot.
 
     heads: the retaining-heads adapter GGUF (`kvpot convert locret`, `kvpot train locret`), checked
-           against the model before use
+           against the model before use; empty: the heads shipped for a known model (models/)
     n_s:   stabilizer length: at every compaction the newest n_s cells of each (layer, KV head) are
            kept whatever their score, for a continuous local context (default: a quarter of the
            budget, at most the paper's 2500)
@@ -51,12 +51,21 @@ class Locret(Policy):
     # -- engine hooks ---------------------------------------------------------------------------
 
     def retaining_heads(self, model_path: Path):
-        if not self.heads:
-            raise KvpotError("locret needs retaining heads: --policy locret:heads=HEADS.gguf "
-                             "(made by `kvpot convert locret` or `kvpot train locret`)")
         from kvpot.converters.adapter import read_retaining_heads
 
-        return read_retaining_heads(Path(self.heads).expanduser(), model=model_path)
+        path = Path(self.heads).expanduser() if self.heads else None
+        if path is None:  # the heads shipped for a known model (models/registry.py), found by its sha256
+            from kvpot.model_hash import model_sha256
+            from kvpot.models.registry import shipped_adapter
+
+            try:
+                path = shipped_adapter("locret", model_sha256(model_path))
+            except OSError:  # no model file to hash: nothing shipped can be for it
+                path = None
+        if path is None:
+            raise KvpotError("locret needs retaining heads for this model: --policy locret:heads=HEADS.gguf "
+                             "(made by `kvpot train locret` or `kvpot convert locret`)")
+        return read_retaining_heads(path, model=model_path)
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return budget + chunk + self.n_loc

@@ -92,6 +92,14 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_heads_enable", ctypes.c_int32, [c_ctx_p, ctypes.c_bool]),
     # int32_t kvpot_heads_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv);
     ("kvpot_heads_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
+    # int32_t kvpot_capture_enable(struct llama_context * ctx, bool on);
+    ("kvpot_capture_enable", ctypes.c_int32, [c_ctx_p, ctypes.c_bool]),
+    # int32_t kvpot_capture_qkv_take(struct llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t width);
+    ("kvpot_capture_qkv_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32]),
+    # int32_t kvpot_capture_q_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_rows,
+    #                              int32_t n_head, int32_t d);
+    ("kvpot_capture_q_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32,
+                                              ctypes.c_int32]),
 ]
 
 

@@ -170,3 +170,24 @@ class Pot:
         n = self._check("kvpot_heads_take", self.lib.kvpot_heads_take(
             self.ctx, il, out.ctypes.data_as(api.c_f32_p), n_tokens, n_kv))
         return out[:n]
+
+    # -- training capture for the retaining heads ------------------------------------------------
+
+    def capture(self, on: bool) -> None:
+        """Capture, in every following decode, each layer's heads input [Q; K; V] and the tapped
+        query rows (after RoPE, times kq_scale); switching drops what was captured."""
+        self._check("kvpot_capture_enable", self.lib.kvpot_capture_enable(self.ctx, on))
+
+    def take_qkv(self, il: int, n_tokens: int, width: int) -> np.ndarray:
+        """[n, width] heads input of model layer il for the n <= n_tokens tokens decoded since the last take."""
+        out = np.zeros((n_tokens, width), dtype=np.float32)
+        n = self._check("kvpot_capture_qkv_take", self.lib.kvpot_capture_qkv_take(
+            self.ctx, il, out.ctypes.data_as(api.c_f32_p), n_tokens, width))
+        return out[:n]
+
+    def take_q(self, ipot: int, n_rows: int, n_head: int, head_dim: int) -> np.ndarray:
+        """[n, n_head, head_dim] tapped query rows of pot layer ipot (after RoPE, times kq_scale)."""
+        out = np.zeros((n_rows, n_head, head_dim), dtype=np.float32)
+        n = self._check("kvpot_capture_q_take", self.lib.kvpot_capture_q_take(
+            self.ctx, ipot, out.ctypes.data_as(api.c_f32_p), n_rows, n_head, head_dim))
+        return out[:n]

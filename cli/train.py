@@ -1,0 +1,86 @@
+"""`kvpot train ...`: train a method's parts for a model on this machine (torch: the `train` extra).
+One subcommand per trained method; each writes an adapter GGUF (docs/formats.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from kvpot.errors import KvpotError
+from kvpot.model_ref import resolve_model
+
+from ._common import err, user_errors
+
+app = typer.Typer(help="Train a method's parts for a model from documents on this machine (needs torch: the train extra).",
+                  no_args_is_help=True)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeRemainingColumn(), console=err, transient=False)
+
+
+@app.command("locret")
+@user_errors
+def locret(
+    model: str = typer.Option(..., "--model", "-m", help="a known model name or a path to a .gguf file"),
+    out: Path = typer.Option(..., "--output", "-o", help="the adapter GGUF to write"),
+    data: list[Path] = typer.Option(None, "--data", "-d",
+                                    help="text files or directories to train on (repeatable; default: this "
+                                         "Python's standard library and /usr/share/doc)"),
+    samples: int = typer.Option(48, "--samples", min=1, help="training samples (prompt + answer)"),
+    length: int = typer.Option(768, "--length", min=128, max=32768, help="tokens per sample"),
+    steps: int = typer.Option(240, "--steps", min=1, help="optimiser steps (one sample each)"),
+    hidden: int = typer.Option(32, "--hidden", min=1, max=4096, help="the heads' intermediate size d_R (paper: 1024)"),
+    lr: float = typer.Option(2e-3, "--lr", min=0.0, help="peak learning rate (paper: 5e-4 over 3000 steps)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the samples, the initialisation and the sample order"),
+    heldout: int = typer.Option(4, "--heldout", min=0, help="held-out samples for the rank correlation"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    dtype: str = typer.Option("f16", "--dtype", help="f16 or f32 weights in the adapter"),
+    cache: Path = typer.Option(None, "--cache", help="keep each sample's captured features and labels here "
+                                                     "(about 40 MB a sample for SmolLM2): a rerun reads them back"),
+) -> None:
+    """Train Locret's retaining heads for MODEL and write them as an adapter GGUF.
+
+    Features ([Q; K; V] before RoPE) and labels (the answer's largest pre-softmax score on each
+    prompt token) come from the patched llama.cpp reading the samples; the fit uses torch.
+    """
+    from kvpot.train.locret import train_locret
+    from kvpot.train.locret_fit import FitConfig, import_torch
+
+    if dtype not in ("f16", "f32"):
+        raise KvpotError(f"--dtype must be f16 or f32, not {dtype!r}")
+    if out.suffix != ".gguf":
+        raise KvpotError(f"--output {out}: expected a .gguf file name")
+    if not out.parent.is_dir():
+        raise KvpotError(f"--output {out}: directory {out.parent} does not exist")
+    for d in data or []:
+        if not d.expanduser().exists():
+            raise KvpotError(f"--data {d} does not exist")
+    if data:
+        from kvpot.train.documents import list_files
+
+        list_files(list(data))  # one line now for directories without text, not after the progress bars
+    import_torch()
+    facts, _ = resolve_model(model)
+    cfg = FitConfig(hidden=hidden, steps=steps, lr=lr, seed=seed, threads=threads)
+    with _progress() as progress:
+        cap = progress.add_task("reading samples", total=samples + heldout, note="")
+        fit = progress.add_task("training", total=steps, note="", start=False)
+
+        def on_capture(i, s):
+            progress.update(cap, completed=i + 1, note=f"{s.kind}, {len(s.tokens)} tokens")
+
+        def on_step(step, loss):
+            if step == 0:
+                progress.start_task(fit)
+            progress.update(fit, completed=step + 1, note=f"loss {loss:.4f}")
+
+        report = train_locret(facts.path, out, sources=list(data or []) or None, n_samples=samples, length=length,
+                              n_heldout=heldout, cfg=cfg, dtype=dtype, on_capture=on_capture, on_step=on_step,
+                              cache=cache)
+    err.print(f"{out}: retaining heads for {facts.name}, hidden {hidden}; loss {report.loss_before:.4f} -> "
+              f"{report.loss_after:.4f} on {report.n_tokens} training tokens"
+              + (f"; held-out Spearman {report.spearman:.3f}" if report.spearman is not None else ""))
