@@ -12,6 +12,8 @@
 
 struct ggml_tensor;
 struct kvpot_heads;
+struct kvpot_gate;
+struct kvpot_memory;
 
 struct kvpot_tap_out {
     int32_t       ipot;   // index of the pot layer
@@ -59,6 +61,13 @@ struct kvpot_state {
     bool                                           heads_on = true; // score while decoding (off: answering)
     std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
     std::vector<std::vector<float>>                head_scores;   // per model layer, [n_tokens][n_head_kv] since the last take
+
+    // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
+    // memory M, z to the document (zeroed by the reset). While memory->n_folded > 0 every pot layer
+    // mixes its read-out into the attention output (kvpot-memory.cpp)
+    std::shared_ptr<kvpot_gate>   gate;
+    std::shared_ptr<kvpot_memory> memory;
+    bool memory_live() const;
 
     bool active() const { return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on); }
     bool has_dead_cells() const {
