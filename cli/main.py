@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import ask, bench, build, convert, doctor, models, rpc, run
+from . import ask, bench, build, convert, doctor, models, rpc, run, train
 from ._crash import enable_crash_reports
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.command()(build.build)
 app.command(name="rpc-server")(rpc.rpc_server)
 app.add_typer(bench.app, name="bench")
 app.add_typer(convert.app, name="convert")
+app.add_typer(train.app, name="train")
 
 
 def main() -> None:
