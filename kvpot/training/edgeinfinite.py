@@ -203,7 +203,7 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
             if step % 10 == 0 or step == cfg.steps - 1:
                 recent = losses[-10:]
                 log(f"step {step + 1}/{cfg.steps}  loss {sum(recent) / len(recent):.4f}  "
-                    f"sigmoid(g) {float(torch.sigmoid(gate.params['g']).mean()):.3f}  {time.time() - t0:.0f}s")
+                    f"sigmoid(g) {float(torch.sigmoid(gate.params['g'].detach()).mean()):.3f}  {time.time() - t0:.0f}s")
     finally:
         tok_model.close()
     source = (f"kvpot train edgeinfinite: {cfg.steps} steps, L_sink {cfg.L_sink}, L_seg {cfg.L_seg}, "
