@@ -78,3 +78,12 @@ def test_gate_for_another_model_is_refused(smollm2_path, gemma_path, tmp_path):
                   f"edgeinfinite:gate={gemma_gate}", "--budget", "256", "--chunk", "64", "-n", "4")
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "was made for another model")
+
+
+def test_the_shipped_gate_is_found_for_its_model_only(smollm2_path, gemma_path):
+    from kvpot.errors import KvpotError
+
+    gate = EdgeInfinite().memory_gate(smollm2_path)
+    assert gate.layers == list(range(30)) and gate.base.arch == "llama"
+    with pytest.raises(KvpotError, match="needs a memory gate"):
+        EdgeInfinite().memory_gate(gemma_path)
