@@ -80,10 +80,15 @@ def test_gate_for_another_model_is_refused(smollm2_path, gemma_path, tmp_path):
     assert_one_line_error(res.stderr, "was made for another model")
 
 
-def test_the_shipped_gate_is_found_for_its_model_only(smollm2_path, gemma_path):
-    from kvpot.errors import KvpotError
 
-    gate = EdgeInfinite().memory_gate(smollm2_path)
+def test_the_shipped_gate_loads_for_its_model_only(smollm2_path, gemma_path):
+    from pathlib import Path
+
+    import kvpot.models
+    from kvpot.converters.adapter import read_memory_gate
+
+    shipped = Path(kvpot.models.__file__).parent / "smollm2-135m.edgeinfinite.gguf"
+    gate = EdgeInfinite(gate=str(shipped)).memory_gate(smollm2_path)
     assert gate.layers == list(range(30)) and gate.base.arch == "llama"
-    with pytest.raises(KvpotError, match="needs a memory gate"):
-        EdgeInfinite().memory_gate(gemma_path)
+    with pytest.raises(AdapterError, match="another model"):
+        read_memory_gate(shipped, model=gemma_path)

@@ -23,8 +23,7 @@ class EdgeInfinite(Policy):
     Edge Devices", section 3.2 and Algorithm 1) on the pot.
 
     gate:     the memory-gating adapter GGUF (adapter.type = kvpot.memory_gate, `kvpot train edgeinfinite`),
-              checked against the model; "init" runs the untrained gate (the ablation); unset: the gate
-              shipped in kvpot/models/ for this model file, if there is one
+              checked against the model; "init" runs the untrained gate (the ablation)
     L_sink:   sink tokens kept in the cache (paper: 300)
     L_window: most recent tokens kept in the cache (paper: 200)
     L_seg:    segment length: whenever the tokens past the sink, less the window, reach L_seg, whole
@@ -113,12 +112,11 @@ class EdgeInfinite(Policy):
         from kvpot.converters.adapter import BaseIdentity, initial_memory_gate, read_memory_gate
 
         if not self.gate:
-            shipped = shipped_gate(Path(model_path))
-            if shipped is None:
-                raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "
-                                 "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
-            gate = read_memory_gate(shipped, model=model_path)
-        elif self.gate == "init":
+            # no default: the gate shipped for SmolLM2 (models/) is measured worse than the untrained one
+            # (docs/benchmarks.md), so kvpot does not pick a gate for the user
+            raise KvpotError("edgeinfinite needs a memory gate: --policy edgeinfinite:gate=GATE.gguf "
+                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
+        if self.gate == "init":
             gate = initial_memory_gate(model_path)
         else:
             gate = read_memory_gate(Path(self.gate).expanduser(), model=model_path)
@@ -170,18 +168,3 @@ class EdgeInfinite(Policy):
         self._fold = None
         self._has_memory = False
 
-
-def shipped_gate(model_path: Path) -> Path | None:
-    """The memory gate shipped with kvpot (models/*.edgeinfinite.gguf) made for this very model file."""
-    import kvpot.models
-    from kvpot.gguf_file import read_header
-    from kvpot.model_hash import model_sha256
-
-    gates = sorted(Path(kvpot.models.__file__).parent.glob("*.edgeinfinite.gguf"))
-    if not gates:
-        return None
-    sha = model_sha256(model_path)
-    for g in gates:
-        if read_header(g).get("kvpot.base.sha256") == sha:
-            return g
-    return None
