@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from kvpot.models.registry import DEFAULT_MODEL
 from rich.table import Table
 
-from kvpot.checks import check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.errors import KvpotError
-from kvpot.ingest import collect_sources, looks_like_input
-from kvpot.model_ref import resolve_model
-from kvpot.models.registry import DEFAULT_MODEL, KNOWN
-from kvpot.policies import make_policy
-from kvpot.reading_plan import plan_reading
+from kvpot.ingest import looks_like_input
 from kvpot.safe_write import resolve_target
-from kvpot.session import Session, answer_reserve
-from kvpot.settings import AUTO, resolve_settings
+from kvpot.session import Session
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
-from ._interrupt import Interrupts
+from ._session import answer, new_session, reopen_session, save
 from .reading import read_with_progress
 
 MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
@@ -44,96 +37,6 @@ PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest answer, in tokens")]
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
 RpcOpt = Annotated[str, typer.Option("--rpc", help=RPC_HELP)]
-
-
-def _budget(raw: str | None) -> int | str | None:
-    if raw is None or raw == AUTO:
-        return raw
-    try:
-        return int(raw)
-    except ValueError:
-        raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
-
-
-def _settings(model: str, policy, budget, chunk, threads, prompt, max_tokens):
-    budget = _budget(budget)
-    check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
-    known = KNOWN.get(model)
-    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
-           "max_tokens": max_tokens}
-    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    # a bad spec is refused before the model loads (an automatic budget is checked with a stand-in)
-    make_policy((replace(settings, budget=1024) if settings.budget == AUTO else settings).policy_spec())
-    return settings
-
-
-def _new_session(inputs: list[str], glob: str, model: str, question: str | None, **opts) -> tuple[Session, object]:
-    settings = _settings(model, **opts)  # options first: they are cheap to check
-    sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
-    facts, known = resolve_model(model)
-    plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
-                        reserve=answer_reserve(settings))
-    if plan.note:
-        err.print(plan.note, soft_wrap=True)
-    settings = plan.settings
-    check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
-    with err.status(f"loading {facts.name}"):
-        session = Session(facts, known.name if known else facts.name, settings)
-    if question:
-        session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
-    check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
-    return session, sources
-
-
-def _reopen(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
-    from kvpot.context_file import check_context_path, read_context
-
-    check_threads(threads)
-    context = check_context_path(context)
-    name = model or read_context(context).header["model"]["name"]
-    if model is None and name not in KNOWN:
-        name = read_context(context).header["model"]["path"]
-    facts, known = resolve_model(name)
-    with err.status(f"reopening {context}"):
-        session = Session.reopen(context, facts, known.name if known else facts.name, threads)
-    if max_tokens is not None:  # the answer's length is not part of the saved state
-        session.set_max_tokens(max_tokens)
-    err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "
-              f"{', '.join(s['name'] for s in session.sources)} in {session.engine.n_cells:,} cells")
-    return session
-
-
-def _answer(session: Session, question: str) -> bool | None:
-    """Stream the answer to stdout; Ctrl-C stops it. Returns False when stopped, None when the model
-    produced no answer (said on stderr, never a silent blank line)."""
-    said = ""
-    with Interrupts() as stop:
-        for piece in session.ask(question):
-            said += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            if stop.hit:
-                sys.stdout.write("\n")
-                err.print("[yellow]answer stopped[/yellow]")
-                return False
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    if not said.strip():
-        err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",
-                  soft_wrap=True)
-        return None
-    return True
-
-
-def _save(session: Session, path: Path | str) -> bool:
-    """Save the context; a failure is one line and the caller goes on (the answer, the chat)."""
-    try:
-        size = session.save(path)
-    except KvpotError as e:
-        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        return False
-    err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)")
-    return True
 
 
 def _refuse_ignored(context: Path | None, **given) -> None:
@@ -180,22 +83,22 @@ def ask(
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
-        session = _reopen(context, model, threads, max_tokens)
+        session = reopen_session(context, model, threads, max_tokens)
         session.set_question(question)
     else:
         if not inputs:
             raise KvpotError("pass the files to read before the question (or --context PATH)")
         connect_rpc(rpc)
-        session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
+        session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
-    saved = _save(session, save_context) if save_context is not None else True
-    completed = _answer(session, question)
-    session.engine.close()
-    if completed is None:
-        raise typer.Exit(NO_ANSWER_EXIT)
-    if not completed:
+    saved = save(session, save_context) if save_context is not None else True
+    said = answer(session, question)
+    session.close()
+    if said.stopped:
         raise typer.Exit(130)
+    if said.empty:
+        raise typer.Exit(NO_ANSWER_EXIT)
     if not saved:
         raise typer.Exit(1)  # the answer was printed; the exit status still says the save failed
 
@@ -234,7 +137,7 @@ def _command(session: Session, line: str) -> bool:
         if not arg.strip():
             err.print("[yellow]usage: /save PATH[/yellow]")
         else:
-            _save(session, Path(arg.strip()).expanduser())  # a failure is one line; the chat goes on
+            save(session, Path(arg.strip()).expanduser())  # a failure is one line; the chat goes on
     else:
         err.print(f"[yellow]unknown command {cmd}; /help lists them[/yellow]")
     return True
@@ -268,18 +171,18 @@ def chat(
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
-        session = _reopen(context, model, threads, max_tokens)
+        session = reopen_session(context, model, threads, max_tokens)
     else:
         if not inputs:
             raise KvpotError("pass the files to read (or --context PATH)")
         if "-" in inputs:
             raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
         connect_rpc(rpc)
-        session, sources = _new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
+        session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
                                         chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
         read_with_progress(session, sources)
     if save_context is not None:
-        _save(session, save_context)
+        save(session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
     while True:
         try:
@@ -296,7 +199,7 @@ def chat(
                 break
             continue
         try:
-            _answer(session, line)
+            answer(session, line)
         except KvpotError as e:
             err.print(f"[red]error:[/red] {e}")
     session.engine.close()

@@ -12,7 +12,7 @@ from kvpot.bench.throughput import ThroughputPlan, run_plan
 from kvpot.errors import KvpotError
 from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL
-from kvpot.policies import make_policy
+from kvpot.policies import build_policy, make_policy
 
 from ._common import err, user_errors
 
@@ -36,7 +36,7 @@ def throughput(
 ) -> None:
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill."""
     facts, _ = resolve_model(model)
-    make_policy(policy)  # refuse a bad spec before any process starts
+    build_policy(policy, budget, chunk)  # refuse a bad spec or budget before any process starts
     if budget + chunk > 1 << 20:
         raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
@@ -87,7 +87,7 @@ def niah(
         raise KvpotError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
     facts, _ = resolve_model(model)
     for spec in policy:
-        make_policy(spec)
+        build_policy(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
@@ -167,7 +167,7 @@ def ppl(
 
     facts, _ = resolve_model(model)
     for spec in policy:
-        make_policy(spec)
+        build_policy(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
     text = read_document(file)
     lm = LlamaModel(str(facts.path))
     tokens = lm.tokenize(text)[: max_tokens or None]

@@ -140,15 +140,16 @@ def pot_cells(cells: int, n_ctx_train: int, reserve: int, chunk: int) -> int:
 
 
 def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int, limit: int,
-                 exact: bool = True) -> int:
+                 exact: bool = True, asked: bool = False) -> int:
     """`--policy full`: the cells the document needs; refuses before reading when they cannot fit
-    `limit` (the device's or the user's) or the model's trained context."""
+    `limit` (the device's, or the user's when `asked`) or the model's trained context."""
     cap = min(limit, n_ctx_train or limit)
     if doc_tokens is None:
         return max(MIN_CELLS, cap - reserve - chunk)
     need = doc_tokens + chunk + reserve
     if need > cap:
-        which = "the model's trained context" if cap == n_ctx_train else "the memory for"
+        which = ("the model's trained context" if cap == n_ctx_train and not (asked and limit == cap) else
+                 "the context size asked for," if asked else "the memory for")
         size = f"{doc_tokens:,} tokens" if exact else f"more than {doc_tokens:,} tokens (counting stopped there)"
         raise KvpotError(f"full attention keeps every token: the input is {size}, {need:,} cells with "
                          f"reading ({chunk}) and answering ({reserve}) room, more than {which} {cap:,} cells; "

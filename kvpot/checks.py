@@ -89,11 +89,12 @@ def _gib(n: int) -> str:
 
 def check_settings_fit(facts: ModelFacts, settings) -> None:
     """The context `Session` would create for these settings, checked before the model loads."""
-    from kvpot.policies import make_policy
+    from kvpot.policies import build_policy
     from kvpot.session import answer_reserve
 
     reserve = answer_reserve(settings)
-    n_ctx = make_policy(settings.policy_spec()).cache_cells(settings.budget, settings.chunk) + reserve
+    policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
+    n_ctx = policy.cache_cells(settings.budget, settings.chunk) + reserve
     check_memory(facts, n_ctx, settings.chunk, facts.n_vocab, settings.budget, settings.chunk, settings.max_tokens)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path

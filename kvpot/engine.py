@@ -62,6 +62,8 @@ class Engine:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
         # EdgeInfinite's gate, checked against the model; its memory counts against the budget
         gate = policy.memory_gate(model_path)
+        # the one place --budget and --chunk reach the policy: it sizes itself or refuses
+        policy.fit(config.budget, config.chunk)
         need = policy.cache_cells(config.budget, config.chunk)
         if config.cache_size(policy) < need:
             raise KvpotError(f"context size {config.cache_size(policy)} cannot hold budget {config.budget} + chunk {config.chunk}")

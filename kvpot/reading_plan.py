@@ -68,7 +68,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     if settings.budget != AUTO:  # --policy full --budget N: a context of N cells, as asked
         limit, why = settings.budget, f"--budget {settings.budget}"
     else:
-        wants_logprobs = False if full else make_policy(replace(settings, budget=1024).policy_spec()).before_chunk(chunk).logprobs
+        wants_logprobs = False if full else make_policy(settings.policy).before_chunk(chunk).logprobs
         mem = memory or device_budget.device_memory()
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1)
         limit, why = plan.cells, plan.reason
@@ -76,7 +76,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     tokens = count_tokens(facts, settings.prompt, sources, min(limit, n_ctx_train))
     if full:
         exact = tokens is None or tokens <= min(limit, n_ctx_train)
-        cells = device_budget.full_context(n_ctx_train, tokens, reserve, chunk, limit, exact=exact)
+        cells = device_budget.full_context(n_ctx_train, tokens, reserve, chunk, limit, exact=exact,
+                                           asked=settings.budget != AUTO)
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
                 else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
         return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}")

@@ -70,7 +70,7 @@ class Session:
         self.facts = facts
         self.model_name = model_name
         self.settings = settings
-        self.policy_spec = settings.policy_spec()
+        self.policy_spec = settings.policy  # sized by --budget and --chunk (Policy.fit, in the engine)
         reserve = answer_reserve(settings)
         self.engine = Engine(str(facts.path), make_policy(self.policy_spec), EngineConfig(
             budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,

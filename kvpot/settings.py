@@ -16,7 +16,7 @@ from kvpot.prompting import PROMPT_CHOICES
 
 @dataclass(frozen=True)
 class RunSettings:
-    policy: str = "infinipot"   # a policy spec; a bare "infinipot" takes |M| = budget, |C| = budget / 2
+    policy: str = "infinipot"   # a policy spec; sizes it leaves open follow the budget (Policy.fit)
     budget: int | str = "auto"  # cells the memory may hold (InfiniPot's pot |M|; what others keep), or
                                 # "auto": sized from the device (kvpot.budget; cli/ask.py resolves it)
     chunk: int = 512            # tokens per step
@@ -39,20 +39,15 @@ class RunSettings:
             raise KvpotError(f"{n('max_tokens')} must be at least 1, got {self.max_tokens}")
         if self.threads < 0:
             raise KvpotError(f"{n('threads')} must be at least 1 (0: every core), got {self.threads}")
-        return replace(self, threads=self.threads or max(1, os.cpu_count() or 1))
-
-    def policy_spec(self) -> str:
-        """The policy with the budget filled in where the spec leaves it open."""
-        name, _, args = self.policy.partition(":")
-        if name == "infinipot" and "pot=" not in args and "keep=" not in args:
-            if self.budget == AUTO:
-                raise KvpotError("internal: the automatic budget was not resolved before the policy was built")
-            sized = f"pot={self.budget},keep={self.budget // 2}"
-            return f"infinipot:{sized},{args}" if args else f"infinipot:{sized}"
-        return self.policy
+        return replace(self, threads=self.threads or default_threads())
 
 
 AUTO = "auto"
+
+
+def default_threads() -> int:
+    """Threads when none are asked for: every core (llama.cpp's own default is the same)."""
+    return max(1, os.cpu_count() or 1)
 KEYS = {f.name: f.type for f in fields(RunSettings)}
 
 

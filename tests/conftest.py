@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# llama.cpp's OpenMP threads spin while they wait by default; on a machine where anything else runs
+# (a CI neighbour, another test process) the spinning threads steal the cores the working ones need
+# and a 2-thread decode ran ~18x slower. Passive waiting keeps the suite's speed independent of what
+# else the machine does; it changes no result. Set before libllama (and its libgomp) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import pytest
 

@@ -74,7 +74,7 @@ def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path,
     res = runner.invoke(app, ["ask", str(path), question, *OPTS])
     assert res.exit_code == 0, res.output
     assert f"the pot takes {want:,} cells" in res.stderr
-    assert f"infinipot:pot={want},keep={want // 2}" in res.stderr
+    assert f"with infinipot, budget {want:,} cells" in res.stderr  # InfiniPot's |M| (Policy.fit)
 
 
 def test_policy_full_refuses_before_reading_with_the_numbers(tmp_path, smollm2_path):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import kvpot
 from typer.testing import CliRunner
 
 from kvpot.cli.main import app
-from kvpot.full_attention import STOP
-from kvpot.prompting import completion_prompt
+from kvpot.prompting import Segment, choose_format
 from kvpot.sample import logbook
 
 from conftest import assert_one_line_error, run_cli
@@ -58,27 +58,53 @@ def short_doc(tmp_path_factory):
 
 
 def test_run_matches_llama_cpp(smollm2_path, short_doc):
-    """Same tokens as llama_cpp.Llama given the same prompt and settings."""
+    """`kvpot run` (full attention, the default) answers as stock llama_cpp.Llama does, greedy, on the
+    tokens the session reads: the prompt format's opening, the document, the question."""
     from llama_cpp import Llama
+
+    from kvpot.runtime.llama import LlamaModel
 
     path, document, question = short_doc
     res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question,
-                  "--ctx", "2048", "--threads", "2", "--max-tokens", "24")
+                  "--threads", "2", "--max-tokens", "24")
     assert res.returncode == 0, res.stderr
+    assert "full attention over" in res.stderr
+    vocab = LlamaModel(str(smollm2_path), vocab_only=True)
+    try:
+        fmt = choose_format(vocab, "auto")
+        segments = [*fmt.document_open(), Segment(document, special=False), *fmt.first_question(question)]
+        tokens = vocab.bos() + [t for seg in segments for t in vocab.tokenize(seg.text, special=seg.special)]
+    finally:
+        vocab.close()
     llm = Llama(model_path=str(smollm2_path), n_ctx=2048, n_batch=512, n_threads=2, n_threads_batch=2,
                 seed=0, verbose=False)
-    tokens = llm.tokenize(completion_prompt(document, question).encode(), add_bos=True, special=False)
-    ref = llm.create_completion(tokens, max_tokens=24, temperature=0.0, stop=STOP, seed=0)["choices"][0]["text"]
+    ref = llm.create_completion(tokens, max_tokens=24, temperature=0.0, stop=list(fmt.stop) or None,
+                                seed=0)["choices"][0]["text"]
     assert ref.strip(), "the reference produced no text; the comparison would be empty"
     assert res.stdout == ref + "\n"
+
+
+def test_run_and_ask_word_the_question_the_same(smollm2_path, short_doc, tmp_path):
+    """One answering path: `run -P infinipot` and `ask` read the same tokens and give the same answer."""
+    path, _, question = short_doc
+    args = ("--model", str(smollm2_path), "--threads", "2", "--max-tokens", "16")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "ask").mkdir()
+    ran = run_cli("run", "--file", str(path), "--prompt", question, "--policy", "infinipot", "--budget", "256", *args,
+                  env={"KVPOT_SAVE_LOGITS": str(tmp_path / "run")})
+    asked = run_cli("ask", str(path), question, "--policy", "infinipot", "--budget", "256", *args,
+                    env={"KVPOT_SAVE_LOGITS": str(tmp_path / "ask")})
+    assert ran.returncode == 0 and asked.returncode == 0, ran.stderr + asked.stderr
+    assert ran.stdout == asked.stdout and ran.stdout.strip()
+    assert np.array_equal(np.load(tmp_path / "run" / "turn-1.npy"), np.load(tmp_path / "ask" / "turn-1.npy"))
 
 
 def test_run_refuses_a_document_past_the_context(smollm2_path, short_doc):
     path, _, question = short_doc
     res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question, "--ctx", "128")
     assert res.returncode != 0
-    assert_one_line_error(res.stderr, "more than the context size of 128 tokens")
-    assert "tokens;" in res.stderr
+    assert_one_line_error(res.stderr, "more than the context size asked for, 128 cells")
+    assert "full attention keeps every token: the input is" in res.stderr
 
 
 def _bad_run(tmp_path, smollm2_path, *, model=None, file=None):
@@ -132,7 +158,7 @@ def test_run_with_a_pot_policy_reads_past_the_context(smollm2_path, tmp_path):
     path.write_text(document)
     # full attention refuses this context size ...
     full = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--ctx", "512", "-n", "8")
-    assert full.returncode != 0 and "more than the context size of 512" in full.stderr
+    assert full.returncode != 0 and "more than the context size asked for, 512 cells" in full.stderr
     # ... a pot policy reads it all with 256 cells
     res = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--policy", "snapkv",
                   "--budget", "256", "--chunk", "128", "-n", "8")

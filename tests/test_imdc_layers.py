@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvpot.engine import Engine, EngineConfig
-from kvpot.policies import IMDC, PotView, SnapKV, StreamingLLM
+from kvpot.policies import IMDC, PotView, SnapKV, StreamingLLM, Truncate
 from kvpot.policies.base import DEAD, PAD, check_keep, select_per_layer
 from kvpot.policies.imdc_schedule import proportional_share, retention_ratio
 from kvpot.sample import logbook
@@ -18,7 +18,8 @@ from test_imdc import paper_memory, paper_n
 
 
 def planned(n_tokens: int, **kwargs) -> IMDC:
-    policy = IMDC(SnapKV(), **kwargs)
+    kwargs = {"m_max": 1024, "chunk": 512, **kwargs}  # what fit(budget=1024, chunk=512) would set
+    policy = IMDC(Truncate(), **kwargs)  # a pruner that works with any memory size: these test the schedule
     policy.set_expected_length(n_tokens)
     return policy
 

@@ -10,6 +10,7 @@ from kvpot.errors import KvpotError
 from kvpot.policies import (
     H2O,
     POLICIES,
+    BudgetTooSmall,
     EdgeInfinite,
     Locret,
     FullAttention,
@@ -77,11 +78,14 @@ def view_of(positions: np.ndarray, scores: np.ndarray | None = None, tokens_seen
 
 
 def min_budget(p: Policy) -> int:
-    if isinstance(p, SnapKV):
-        return p.window + 1
-    if isinstance(p, StreamingLLM):
-        return p.n_sink + 1
-    return 1
+    """The smallest budget the policy accepts, asked from the policy itself."""
+    for budget in range(1, 4096):
+        try:
+            p.check_budget(budget)
+            return budget
+        except BudgetTooSmall:
+            pass
+    raise AssertionError(f"{p!r} accepts no budget")
 
 
 def folds(p: Policy) -> bool:

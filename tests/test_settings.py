@@ -19,13 +19,6 @@ def test_layers_override_in_order(tmp_path):
     assert resolve_settings(None, {}, {}, tmp_path / "none.toml").policy == RunSettings().policy
 
 
-def test_infinipot_takes_its_sizes_from_the_budget():
-    assert RunSettings(budget=2048).policy_spec() == "infinipot:pot=2048,keep=1024"
-    assert RunSettings(policy="infinipot:nuc_ratio=0", budget=1000).policy_spec() == "infinipot:pot=1000,keep=500,nuc_ratio=0"
-    assert RunSettings(policy="infinipot:pot=64,keep=8").policy_spec() == "infinipot:pot=64,keep=8"
-    assert RunSettings(policy="snapkv").policy_spec() == "snapkv"
-
-
 @pytest.mark.parametrize("text, needle", [
     ("[defaults]\nbudjet = 5\n", "unknown setting 'budjet'"),
     ("[defaults]\nbudget = 'big'\n", "budget must be an integer"),

@@ -41,6 +41,7 @@ __all__ = [
     "StreamingLLM",
     "TapRequest",
     "Truncate",
+    "build_policy",
     "make_policy",
     "policy_parameters",
 ]
@@ -100,3 +101,12 @@ def make_policy(spec: str) -> Policy:
     if missing:
         raise KvpotError(f"policy {name} needs {', '.join(missing)} (e.g. {name}:{missing[0]}=...)")
     return cls(**kwargs)
+
+
+def build_policy(spec: str, budget: int, chunk: int) -> Policy:
+    """A policy from its spec, sized by the user's --budget and --chunk (`Policy.fit`): what the
+    engine will run, built before the model loads so a spec or budget that cannot work is refused
+    first. The engine fits the policy it is given; this is for checks made before that."""
+    policy = make_policy(spec)
+    policy.fit(budget, chunk)
+    return policy

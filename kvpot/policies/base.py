@@ -71,13 +71,17 @@ class Policy:
     """Base: keeps everything. Subclasses are small dataclasses that override what they need.
 
     Hooks, in the order the engine calls them:
+      fit(budget, chunk)         -> once, before anything else: the user's --budget and --chunk, mapped
+                                    onto the policy's own sizes that its spec left open (None);
+                                    BudgetTooSmall when the budget cannot work
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
       retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
                                     checked against the model), or None
       memory_gate(model)         -> EdgeInfinite's memory-gating module to run in llama.cpp (checked
-                                    against the model; called before the cache is sized), or None
-      cache_cells(budget, chunk) -> cells the context must hold (default budget + chunk)
+                                    against the model; called before fit and before the cache is sized), or None
+      cache_cells(budget, chunk) -> the most cells the pot ever holds while reading (default budget +
+                                    chunk: the budget kept, and the chunk being read)
       chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
       before_chunk(n_tokens)     -> TapRequest for the chunk about to be decoded
       after_chunk(view)          -> observe the chunk's taps and log-probs (e.g. accumulate, H2O)
@@ -101,6 +105,18 @@ class Policy:
     # One way to set it: a dataclass field `cr_rope: bool = ...` (a parameter of the spec, e.g.
     # infinipot:cr_rope=0); a Wrapping policy forwards its wrapped policy's
     cr_rope = False
+
+    def fit(self, budget: int, chunk: int) -> None:
+        """Take the user's --budget (cells the pot may hold) and --chunk (tokens per step). A policy
+        maps them onto its own sizes where its spec left them open, and refuses a budget it cannot
+        honour with one line (BudgetTooSmall). The engine calls it once, before reading."""
+        self.check_budget(budget)
+
+    def check_budget(self, budget: int) -> None:
+        """Raise BudgetTooSmall when `select` cannot keep `budget` cells (e.g. fewer than its sinks);
+        a wrapper asks its wrapped policy this for each size it will give it."""
+        if budget < 1:
+            raise BudgetTooSmall(f"{self.name} needs a budget of at least 1 cell, got {budget}")
 
     def set_question(self, text: str) -> None:
         pass
@@ -221,6 +237,12 @@ class Wrapping(Policy):
     @property
     def cr_rope(self) -> bool:  # type: ignore[override]
         return self.wrapped.cr_rope
+
+    def fit(self, budget: int, chunk: int) -> None:
+        self.wrapped.fit(budget, chunk)
+
+    def check_budget(self, budget: int) -> None:
+        self.wrapped.check_budget(budget)
 
     def set_question(self, text: str) -> None:
         self.wrapped.set_question(text)

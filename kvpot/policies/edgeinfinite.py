@@ -60,7 +60,8 @@ class EdgeInfinite(Policy):
     # cells of the segments chosen at the last select, folded by the engine before it compacts
     _fold: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
     _mem_cells: int = field(default=0, init=False, repr=False, compare=False)
-    _fitted: bool = field(default=False, init=False, repr=False, compare=False)
+    # the lengths the spec left unset (fit fills them, again on each call)
+    _auto: tuple = field(default=(), init=False, repr=False, compare=False)
     # per document: something was folded, so M and z count against the budget (saved with a context)
     _has_memory: bool = field(default=False, init=False)
 
@@ -71,6 +72,7 @@ class EdgeInfinite(Policy):
                 raise KvpotError(f"edgeinfinite: {name} must be >= 0, got {v}")
         if self.L_seg is not None and self.L_seg < 1:
             raise KvpotError(f"edgeinfinite: L_seg must be >= 1, got {self.L_seg}")
+        self._auto = tuple(n for n in ("L_sink", "L_window", "L_seg") if getattr(self, n) is None)
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -81,12 +83,15 @@ class EdgeInfinite(Policy):
                 PAPER_SEG if self.L_seg is None else self.L_seg)
 
     def fit(self, budget: int, chunk: int) -> None:
-        """Fill the unset lengths from the budget (cells the pot may hold, memory included)."""
-        self._fitted = True
+        """Fill the lengths the spec left unset from the budget (cells the pot may hold, memory
+        included). Called again once the gate is known (its memory then counts): each call starts
+        from the spec, so it may be called before and after memory_gate."""
+        for name in self._auto:
+            setattr(self, name, None)
         avail = budget - self._mem_cells
         fixed = sum(v for v in (self.L_sink, self.L_window, self.L_seg) if v is not None)
         unset = [(n, r) for n, r in (("L_sink", PAPER_SINK), ("L_window", PAPER_WINDOW), ("L_seg", PAPER_SEG))
-                 if getattr(self, n) is None]
+                 if n in self._auto]
         rest = avail - fixed
         if unset and sum(r for _, r in unset) <= rest:
             for n, r in unset:
@@ -100,7 +105,15 @@ class EdgeInfinite(Policy):
                 setattr(self, n, max(1, math.floor(rest * r / total)))
             last = unset[-1][0]
             setattr(self, last, avail - sum(v for v in (self.L_sink, self.L_window, self.L_seg) if v is not None))
-        sink, window, seg = self.lengths()
+        self.check_budget(budget)
+
+    def check_budget(self, budget: int) -> None:
+        """The budget must hold L_sink + L_window + L_seg cells and the memory."""
+        if any(getattr(self, n) is None for n in self._auto):
+            need = 4 * len(self._auto) + sum(v for v in (self.L_sink, self.L_window, self.L_seg) if v is not None)
+            sink, window, seg = need, 0, 0
+        else:
+            sink, window, seg = self.lengths()
         if sink + window + seg + self._mem_cells > budget:
             raise BudgetTooSmall(f"edgeinfinite: L_sink + L_window + L_seg ({sink} + {window} + {seg}) and the "
                                  f"memory ({self._mem_cells} cells) exceed the budget ({budget})")
@@ -125,11 +138,6 @@ class EdgeInfinite(Policy):
         cell_bytes = len(gate.layers) * b.n_head_kv * (b.head_dim_k + b.head_dim_v) * CELL_ELEM_BYTES
         self._mem_cells = -(-mem_bytes // cell_bytes)
         return gate
-
-    def cache_cells(self, budget: int, chunk: int) -> int:
-        if not self._fitted:
-            self.fit(budget, chunk)
-        return budget + chunk
 
     def _limit(self, budget: int) -> int:
         """Cells the cache may hold: the budget, less the memory once it exists."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends, keep_top_and_recent
+from kvpot.policies.base import Policy, PotView, TapRequest, keep_ends, keep_top_and_recent
 
 
 @dataclass
@@ -45,8 +45,7 @@ class H2O(Policy):
         self._acc = acc
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
-        if budget < 1:
-            raise BudgetTooSmall(f"h2o needs a budget of at least 1 cell, got {budget}")
+        self.check_budget(budget)
         if view.n_cells <= budget:
             return None
         if self._acc is None:  # nothing observed yet: keep the most recent cells

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import DEAD, Policy, PotView, Wrapping, select_per_layer
+from kvpot.policies.base import DEAD, BudgetTooSmall, Policy, PotView, Wrapping, select_per_layer
 from kvpot.policies.imdc_schedule import (
     FUNCTIONS,
     PER_LAYER,
@@ -27,8 +27,12 @@ class IMDC(Wrapping):
     (SnapKV, StreamingLLM, ...) decides which cells those are.
 
     pruner:            the policy that chooses the cells to keep (taps, select, CR-RoPE are its own)
-    m_max:             maximum memory size, the cells kept after the last chunk (default 1024)
-    chunk:             c, the average chunk size (default 512)
+    m_max:             maximum memory size, the cells kept after the last chunk (default: --budget;
+                       an m_max above --budget is refused)
+    chunk:             c, the average chunk size (default: --chunk, or m_max / 2 when that is larger:
+                       with memory growing to m_max, eq. 6 gives the last steps c + m_hat - m_max
+                       tokens, which stays positive only with c near m_max / 2 or above, the
+                       paper's own ratio, m_max 1024 with c 512)
     function:          memory schedule m_i, floored to integers, m_{n-1} = m_max:
                        "fixed"  FM, m_i = m_max and c_i = c
                        "linear" eq. 1, m_i = (m_max - m_0) i / (n - 1) + m_0
@@ -57,8 +61,8 @@ class IMDC(Wrapping):
 
     name = "imdc"
     pruner: Policy
-    m_max: int = 1024
-    chunk: int = 512
+    m_max: int | None = None
+    chunk: int | None = None
     function: str = "linear"
     decremental_chunk: bool = True
     m_0: int | None = None
@@ -79,12 +83,33 @@ class IMDC(Wrapping):
             # a per-cell score carried across compactions (H2O) would have to follow padded keep lists
             raise KvpotError(f"imdc: function={self.function} sizes each layer separately and works with "
                              f"pruners that keep no per-cell state (snapkv, streaming), not {self.pruner.name}")
-        if self.m_max < 1 or self.chunk < 1:
+        if (self.m_max is not None and self.m_max < 1) or (self.chunk is not None and self.chunk < 1):
             raise KvpotError(f"imdc: m_max ({self.m_max}) and chunk ({self.chunk}) must be positive")
-        if self.m_0 is not None and not 1 <= self.m_0 <= self.m_max:
-            raise KvpotError(f"imdc: m_0 must be within [1, m_max={self.m_max}], got {self.m_0}")
+        self._check_m_0()  # against m_max once fit has set it
         if self.expected_tokens is not None and self.expected_tokens < 1:
             raise KvpotError(f"imdc: expected_tokens must be positive, got {self.expected_tokens}")
+
+    def _check_m_0(self) -> None:
+        if self.m_0 is not None and not 1 <= self.m_0 <= (self.m_max or self.m_0):
+            raise KvpotError(f"imdc: m_0 must be within [1, m_max={self.m_max}], got {self.m_0}")
+
+    def fit(self, budget: int, chunk: int) -> None:
+        if self.m_max is None:
+            self.m_max = budget
+        elif self.m_max > budget:
+            raise BudgetTooSmall(f"imdc: m_max ({self.m_max}) is more than --budget {budget}: the memory never "
+                                 "holds more than the budget (lower m_max or raise --budget)")
+        if self.chunk is None:
+            self.chunk = max(chunk, -(-self.m_max // 2))
+        self._check_m_0()
+        self.pruner.fit(self.m_max, self.chunk)  # the pruner's own sizes; each step then gives it m_i
+        if self._length() is not None:
+            self._schedule_arrays()
+
+    def _sizes(self) -> tuple[int, int]:
+        if self.m_max is None or self.chunk is None:
+            raise KvpotError("internal: imdc's m_max and chunk are set by fit(budget, chunk) before reading")
+        return self.m_max, self.chunk
 
     # -- the schedule ---------------------------------------------------------------------------
 
@@ -98,15 +123,23 @@ class IMDC(Wrapping):
             raise KvpotError("imdc: the number of chunks needs the input length; none was declared, "
                              "so set expected_tokens (e.g. imdc:pruner=snapkv,expected_tokens=32768)")
         if self._plan is None or self._plan[0] != n_tokens:
-            n = n_chunks(n_tokens, self.chunk)
-            memory = memory_schedule(self.function, self.m_max, self._m_0(n), n)
-            chunks = chunk_schedule(memory, self.chunk, n_tokens, self.decremental_chunk and self.function != "fixed")
+            m_max, c = self._sizes()
+            n = n_chunks(n_tokens, c)
+            memory = memory_schedule(self.function, m_max, self._m_0(n), n)
+            chunks = chunk_schedule(memory, c, n_tokens, self.decremental_chunk and self.function != "fixed")
             if chunks.min() < 1:
                 i = int(np.argmin(chunks))
                 raise KvpotError(
                     f"imdc: eq. 6 gives step {i} of {n} a chunk of {chunks[i]} tokens ({self.function} memory "
                     f"reaches {memory[i - 1]} cells before it); use a larger chunk, a smaller m_max, "
                     "another function or decremental_chunk=false")
+            # the smallest memory any step gives the pruner (per-layer functions: down to m_0)
+            smallest = int(memory.min()) if self.function not in PER_LAYER else min(int(memory.min()), self._m_0(n))
+            try:
+                self.pruner.check_budget(smallest)
+            except BudgetTooSmall as e:
+                raise BudgetTooSmall(f"imdc: over {n} chunks the {self.function} schedule keeps as few as {smallest} "
+                                     f"cells, too few for its pruner ({e}); raise m_0, the budget or the chunk") from None
             self._plan = (n_tokens, chunks, memory)
         return self._plan[1], self._plan[2]
 
@@ -160,17 +193,18 @@ class IMDC(Wrapping):
     def cache_cells(self, budget: int, chunk: int) -> int:
         # the engine's budget and chunk are IMDC's m_max and c; c + m_max bounds every schedule
         # (c_i + m_{i-1} <= c + m_hat for i >= 1, c_0 <= c, m_hat <= m_max)
-        return self.peak_cells() if self._length() is not None else self.chunk + self.m_max
+        m_max, c = self._sizes()
+        return self.peak_cells() if self._length() is not None else c + m_max
 
     def chunk_size(self, step: int, chunk: int) -> int:
         chunks, _ = self._schedule_arrays()
-        return int(chunks[step]) if step < chunks.size else self.chunk
+        return int(chunks[step]) if step < chunks.size else self._sizes()[1]
 
     def budget_at(self, step: int, budget: int) -> int | np.ndarray:
         if self.function in PER_LAYER and self._n_layer is not None:
             return self.layer_memory(step, self._n_layer)
         _, memory = self._schedule_arrays()
-        return int(memory[step]) if step < memory.size else self.m_max
+        return int(memory[step]) if step < memory.size else self._sizes()[0]
 
     def wants_compaction(self, n_cells: int, budget: int | np.ndarray, next_chunk: int) -> bool:
         return n_cells > int(np.min(budget))

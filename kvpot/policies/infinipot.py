@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import Policy, PotView, TapRequest
+from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
 
 # Table 2 of the paper. CaP-Q's row is partly illegible in our copy; we append the question to CaP-G.
 CATALYSTS = {
@@ -28,8 +28,10 @@ def cap_q(question: str) -> str:
 class InfiniPot(Policy):
     """InfiniPot (Kim et al. 2024), section 3 and appendix B.
 
-    pot:        |M|, cells the memory pot holds before a distillation (default 4096)
-    keep:       |C|, cells kept by each distillation, |C| < |M| (default 2048)
+    pot:        |M|, cells the memory pot holds before a distillation (default: --budget, so the pot
+                never holds more than the budget; a pot above --budget is refused)
+    keep:       |C|, cells kept by each distillation, |C| < |M| (default |M| / 2, the paper's ratio:
+                its main setting is |M| = 4096 with |C| = 2048)
     nuc_ratio:  alpha, share of |C| given to the highest-NuC tokens, T = alpha * |C| (default 0.5)
     cap:        catalyst prompt: "auto" (CaP-Q when the question is known before reading, else
                 CaP-G), "G", "G1", "G2", "P", "U", "Q", "custom" (cap_text) or "none" (no CaP:
@@ -49,8 +51,8 @@ class InfiniPot(Policy):
     """
 
     name = "infinipot"
-    pot: int = 4096
-    keep: int = 2048
+    pot: int | None = None
+    keep: int | None = None
     nuc_ratio: float = 0.5
     cap: str = "auto"
     cap_text: str = ""
@@ -60,34 +62,58 @@ class InfiniPot(Policy):
     _nuc: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.keep < self.pot:
-            raise KvpotError(f"infinipot: keep (|C| = {self.keep}) must be at least 1 and below pot (|M| = {self.pot})")
+        if self.pot is not None and self.keep is not None:
+            self._check_sizes()
+        elif (self.keep is not None and self.keep < 1) or (self.pot is not None and self.pot < 2):
+            raise KvpotError(f"infinipot: keep (|C|) must be at least 1 and pot (|M|) at least 2, got "
+                             f"keep={self.keep}, pot={self.pot}")
         if not 0.0 <= self.nuc_ratio <= 1.0:
             raise KvpotError(f"infinipot: nuc_ratio must be within [0, 1], got {self.nuc_ratio}")
         if self.cap not in CAP_CHOICES:
             raise KvpotError(f"infinipot: cap must be one of {', '.join(CAP_CHOICES)}, got {self.cap!r}")
-        if not 0 <= self.n_sink < self.keep:
-            raise KvpotError(f"infinipot: n_sink must be within [0, keep), got {self.n_sink}")
+        if self.n_sink < 0:
+            raise KvpotError(f"infinipot: n_sink must be >= 0, got {self.n_sink}")
         if self.cap == "custom" and not self.cap_text.strip():
             raise KvpotError("infinipot: cap=custom needs cap_text")
 
+    def _check_sizes(self) -> None:
+        if not 1 <= self.keep < self.pot:
+            raise KvpotError(f"infinipot: keep (|C| = {self.keep}) must be at least 1 and below pot (|M| = {self.pot})")
+        if not 0 <= self.n_sink < self.keep:
+            raise KvpotError(f"infinipot: n_sink must be within [0, keep = {self.keep}), got {self.n_sink}")
+
+    def _sizes(self) -> tuple[int, int]:
+        if self.pot is None or self.keep is None:
+            raise KvpotError("internal: infinipot's pot and keep are set by fit(budget, chunk) before reading")
+        return self.pot, self.keep
+
     # -- hooks ----------------------------------------------------------------------------------
+
+    def fit(self, budget: int, chunk: int) -> None:
+        if self.pot is None:
+            self.pot = budget
+        elif self.pot > budget:
+            raise BudgetTooSmall(f"infinipot: pot (|M| = {self.pot}) is more than --budget {budget}: the pot never "
+                                 "holds more than the budget (lower pot or raise --budget)")
+        if self.keep is None:
+            self.keep = self.pot // 2
+        self._check_sizes()
 
     def set_question(self, text: str) -> None:
         self._question = text
 
     def cache_cells(self, budget: int, chunk: int) -> int:
-        return self.pot  # the pot never grows past |M|
+        return self._sizes()[0]  # the pot never grows past |M|
 
     def budget_at(self, step: int, budget: int) -> int:
-        return self.keep
+        return self._sizes()[1]
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(logprobs=self.nuc_ratio > 0)
 
     def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
         # next_chunk already includes the catalyst's length (the engine adds it)
-        return n_cells + next_chunk > self.pot
+        return n_cells + next_chunk > self._sizes()[0]
 
     def catalyst_text(self) -> str | None:
         if self.cap == "none":
@@ -109,7 +135,7 @@ class InfiniPot(Policy):
         self._nuc = np.concatenate([self._nuc, np.broadcast_to(new, (L, H, n_new))], axis=2)
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
-        C = self.keep
+        C = self._sizes()[1]
         real = view.positions >= 0                                  # catalyst cells are -1
         n_real = int(real[0, 0].sum())
         if n_real <= C:

@@ -64,6 +64,9 @@ class Locret(Policy):
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(head_scores=True)
 
+    def check_budget(self, budget: int) -> None:
+        self.stabilizers(budget)
+
     def stabilizers(self, budget: int) -> int:
         n_s = self.n_s if self.n_s is not None else min(2500, budget // 4)
         if n_s >= budget:

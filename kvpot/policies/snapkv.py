@@ -59,9 +59,12 @@ class SnapKV(Policy):
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return TapRequest(tap_last=self.window)
 
-    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+    def check_budget(self, budget: int) -> None:
         if self.window >= budget:
             raise BudgetTooSmall(f"snapkv: budget ({budget}) must exceed window ({self.window})")
+
+    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        self.check_budget(budget)
         if view.n_cells <= budget:
             return None
         if view.scores is None:  # nothing tapped yet: keep the most recent cells

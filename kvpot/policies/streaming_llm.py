@@ -29,10 +29,13 @@ class StreamingLLM(Policy):
         if self.n_sink < 0:
             raise KvpotError(f"streaming: n_sink must be >= 0, got {self.n_sink}")
 
-    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+    def check_budget(self, budget: int) -> None:
         if budget <= self.n_sink:
             raise BudgetTooSmall(
                 f"streaming: budget ({budget}) must exceed n_sink ({self.n_sink}) to leave room for recent tokens")
+
+    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        self.check_budget(budget)
         if view.n_cells <= budget:
             return None
         return keep_ends(view.positions, self.n_sink, budget - self.n_sink)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, keep_ends
+from kvpot.policies.base import Policy, PotView, keep_ends
 
 
 @dataclass
@@ -25,8 +25,7 @@ class Truncate(Policy):
     cr_rope: bool = True
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
-        if budget < 1:
-            raise BudgetTooSmall(f"truncate needs a budget of at least 1 cell, got {budget}")
+        self.check_budget(budget)
         if view.n_cells <= budget:
             return None
         return keep_ends(view.positions, budget // 2, budget - budget // 2)

@@ -1,0 +1,135 @@
+"""The one answering path every command shares (ask, chat, run, demo): settings from the options,
+a Session opened or reopened, answers streamed to stdout, contexts saved. Terminal-facing; the
+session itself (kvpot.session) knows nothing about terminals."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpot.models.registry import KNOWN
+
+from kvpot.checks import (
+    check_cli_numbers,
+    check_pot_room,
+    check_settings_fit,
+    check_threads,
+)
+from kvpot.errors import KvpotError
+from kvpot.ingest import SourceSet, collect_sources
+from kvpot.model_ref import resolve_model
+from kvpot.policies import build_policy, make_policy
+from kvpot.reading_plan import plan_reading
+from kvpot.session import Session, answer_reserve
+from kvpot.settings import AUTO, RunSettings, resolve_settings
+
+from ._common import err
+from ._interrupt import Interrupts
+
+
+def parse_budget(raw: str | None) -> int | str | None:
+    if raw is None or raw == AUTO:
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
+
+
+def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens) -> RunSettings:
+    """The options merged over the config file and the model's registry defaults, checked."""
+    budget = parse_budget(budget)
+    check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
+    known = KNOWN.get(model)
+    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
+           "max_tokens": max_tokens}
+    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
+    # a bad spec, or a budget the policy cannot honour, is refused before the model loads (an
+    # automatic budget is checked once it is resolved, by check_settings_fit)
+    if settings.budget == AUTO:
+        make_policy(settings.policy)
+    else:
+        build_policy(settings.policy, settings.budget, settings.chunk)
+    return settings
+
+
+def new_session(inputs: list[str], glob: str, model: str, question: str | None, **opts) -> tuple[Session, SourceSet]:
+    """A session for new inputs, with everything that can be refused refused before the model loads
+    (options, inputs, the budget, the memory), and the question set when it is known (CaP-Q)."""
+    settings = run_settings(model, **opts)  # options first: they are cheap to check
+    sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
+    facts, known = resolve_model(model)
+    plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
+                        reserve=answer_reserve(settings))
+    if plan.note:
+        err.print(plan.note, soft_wrap=True)
+    settings = plan.settings
+    check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
+    with err.status(f"loading {facts.name}"):
+        session = Session(facts, known.name if known else facts.name, settings)
+    if question:
+        session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
+    check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
+    return session, sources
+
+
+def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
+    from kvpot.context_file import check_context_path, read_context
+
+    check_threads(threads)
+    context = check_context_path(context)
+    name = model or read_context(context).header["model"]["name"]
+    if model is None and name not in KNOWN:
+        name = read_context(context).header["model"]["path"]
+    facts, known = resolve_model(name)
+    with err.status(f"reopening {context}"):
+        session = Session.reopen(context, facts, known.name if known else facts.name, threads)
+    if max_tokens is not None:  # the answer's length is not part of the saved state
+        session.set_max_tokens(max_tokens)
+    err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "
+              f"{', '.join(s['name'] for s in session.sources)} in {session.engine.n_cells:,} cells")
+    return session
+
+
+@dataclass(frozen=True)
+class Answered:
+    text: str        # what was written to stdout (without the closing newline)
+    stopped: bool    # Ctrl-C ended it
+
+    @property
+    def empty(self) -> bool:
+        return not self.text.strip()
+
+
+def answer(session: Session, question: str) -> Answered:
+    """Stream the answer to stdout; Ctrl-C stops it. An empty answer is said on stderr (never a
+    silent blank line)."""
+    said = ""
+    with Interrupts() as stop:
+        for piece in session.ask(question):
+            said += piece
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            if stop.hit:
+                sys.stdout.write("\n")
+                err.print("[yellow]answer stopped[/yellow]")
+                return Answered(said, stopped=True)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    done = Answered(said, stopped=False)
+    if done.empty:
+        err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",
+                  soft_wrap=True)
+    return done
+
+
+def save(session: Session, path: Path | str) -> bool:
+    """Save the context; a failure is one line and the caller goes on (the answer, the chat)."""
+    try:
+        size = session.save(path)
+    except KvpotError as e:
+        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        return False
+    err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)")
+    return True
