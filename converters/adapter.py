@@ -235,3 +235,107 @@ def _read_tensors(path: Path) -> dict[str, np.ndarray]:
         raise
     except Exception as e:  # gguf-py raises many kinds on a damaged file; all mean the same to a user
         raise AdapterError(f"{path} is a damaged adapter GGUF ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+# -- EdgeInfinite's memory gate (adapter.type = kvpot.memory_gate) ------------------------------------
+
+MEMORY_GATE = "kvpot.memory_gate"
+_GATE_TENSORS = ("mg_w1.weight", "mg_w1.bias", "mg_w2.weight", "mg_w2.bias", "mg_g")
+
+
+def pot_layer_ids(model: Path) -> list[int]:
+    """The model layers whose KV lives in the pot (all but the sliding-window ones), as llama.cpp decides."""
+    from kvpot.gguf_file import read_model_facts
+
+    facts = read_model_facts(model)
+    swa = facts.swa_layers or (False,) * facts.n_layer
+    return [il for il, s in enumerate(swa) if not s]
+
+
+def initial_memory_gate(model: Path, d_h: int | None = None):
+    """The untrained gate for a model (kvpot.memory_gate: identity MLP, nearly closed gate)."""
+    from kvpot.memory_gate import MemoryGate
+
+    base = BaseIdentity.of_model(model)
+    return MemoryGate.initial(pot_layer_ids(model), base.head_dim_v, base.n_head, d_h=d_h, base=base)
+
+
+def write_memory_gate(path: Path, gate, source: str = "") -> None:
+    """Write EdgeInfinite's memory-gating module (kvpot.memory_gate.MemoryGate with .base) as an adapter GGUF."""
+    import gguf
+
+    gate.check_shapes()
+    b = gate.base
+    w = gguf.GGUFWriter(str(path), arch=b.arch)
+    w.add_type("adapter")
+    w.add_string("adapter.type", MEMORY_GATE)
+    w.add_uint32("kvpot.format_version", FORMAT_VERSION)
+    for name in ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd"):
+        w.add_uint32(f"kvpot.base.{name}", int(getattr(b, name)))
+    w.add_string("kvpot.base.sha256", b.sha256)
+    w.add_array("kvpot.memory_gate.layers", [int(i) for i in gate.layers])
+    w.add_uint32("kvpot.memory_gate.hidden", gate.d_h)
+    w.add_string("kvpot.memory_gate.sigma", "elu+1")
+    w.add_string("kvpot.memory_gate.query", "the layer's attention queries as llama.cpp passes them to attention "
+                                            "(after RoPE and any q norm or scale); keys and values as cached")
+    if source:
+        w.add_string("kvpot.source", source)
+    for i, il in enumerate(gate.layers):
+        for name, arr in zip(_GATE_TENSORS, (gate.w1[i], gate.b1[i], gate.w2[i], gate.b2[i], gate.g[i])):
+            w.add_tensor(f"blk.{il}.{name}", np.ascontiguousarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read_memory_gate(path: Path, model: Path | None = None):
+    """Read and check a memory-gate adapter; with `model`, refuse it unless it was made for that model."""
+    from kvpot.memory_gate import MemoryGate
+
+    path = Path(path)
+    check_gguf_header(path, what="adapter")
+    kv = read_header(path, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
+    if kv.get("general.type") != "adapter":
+        raise AdapterError(f"{path} is not an adapter GGUF (general.type = {kv.get('general.type')!r})")
+    if kv.get("adapter.type") != MEMORY_GATE:
+        raise AdapterError(f"{path} is a {kv.get('adapter.type')!r} adapter, not {MEMORY_GATE}")
+    if kv.get("kvpot.format_version") != FORMAT_VERSION:
+        raise AdapterError(f"{path}: adapter format version {kv.get('kvpot.format_version')!r}, "
+                           f"this kvpot reads {FORMAT_VERSION}")
+    try:
+        base = BaseIdentity(arch=str(kv["general.architecture"]),
+                            **{n: int(kv[f"kvpot.base.{n}"]) for n in
+                               ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")},
+                            sha256=str(kv["kvpot.base.sha256"]))
+        layers = [int(i) for i in kv["kvpot.memory_gate.layers"]]
+        hidden = int(kv["kvpot.memory_gate.hidden"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise AdapterError(f"{path}: the adapter lacks its base-model identity ({e})") from None
+    if model is not None:
+        why = base.mismatch(BaseIdentity.of_model(model))
+        if not why and layers != pot_layer_ids(model):
+            why = f"layers {layers} (adapter) vs {pot_layer_ids(model)} (model)"
+        if why:
+            raise AdapterError(f"{path} was made for another model ({why}); train a gate for {Path(model).name}")
+    tensors = _read_tensors(path)
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in _GATE_TENSORS}
+    for il in layers:
+        for n in _GATE_TENSORS:
+            t = tensors.pop(f"blk.{il}.{n}", None)
+            if t is None:
+                raise AdapterError(f"{path}: layer {il} has no {n}")
+            parts[n].append(t)
+    if tensors:
+        raise AdapterError(f"{path}: unexpected tensor {sorted(tensors)[0]}")
+    try:
+        gate = MemoryGate(layers=layers, w1=np.stack(parts["mg_w1.weight"]), b1=np.stack(parts["mg_w1.bias"]),
+                          w2=np.stack(parts["mg_w2.weight"]), b2=np.stack(parts["mg_w2.bias"]),
+                          g=np.stack(parts["mg_g"]), base=base)
+        gate.check_shapes()
+    except (KvpotError, ValueError) as e:
+        raise AdapterError(f"{path}: {e}") from None
+    if gate.d_h != hidden or gate.d_v != base.head_dim_v or gate.n_head != base.n_head:
+        raise AdapterError(f"{path}: gate shapes do not fit the identity (hidden {hidden}, head dim "
+                           f"{base.head_dim_v}, {base.n_head} heads)")
+    return gate

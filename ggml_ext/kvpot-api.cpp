@@ -3,6 +3,7 @@
 #include "kvpot-barrier.h"
 #include "kvpot-compact.h"
 #include "kvpot-heads.h"
+#include "kvpot-memory.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -107,18 +108,32 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
         if (!ctx) {
             return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
         }
-        // the retaining heads belong to the model, not to the document being forgotten
+        // the retaining heads and the memory gate belong to the model, not to the document being forgotten
         std::shared_ptr<kvpot_heads> heads;
+        std::shared_ptr<kvpot_gate>  gate;
         bool heads_on = true;
         if (kvpot_state * st = kvpot_state_find(ctx)) {
             heads    = st->heads;
             heads_on = st->heads_on;
+            gate     = st->gate;
         }
         kvpot_state_drop(ctx);
-        if (heads) {
+        if (heads || gate) {
             kvpot_state & st = kvpot_state_get(ctx);
             st.heads    = heads;
             st.heads_on = heads_on;
+            st.force_rebuild = true;
+            if (gate) {
+                // the memory (M, z) is the document's: a new, zeroed one
+                kvpot_pot pot;
+                std::string err = kvpot_pot_resolve(ctx, pot);
+                auto mem = err.empty() ? kvpot_memory_make(pot, err) : nullptr;
+                if (!mem) {
+                    return kvpot_fail(KVPOT_ERR_STATE, err);
+                }
+                st.gate   = gate;
+                st.memory = std::move(mem);
+            }
         }
         return 0;
     });

@@ -1,6 +1,7 @@
 #include "kvpot-state.h"
 #include "kvpot.h"
 #include "kvpot-hooks.h"
+#include "kvpot-memory.h"
 
 #include <memory>
 
@@ -38,4 +39,8 @@ const char * kvpot_last_error(void) {
 
 void kvpot_hook_context_free(const llama_context * lctx) {
     kvpot_state_drop(lctx);
+}
+
+bool kvpot_state::memory_live() const {
+    return gate && memory && memory->n_folded > 0;
 }

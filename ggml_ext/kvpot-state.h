@@ -12,6 +12,8 @@
 
 struct ggml_tensor;
 struct kvpot_heads;
+struct kvpot_gate;
+struct kvpot_memory;
 
 struct kvpot_tap_out {
     int32_t       ipot;   // index of the pot layer
@@ -71,6 +73,14 @@ struct kvpot_state {
     bool active() const {
         return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on;
     }
+
+    // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
+    // memory M, z to the document (zeroed by the reset). While memory->n_folded > 0 every pot layer
+    // mixes its read-out into the attention output (kvpot-memory.cpp)
+    std::shared_ptr<kvpot_gate>   gate;
+    std::shared_ptr<kvpot_memory> memory;
+    bool memory_live() const;
+
     bool has_dead_cells() const {
         for (int32_t n : n_live) {
             if ((uint32_t) n < n_compacted) {

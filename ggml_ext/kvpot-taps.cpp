@@ -2,6 +2,7 @@
 // read back after it computes
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
+#include "kvpot-memory.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -115,7 +116,7 @@ bool kvpot_hook_force_rebuild(const llama_context * lctx) {
 void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & ubatch) {
     g_build = {};
     kvpot_state * st = kvpot_state_find(lctx);
-    if (!st || (!st->active() && !st->has_dead_cells())) {
+    if (!st || (!st->active() && !st->has_dead_cells() && !st->memory_live())) {
         return;
     }
     kvpot_pot pot;
@@ -181,6 +182,18 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
         tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
     }
     return kq_mask;
+}
+
+ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, int32_t il) {
+    kvpot_state * st = g_build.st;
+    if (!st || !st->memory_live() || q->ne[3] != 1) {
+        return cur;
+    }
+    const int32_t ipot = pot_index_of(*g_build.pot, il);
+    if (ipot < 0 || ipot >= (int32_t) st->memory->m.size()) {
+        return cur;
+    }
+    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, ipot, il);
 }
 
 namespace {

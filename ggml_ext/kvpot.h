@@ -171,6 +171,37 @@ KVPOT_API int32_t kvpot_capture_qkv_take(struct llama_context * ctx, int32_t il,
 // returns the number of rows and forgets them
 KVPOT_API int32_t kvpot_capture_q_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_rows, int32_t n_head, int32_t d);
 
+//
+// EdgeInfinite: gated compressive memory (kvpot-memory.h). Per pot layer and KV head a memory M (d_k x d_v)
+// and z (d_k); folded segments leave the cache and live on in M, z; each pot layer mixes the read-out
+// sigma(Q) M / sigma(Q) z, passed through the gate's MLP, into its attention output before W_o.
+//
+
+// the memory-gating module, row-major and concatenated over the n_layer pot layers (checked against
+// them): w1 [n_layer][d_h][d_v], b1 [n_layer][d_h], w2 [n_layer][d_v][d_h], b2 [n_layer][d_v],
+// g [n_layer][n_head][d_v]. Setting it also gives the context a zeroed memory. All NULL removes both.
+// The gate survives kvpot_pot_reset (the memory is zeroed there). Needs an f16/f32 KV cache.
+KVPOT_API int32_t kvpot_gate_set(struct llama_context * ctx, int32_t n_layer, int32_t d_v, int32_t d_h, int32_t n_head,
+                                 const float * w1, const float * b1, const float * w2, const float * b2, const float * g);
+
+// fold, for every pot layer l and KV head h, the cells cells[(l*n_head_kv + h)*n_cells + j] (distinct, in use)
+// into that head's memory: M += sigma(K)^T V, z += sum sigma(k) with K, V as the cache holds them (keys
+// after RoPE). The cells stay in the cache (compact them away after). From the first fold on, every
+// decode mixes the memory in.
+KVPOT_API int32_t kvpot_memory_fold(struct llama_context * ctx, const int32_t * cells, int32_t n_layer,
+                                    int32_t n_head_kv, int32_t n_cells);
+
+// tokens folded into the memory since it was zeroed (0: no memory, attention is stock)
+KVPOT_API int64_t kvpot_memory_folded(struct llama_context * ctx);
+
+// the memory as bytes, for saved contexts and tests. Layout (little-endian): int32 magic 'KVPM', version,
+// n_layer, n_head_kv, d_k, d_v; int64 n_folded; then per pot layer float32 M [n_head_kv][d_v][d_k]
+// (element M_h[k][v] at (h*d_v + v)*d_k + k), then float32 z [n_head_kv][d_k]. size: bytes needed
+// (0 without a gate); get writes them; set restores them into a context with the same gate shapes.
+KVPOT_API int64_t kvpot_memory_state_size(struct llama_context * ctx);
+KVPOT_API int64_t kvpot_memory_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
+KVPOT_API int64_t kvpot_memory_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -60,6 +60,8 @@ class Engine:
         facts = read_model_facts(model_path)  # a bad file never reaches llama.cpp
         if config.budget < 1 or config.chunk < 1:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
+        # EdgeInfinite's gate, checked against the model; its memory counts against the budget
+        gate = policy.memory_gate(model_path)
         # the one place --budget and --chunk reach the policy: it sizes itself or refuses
         policy.fit(config.budget, config.chunk)
         need = policy.cache_cells(config.budget, config.chunk)
@@ -79,6 +81,9 @@ class Engine:
         if self.heads is not None:
             self.pot.set_heads(self.heads)
             self.pot.enable_heads(False)  # scored only while reading chunks that ask for it
+        self.gate = gate
+        if gate is not None:
+            self.pot.set_gate(gate)
         self.pot.set_budget(min(config.budget, self.ctx.n_ctx))
         self._init_state()
 
@@ -285,6 +290,9 @@ class Engine:
             if catalyst:
                 raise KvpotError(f"internal: {self.policy.name} read a catalyst but kept every cell")
             return False
+        fold = self.policy.memory_fold()
+        if fold is not None and len(fold):
+            self.pot.fold(fold)  # into the gated memory before the compaction drops those cells
         self.compact(keep, self.policy.cr_rope)
         self.compact_seconds += time.perf_counter() - t0
         return True
@@ -404,6 +412,8 @@ class Engine:
         self.pot.settle()
         values = {name: getattr(self, name) for name in _SAVED_SCALARS}
         arrays = {"positions": np.ascontiguousarray(self.positions)}
+        if self.gate is not None:  # EdgeInfinite's M, z (layout: kvpot.h, kvpot_memory_state_get)
+            arrays["memory"] = np.frombuffer(self.pot.memory_bytes(), dtype=np.uint8)
         values["policy"] = encode_tree(self.policy.state_dict(), arrays, "policy")
         return EngineState(seq=self.ctx.seq_state(), pot=self.pot.state_bytes(), values=values, arrays=arrays)
 
@@ -417,6 +427,10 @@ class Engine:
         if positions.ndim != 3 or positions.shape[:2] != (L, H) or positions.shape[2] != self.pot.stats().n_cells_used:
             raise KvpotError("saved engine state does not match the restored cache")
         self.positions = positions.astype(np.int64)
+        if (self.gate is not None) != ("memory" in state.arrays):
+            raise KvpotError("saved engine state and this policy disagree on the gated memory")
+        if self.gate is not None:
+            self.pot.set_memory_bytes(np.ascontiguousarray(state.arrays["memory"], dtype=np.uint8).tobytes())
         for name in _SAVED_SCALARS:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))

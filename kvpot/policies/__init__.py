@@ -12,6 +12,7 @@ import typing
 
 from kvpot.errors import KvpotError
 from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.edgeinfinite import EdgeInfinite
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.h2o import H2O
 from kvpot.policies.imdc import IMDC
@@ -22,7 +23,7 @@ from kvpot.policies.streaming_llm import StreamingLLM
 from kvpot.policies.truncate import Truncate
 
 POLICIES: dict[str, type] = {cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O, InfiniPot, IMDC,
-                                                       Locret)}
+                                                       Locret, EdgeInfinite)}
 
 __all__ = [
     "H2O",
@@ -30,6 +31,7 @@ __all__ = [
     "NO_TAPS",
     "POLICIES",
     "BudgetTooSmall",
+    "EdgeInfinite",
     "FullAttention",
     "InfiniPot",
     "Locret",

@@ -81,6 +81,8 @@ class Policy:
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
       retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
                                     checked against the model), or None
+      memory_gate(model)         -> EdgeInfinite's memory-gating module to run in llama.cpp (checked
+                                    against the model; called before fit and before the cache is sized), or None
       cache_cells(budget, chunk) -> the most cells the pot ever holds while reading (default budget +
                                     chunk: the budget kept, and the chunk being read)
       chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
@@ -94,6 +96,8 @@ class Policy:
                                     no duplicates, no catalyst or dead cell), or None to keep
                                     everything; a layer that keeps fewer than n cells ends each of
                                     its rows with PAD (the same count in every head of the layer)
+      memory_fold()              -> cells (the same in every layer and head) to fold into the gated
+                                    memory before the compaction select just chose, or None
       after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
       reset()                    -> forget the document
     """
@@ -125,6 +129,12 @@ class Policy:
         pass
 
     def retaining_heads(self, model_path):
+        return None
+
+    def memory_gate(self, model_path):
+        return None
+
+    def memory_fold(self):
         return None
 
     def cache_cells(self, budget: int, chunk: int) -> int:
@@ -252,6 +262,12 @@ class Wrapping(Policy):
 
     def retaining_heads(self, model_path):
         return self.wrapped.retaining_heads(model_path)
+
+    def memory_gate(self, model_path):
+        return self.wrapped.memory_gate(model_path)
+
+    def memory_fold(self):
+        return self.wrapped.memory_fold()
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return self.wrapped.cache_cells(budget, chunk)

@@ -100,6 +100,22 @@ SIGNATURES: list[tuple[str, object, list]] = [
     #                              int32_t n_head, int32_t d);
     ("kvpot_capture_q_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, ctypes.c_int32,
                                               ctypes.c_int32]),
+    # EdgeInfinite
+    # int32_t kvpot_gate_set(struct llama_context * ctx, int32_t n_layer, int32_t d_v, int32_t d_h, int32_t n_head,
+    #                        const float * w1, const float * b1, const float * w2, const float * b2, const float * g);
+    ("kvpot_gate_set", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                        c_f32_p, c_f32_p, c_f32_p, c_f32_p, c_f32_p]),
+    # int32_t kvpot_memory_fold(struct llama_context * ctx, const int32_t * cells, int32_t n_layer,
+    #                           int32_t n_head_kv, int32_t n_cells);
+    ("kvpot_memory_fold", ctypes.c_int32, [c_ctx_p, c_i32_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    # int64_t kvpot_memory_folded(struct llama_context * ctx);
+    ("kvpot_memory_folded", ctypes.c_int64, [c_ctx_p]),
+    # int64_t kvpot_memory_state_size(struct llama_context * ctx);
+    ("kvpot_memory_state_size", ctypes.c_int64, [c_ctx_p]),
+    # int64_t kvpot_memory_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
+    ("kvpot_memory_state_get", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
+    # int64_t kvpot_memory_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
+    ("kvpot_memory_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
 ]
 
 

@@ -191,3 +191,67 @@ class Pot:
         n = self._check("kvpot_capture_q_take", self.lib.kvpot_capture_q_take(
             self.ctx, ipot, out.ctypes.data_as(api.c_f32_p), n_rows, n_head, head_dim))
         return out[:n]
+
+    # -- EdgeInfinite's gated memory --------------------------------------------------------------
+
+    def set_gate(self, gate) -> None:
+        """Mix a compressive memory into every pot layer's attention through this memory-gating module
+        (kvpot.memory_gate.MemoryGate, already checked against the model); gives the context a zeroed
+        memory. None removes gate and memory."""
+        if gate is None:
+            self._check("kvpot_gate_set", self.lib.kvpot_gate_set(self.ctx, 0, 0, 0, 0, None, None, None, None, None))
+            return
+        arrs = [np.ascontiguousarray(a, dtype=np.float32) for a in (gate.w1, gate.b1, gate.w2, gate.b2, gate.g)]
+        n_layer, d_h, d_v = arrs[0].shape
+        self._check("kvpot_gate_set", self.lib.kvpot_gate_set(
+            self.ctx, n_layer, d_v, d_h, arrs[4].shape[1], *(a.ctypes.data_as(api.c_f32_p) for a in arrs)))
+        self._gate_keep = arrs  # the C side copied them; kept only so a failing call can be inspected
+
+    def fold(self, cells) -> None:
+        """Fold cells into the memory: M += sigma(K)^T V, z += sum sigma(k). cells: [L, H, n] per pot layer
+        and KV head, or [n] for the same in all. They stay in the cache until the next compaction."""
+        cells = np.asarray(cells)
+        if cells.ndim == 1:
+            cells = np.broadcast_to(cells, (self.n_layers, self.n_head_kv, cells.size))
+        if cells.ndim != 3:
+            raise PotCallError("kvpot_memory_fold", api.KVPOT_ERR_ARG, f"cells must be [layers, heads, n], got {cells.shape}")
+        arr, ptr = _i32(cells)
+        L, H, n = arr.shape
+        self._check("kvpot_memory_fold", self.lib.kvpot_memory_fold(self.ctx, ptr, L, H, n))
+
+    def folded(self) -> int:
+        """Tokens folded into the memory since it was zeroed (0: attention is stock)."""
+        return self._check("kvpot_memory_folded", self.lib.kvpot_memory_folded(self.ctx))
+
+    def memory_bytes(self) -> bytes:
+        """M, z and the folded count as bytes (layout in kvpot.h); b"" without a gate."""
+        size = self._check("kvpot_memory_state_size", self.lib.kvpot_memory_state_size(self.ctx))
+        if size == 0:
+            return b""
+        buf = ctypes.create_string_buffer(size)
+        self._check("kvpot_memory_state_get", self.lib.kvpot_memory_state_get(self.ctx, buf, size))
+        return buf.raw[:size]
+
+    def set_memory_bytes(self, data: bytes) -> None:
+        self._check("kvpot_memory_state_set", self.lib.kvpot_memory_state_set(self.ctx, data, len(data)))
+
+    def memory(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(M [L, H, d_k, d_v], z [L, H, d_k], tokens folded) read back from the context."""
+        return parse_memory(self.memory_bytes())
+
+
+def parse_memory(data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """Decode kvpot_memory_state_get's bytes into (M [L, H, d_k, d_v], z [L, H, d_k], n_folded)."""
+    head = np.frombuffer(data, dtype="<i4", count=6)
+    if len(data) < 32 or int(head[0]) != 0x4D50564B:
+        raise KvpotError("not a kvpot memory state")
+    L, H, dk, dv = (int(x) for x in head[2:6])
+    n_folded = int(np.frombuffer(data, dtype="<i8", count=1, offset=24)[0])
+    per = H * dk * (dv + 1)
+    body = np.frombuffer(data, dtype="<f4", offset=32)
+    if body.size != L * per:
+        raise KvpotError("kvpot memory state has the wrong size")
+    body = body.reshape(L, per)
+    m = body[:, :H * dk * dv].reshape(L, H, dv, dk).transpose(0, 1, 3, 2)
+    z = body[:, H * dk * dv:].reshape(L, H, dk)
+    return np.ascontiguousarray(m), np.ascontiguousarray(z), n_folded

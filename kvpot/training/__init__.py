@@ -1,0 +1,1 @@
+"""Training kvpot's trained pieces (torch, from the optional `train` extra; never needed to run kvpot)."""

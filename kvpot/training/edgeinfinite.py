@@ -1,0 +1,228 @@
+"""`kvpot train edgeinfinite`: train EdgeInfinite's memory-gating module on a frozen backbone.
+
+The torch forward of the memory and gate here is the computation of kvpot.memory_gate (the NumPy
+reference the in-graph layer is tested against), written in torch; tests/test_train_edgeinfinite.py
+checks the two agree on the same inputs.
+
+One training step (a decision: the paper gives data, epochs and learning rate, not the step):
+  a window of L_sink + n_seg * L_seg tokens of a long document is read the way kvpot reads it with the
+  EdgeInfinite policy: the sink first (positions 0..L_sink-1, no memory), then each segment at positions
+  L_sink.. (positions are places in the cache, as with CR-RoPE), attending to the sink's cached K, V,
+  to itself causally and to the memory of the segments before it; after each segment its K (RoPE'd) and
+  V are folded into M, z. Segments before the last run without gradients (they only build the memory;
+  M, z are detached), the last one with them, and its next-token loss is the step's loss. Only the gate
+  learns (W1, b1, W2, b2, g per layer); the backbone is frozen.
+Data: long offline text, by default the Python standard library's source files (/usr/lib/python3.*),
+  the longest first, with the document windows drawn by a seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise KvpotError("training needs torch: pip install 'kvpot[train]' (or torch==2.13.0 for a CPU build)") from None
+    return torch
+
+
+# -- the memory and gate in torch (kvpot.memory_gate's equations) -----------------------------------------
+
+def sigma(x):
+    """ELU(x) + 1."""
+    torch = _torch()
+    return torch.nn.functional.elu(x) + 1.0
+
+
+def fold(m, z, k, v):
+    """M [H, d_k, d_v], z [H, d_k] plus keys k [n, H, d_k] (RoPE'd) and values v [n, H, d_v]."""
+    torch = _torch()
+    sk = sigma(k)
+    return m + torch.einsum("nhk,nhv->hkv", sk, v), z + sk.sum(0)
+
+
+def read(m, z, q):
+    """A_mem [T, n_head, d_v] for q [T, n_head, d_k]; query head h reads KV head h // group."""
+    torch = _torch()
+    group = q.shape[1] // m.shape[0]
+    sq = sigma(q)
+    mg, zg = m.repeat_interleave(group, 0), z.repeat_interleave(group, 0)
+    return torch.einsum("thk,hkv->thv", sq, mg) / torch.einsum("thk,hk->th", sq, zg)[..., None]
+
+
+class GateModule:
+    """The trainable gate: torch parameters shaped as kvpot.memory_gate.MemoryGate's arrays."""
+
+    def __init__(self, gate):
+        torch = _torch()
+        self.layers = list(gate.layers)
+        self.base = gate.base
+        self.params = {n: torch.nn.Parameter(torch.tensor(np.asarray(getattr(gate, n)), dtype=torch.float32))
+                       for n in ("w1", "b1", "w2", "b2", "g")}
+
+    def parameters(self):
+        return list(self.params.values())
+
+    def mix(self, layer: int, a_mem, a_dot):
+        """A_com = sigmoid(g) (W2 ReLU(W1 A_mem + b1) + b2) + (1 - sigmoid(g)) A_dot; a_* [T, n_head, d_v]."""
+        torch = _torch()
+        p = self.params
+        h = torch.relu(a_mem @ p["w1"][layer].T + p["b1"][layer])
+        a_tl = h @ p["w2"][layer].T + p["b2"][layer]
+        sg = torch.sigmoid(p["g"][layer])
+        return sg * a_tl + (1.0 - sg) * a_dot
+
+    def to_gate(self):
+        from kvpot.memory_gate import MemoryGate
+
+        arr = {n: p.detach().numpy().astype(np.float32).copy() for n, p in self.params.items()}
+        return MemoryGate(layers=self.layers, base=self.base, **arr)
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+
+def python_sources(min_bytes: int = 40_000) -> list[Path]:
+    """The Python standard library's long source files on this machine, longest first (the same list on
+    every machine with the same Python)."""
+    files = []
+    for root in sorted(Path("/usr/lib").glob("python3.*")):
+        for f in root.rglob("*.py"):
+            if "test" in f.parts or "site-packages" in f.parts or "dist-packages" in f.parts:
+                continue
+            try:
+                size = f.stat().st_size
+            except OSError:
+                continue
+            if size >= min_bytes:
+                files.append((size, str(f)))
+    files.sort(key=lambda x: (-x[0], x[1]))
+    return [Path(f) for _, f in files]
+
+
+def windows(tokenize: Callable[[str], list[int]], files: list[Path], length: int, seed: int) -> Iterator[list[int]]:
+    """Endless windows of `length` tokens from the documents, drawn by a seeded generator."""
+    rng = random.Random(seed)
+    docs = []
+    for f in files:
+        toks = tokenize(f.read_text(errors="replace"))
+        if len(toks) >= length:
+            docs.append(toks)
+    if not docs:
+        raise KvpotError(f"no training document holds {length} tokens")
+    while True:
+        doc = docs[rng.randrange(len(docs))]
+        s = rng.randrange(len(doc) - length + 1)
+        yield doc[s:s + length]
+
+
+# -- one step ------------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainConfig:
+    L_sink: int = 32
+    L_seg: int = 128
+    n_seg: int = 3
+    steps: int = 150
+    lr: float = 5e-3   # the paper's learning rate (for its 3B model)
+    seed: int = 0
+    threads: int = 2
+
+
+def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig):
+    """The step's loss: next-token cross-entropy of the last segment, read as kvpot reads it."""
+    torch = _torch()
+    from kvpot.training.gguf_torch import forward
+
+    sink, rest = tokens[:cfg.L_sink], tokens[cfg.L_sink:]
+    H, d = weights.n_head_kv, weights.head_dim
+    with torch.no_grad():
+        _, prefix = forward(weights, sink, 0)
+    mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
+    pot_index = {il: i for i, il in enumerate(gate.layers)}
+    loss = None
+    for s in range(cfg.n_seg):
+        seg = rest[s * cfg.L_seg:(s + 1) * cfg.L_seg]
+        last = s == cfg.n_seg - 1
+        folded = s > 0
+
+        def mix(il, q, a_dot, mem=mem):
+            if not folded or il not in pot_index:
+                return a_dot  # no memory yet: stock attention (eq. 10)
+            m, z = mem[il]
+            return gate.mix(pot_index[il], read(m, z, q), a_dot)
+
+        ctx = torch.enable_grad() if last else torch.no_grad()
+        with ctx:
+            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=mix)
+        if last:
+            target = torch.as_tensor(seg[1:])
+            loss = torch.nn.functional.cross_entropy(logits[:-1], target)
+        else:
+            mem = [fold(m, z, k.detach(), v.detach()) for (m, z), (k, v) in zip(mem, kvs)]
+    return loss
+
+
+def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] = print,
+          init_gate=None) -> dict:
+    """Train a gate for `model`, write it to `out` (adapter GGUF); returns a summary."""
+    torch = _torch()
+    from kvpot.converters.adapter import initial_memory_gate, write_memory_gate
+    from kvpot.runtime.llama import LlamaModel
+    from kvpot.training.gguf_torch import load_llama
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    weights = load_llama(model)
+    for t in weights.tensors.values():
+        t.requires_grad_(False)
+    gate = GateModule(init_gate if init_gate is not None else initial_memory_gate(model))
+    tok_model = LlamaModel(str(model), vocab_only=True)
+    try:
+        data = windows(lambda s: tok_model.tokenize(s), python_sources(), cfg.L_sink + cfg.n_seg * cfg.L_seg, cfg.seed)
+        opt = torch.optim.Adam(gate.parameters(), lr=cfg.lr)
+        t0, losses = time.time(), []
+        for step in range(cfg.steps):
+            loss = segment_loss(weights, gate, next(data), cfg)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            if step % 10 == 0 or step == cfg.steps - 1:
+                recent = losses[-10:]
+                log(f"step {step + 1}/{cfg.steps}  loss {sum(recent) / len(recent):.4f}  "
+                    f"sigmoid(g) {float(torch.sigmoid(gate.params['g'].detach()).mean()):.3f}  {time.time() - t0:.0f}s")
+    finally:
+        tok_model.close()
+    source = (f"kvpot train edgeinfinite: {cfg.steps} steps, L_sink {cfg.L_sink}, L_seg {cfg.L_seg}, "
+              f"{cfg.n_seg} segments, lr {cfg.lr}, seed {cfg.seed}, Python stdlib sources")
+    write_memory_gate(out, gate.to_gate(), source=source)
+    return {"steps": cfg.steps, "first_loss": losses[0] if losses else math.nan,
+            "last_loss": float(np.mean(losses[-10:])) if losses else math.nan}
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - thin entry, the CLI wraps train()
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="kvpot train edgeinfinite")
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        train(Path(a.model), Path(a.out), TrainConfig(steps=a.steps, seed=a.seed))
+    except KvpotError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,92 @@
+"""The training side of EdgeInfinite: the torch memory and gate equal the NumPy reference the in-graph
+layer is tested against (tests/test_memory_gate.py); the torch backbone's keys equal llama.cpp's cached
+keys; a short training run writes a gate the policy accepts. Needs the `train` extra (torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the `train` extra (torch) is not installed")
+
+from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate  # noqa: E402
+from kvpot.memory_gate import MemoryGate, fold, read  # noqa: E402
+from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
+from kvpot.runtime.pot import Pot  # noqa: E402
+from kvpot.sample import logbook  # noqa: E402
+from kvpot.training import edgeinfinite as te  # noqa: E402
+from kvpot.training.gguf_torch import forward, load_llama  # noqa: E402
+
+from conftest import assert_one_line_error, run_cli  # noqa: E402
+
+
+def test_torch_memory_and_gate_equal_the_numpy_reference():
+    rng = np.random.default_rng(0)
+    H, n_head, dk, dv, T = 3, 9, 16, 16, 7
+    L = 2
+    gate = MemoryGate(layers=[0, 1], w1=rng.standard_normal((L, 8, dv)).astype(np.float32),
+                      b1=rng.standard_normal((L, 8)).astype(np.float32),
+                      w2=rng.standard_normal((L, dv, 8)).astype(np.float32),
+                      b2=rng.standard_normal((L, dv)).astype(np.float32),
+                      g=rng.standard_normal((L, n_head, dv)).astype(np.float32))
+    m_np, z_np = np.zeros((H, dk, dv)), np.zeros((H, dk))
+    m_t, z_t = torch.zeros(H, dk, dv, dtype=torch.float64), torch.zeros(H, dk, dtype=torch.float64)
+    for _ in range(3):  # several folds
+        k, v = rng.standard_normal((20, H, dk)), rng.standard_normal((20, H, dv))
+        for h in range(H):
+            m_np[h], z_np[h] = fold(m_np[h], z_np[h], k[:, h], v[:, h])
+        m_t, z_t = te.fold(m_t, z_t, torch.tensor(k), torch.tensor(v))
+    np.testing.assert_allclose(m_t.numpy(), m_np, rtol=1e-10)
+    np.testing.assert_allclose(z_t.numpy(), z_np, rtol=1e-10)
+    q, a_dot = rng.standard_normal((T, n_head, dk)), rng.standard_normal((T, n_head, dv))
+    a_mem = read(m_np, z_np, q)
+    np.testing.assert_allclose(te.read(m_t, z_t, torch.tensor(q)).numpy(), a_mem, rtol=1e-10)
+    mod = te.GateModule(gate)
+    got = mod.mix(1, torch.tensor(a_mem, dtype=torch.float32), torch.tensor(a_dot, dtype=torch.float32))
+    np.testing.assert_allclose(got.detach().numpy(), gate.mix(1, a_mem, a_dot), rtol=1e-4, atol=1e-4)
+
+
+def test_torch_backbone_keys_and_logits_match_llama_cpp(smollm2_path):
+    """The training forward sees the keys the cache holds (llama.cpp's RoPE form, same weights)."""
+    w = load_llama(smollm2_path)
+    model = LlamaModel(str(smollm2_path))
+    ctx = LlamaContext(model, ContextParams(n_ctx=128, n_batch=64, n_threads=2))
+    try:
+        tokens = model.tokenize(logbook(n_entries=2, seed=4)[0])[:48]
+        ctx.decode(tokens, 0, logits="last")
+        pot = Pot(ctx)
+        with torch.no_grad():
+            logits, kvs = forward(w, tokens, 0)
+        for il in (0, 15, 29):
+            for h in range(w.n_head_kv):
+                k_cpp = pot.read(il, h, "k", 0, len(tokens), w.head_dim)
+                k_t = kvs[il][0][:, h].numpy()
+                # llama.cpp multiplies Q4_1 weights by q8-quantized activations and stores K in f16
+                assert np.abs(k_t - k_cpp).max() <= 0.05 * np.abs(k_cpp).max() + 1e-2
+        got = ctx.logits_last()
+        want = logits[-1].numpy()
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        assert np.corrcoef(got, want)[0, 1] > 0.99
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_path, tmp_path):
+    out = tmp_path / "gate.gguf"
+    cfg = te.TrainConfig(L_sink=4, L_seg=16, n_seg=2, steps=2, lr=0.05, seed=1)
+    logs: list[str] = []
+    summary = te.train(smollm2_path, out, cfg, log=logs.append)
+    assert np.isfinite(summary["first_loss"]) and np.isfinite(summary["last_loss"])
+    assert any("loss" in line for line in logs)
+    gate = read_memory_gate(out, model=smollm2_path)
+    init = initial_memory_gate(smollm2_path)
+    assert gate.layers == init.layers and not np.array_equal(gate.g, init.g)  # the gate learned
+    with pytest.raises(AdapterError, match="another model"):
+        read_memory_gate(out, model=gemma_path)
+
+
+def test_cli_refuses_bad_arguments_in_one_line(smollm2_path, tmp_path):
+    res = run_cli("train", "edgeinfinite", "-m", str(smollm2_path), "-o", str(tmp_path / "g.gguf"), "--n-seg", "1")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "n-seg")
