@@ -60,7 +60,14 @@ struct kvpot_state {
     std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
     std::vector<std::vector<float>>                head_scores;   // per model layer, [n_tokens][n_head_kv] since the last take
 
-    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on); }
+    // InfLLM: per pot layer, the ubatch queries rotated to position q_angle, summed over rows and over
+    // the query heads of each KV group, accumulated until taken (kvpot_query_take)
+    bool                                           q_on    = false;
+    llama_pos                                      q_angle = 0;
+    std::vector<std::vector<float>>                q_acc;     // [n_pot_layer][n_head_kv * d_k]
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_q; // (pot layer, [1, d_k, n_head_kv])
+
+    bool active() const { return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || q_on; }
     bool has_dead_cells() const {
         for (int32_t n : n_live) {
             if ((uint32_t) n < n_compacted) {

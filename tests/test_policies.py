@@ -10,6 +10,7 @@ from kvpot.errors import KvpotError
 from kvpot.policies import (
     H2O,
     POLICIES,
+    InfLLM,
     Locret,
     FullAttention,
     Policy,
@@ -39,6 +40,8 @@ ALL_POLICIES = [
     H2O(heavy_ratio=1.0),
     Locret(heads="heads.gguf", n_s=8),
     Locret(heads="heads.gguf", n_s=0),
+    InfLLM(),
+    InfLLM(n_init=8, block_size=16, repr_topk=2),
 ]
 EVICTING = [p for p in ALL_POLICIES if not isinstance(p, FullAttention)]
 
@@ -470,7 +473,8 @@ def test_registry_names():
     from kvpot.policies import IMDC, InfiniPot
 
     assert POLICIES == {"full": FullAttention, "truncate": Truncate, "streaming": StreamingLLM,
-                        "snapkv": SnapKV, "h2o": H2O, "infinipot": InfiniPot, "imdc": IMDC, "locret": Locret}
+                        "snapkv": SnapKV, "h2o": H2O, "infinipot": InfiniPot, "imdc": IMDC, "locret": Locret,
+                        "infllm": InfLLM}
     for name, cls in POLICIES.items():
         assert cls.name == name
         assert cls.__doc__ and len(cls.__doc__) > 40
