@@ -14,6 +14,8 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-blocks.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-api-blocks.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-snapshot.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-crash.cpp
 )

@@ -34,8 +34,10 @@ public:
     std::vector<int32_t> delta_data;
 };
 
+} // namespace
+
 // the same rope settings llama.cpp's K-shift uses (llama_kv_cache::build_rope_shift)
-ggml_tensor * rerope(ggml_context * ctx, const llama_context * lctx, const llama_kv_cache & kv, ggml_tensor * x,
+ggml_tensor * kvpot_rerope(ggml_context * ctx, const llama_context * lctx, const llama_kv_cache & kv, ggml_tensor * x,
                      ggml_tensor * delta, ggml_tensor * rot, int32_t il) {
     const auto & cparams = lctx->get_cparams();
     const auto & hparams = kvpot_kv_access::hparams(kv);
@@ -53,8 +55,6 @@ ggml_tensor * rerope(ggml_context * ctx, const llama_context * lctx, const llama
     }
     return x;
 }
-
-} // namespace
 
 llama_pos kvpot_rope_pos(const kvpot_state & st, const llama_kv_cells & cells, int32_t ipot, int32_t n_head_kv,
                          int32_t head, uint32_t cell) {
@@ -115,7 +115,7 @@ std::string run_gather(llama_context * lctx, const kvpot_pot & pot, const kvpot_
         ggml_tensor * kg = ggml_get_rows(ctx, ggml_permute(ctx, ks, 0, 2, 1, 3), idx);
         if (cr_rope) {
             ggml_tensor * delta = ggml_view_1d(ctx, inp->delta, (int64_t) n_keep*n_head_kv, l*inp->delta->nb[1]);
-            kg = rerope(ctx, lctx, kv, ggml_reshape_3d(ctx, kg, dk, 1, (int64_t) n_keep*n_head_kv), delta, inp->k_rot, il);
+            kg = kvpot_rerope(ctx, lctx, kv, ggml_reshape_3d(ctx, kg, dk, 1, (int64_t) n_keep*n_head_kv), delta, inp->k_rot, il);
             kg = ggml_reshape_3d(ctx, kg, dk, n_keep, n_head_kv);
         }
         kg = ggml_cont(ctx, ggml_permute(ctx, kg, 0, 2, 1, 3)); // [dk, n_head_kv, n_keep]: the cache's cell layout

@@ -30,3 +30,8 @@ std::string kvpot_compact(llama_context * lctx, kvpot_state & st, const kvpot_po
 // RoPE position of the token a cell of a pot layer holds for one KV head
 llama_pos kvpot_rope_pos(const kvpot_state & st, const llama_kv_cells & cells, int32_t ipot, int32_t n_head_kv,
                          int32_t head, uint32_t cell);
+
+// rotate the keys x [d, n_head, n] (F32) by delta [n] positions with the rope settings of layer il, the
+// same llama.cpp's K-shift uses; rot: the Hadamard matrix of a rotated K cache, or nullptr
+ggml_tensor * kvpot_rerope(ggml_context * ctx, const llama_context * lctx, const llama_kv_cache & kv, ggml_tensor * x,
+                           ggml_tensor * delta, ggml_tensor * rot, int32_t il);

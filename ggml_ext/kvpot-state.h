@@ -71,7 +71,7 @@ struct kvpot_state {
     std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
 
     bool active() const {
-        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on;
+        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on;
     }
 
     // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
@@ -80,6 +80,13 @@ struct kvpot_state {
     std::shared_ptr<kvpot_gate>   gate;
     std::shared_ptr<kvpot_memory> memory;
     bool memory_live() const;
+
+    // InfLLM: per pot layer, the ubatch queries rotated to position q_angle, summed over rows and over
+    // the query heads of each KV group, accumulated until taken (kvpot_query_take)
+    bool                                           q_on    = false;
+    llama_pos                                      q_angle = 0;
+    std::vector<std::vector<float>>                q_acc;     // [n_pot_layer][n_head_kv * d_k]
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_lookup_q; // (pot layer, [1, d_k, n_head_kv])
 
     bool has_dead_cells() const {
         for (int32_t n : n_live) {

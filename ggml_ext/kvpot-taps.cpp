@@ -1,5 +1,6 @@
 // score taps and token log-probs: small extra graph pieces added while llama.cpp builds a ubatch graph,
 // read back after it computes
+#include "kvpot-compact.h"
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
 #include "kvpot-memory.h"
@@ -21,6 +22,7 @@ namespace {
 
 // what the graph being built on this thread taps; set between build_begin and build_end
 struct kvpot_build {
+    const llama_context * lctx = nullptr;
     kvpot_state *        st   = nullptr;
     llama_kv_cache *     pot  = nullptr;
     const llama_ubatch * ub   = nullptr;
@@ -98,6 +100,8 @@ int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
 }
 
 // defined after the hooks
+void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
+               int32_t ipot, int32_t il);
 void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot);
 
@@ -123,6 +127,7 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     if (!kvpot_pot_resolve(const_cast<llama_context *>(lctx), pot).empty()) {
         return;
     }
+    g_build.lctx = lctx;
     g_build.st  = st;
     g_build.pot = pot.kv;
     g_build.ub  = &ubatch;
@@ -132,6 +137,7 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     st->pending_heads.clear();
     st->pending_qkv.clear();
     st->pending_q.clear();
+    st->pending_lookup_q.clear();
     if (!st->tap_pos.empty()) {
         for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
             for (llama_pos p : st->tap_pos) {
@@ -181,6 +187,9 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     if (!g_build.rows.empty()) {
         tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
     }
+    if (g_build.st->q_on) {
+        query_sum(ctx0, gf, res, q, (int32_t) k->ne[1], ipot, il);
+    }
     return kq_mask;
 }
 
@@ -197,6 +206,34 @@ ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_ten
 }
 
 namespace {
+
+// InfLLM's lookup query: the ubatch's queries [d, n_head, n_tokens] (after RoPE at their own positions)
+// rotated to position q_angle, summed over the rows and over the query heads of each KV group
+void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
+               int32_t ipot, int32_t il) {
+    const llama_ubatch & ub = *g_build.ub;
+    const int64_t d        = q->ne[0];
+    const int64_t n_head   = q->ne[1];
+    const int64_t n_tokens = q->ne[2];
+    const int64_t n_group  = n_head / n_head_kv;
+    std::vector<int32_t> delta((size_t) n_tokens);
+    for (int64_t i = 0; i < n_tokens; ++i) {
+        delta[i] = g_build.st->q_angle - ub.pos[i];
+    }
+    ggml_tensor * dt = add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
+    ggml_tensor * qc = ggml_cont(ctx0, q);
+    if (qc->type != GGML_TYPE_F32) {
+        qc = ggml_cast(ctx0, qc, GGML_TYPE_F32);
+    }
+    qc = kvpot_rerope(ctx0, g_build.lctx, *g_build.pot, qc, dt, nullptr, il);      // [d, n_head, n_tokens]
+    ggml_tensor * t = ggml_cont(ctx0, ggml_permute(ctx0, qc, 1, 2, 0, 3));        // [n_tokens, d, n_head]
+    t = ggml_sum_rows(ctx0, t);                                                   // [1, d, n_head]
+    t = ggml_reshape_3d(ctx0, t, d, n_group, n_head_kv);                          // query head h -> KV head h / n_group
+    t = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
+    ggml_set_output(t);
+    ggml_build_forward_expand(gf, t);
+    g_build.st->pending_lookup_q.push_back({ipot, t});
+}
 
 // score taps: the attention probability each cell receives from the tapped rows, per KV head
 void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
@@ -306,7 +343,8 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
     if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty() &&
-                st->pending_qkv.empty() && st->pending_q.empty())) {
+                st->pending_qkv.empty() && st->pending_q.empty() &&
+                st->pending_lookup_q.empty())) {
         return;
     }
     ggml_backend_sched_synchronize(lctx->get_sched());
@@ -354,6 +392,19 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     append(st->captured_q, st->pending_q);
     st->pending_qkv.clear();
     st->pending_q.clear();
+    for (const auto & [ipot, t] : st->pending_lookup_q) {
+        if (ipot >= (int32_t) st->q_acc.size()) {
+            st->q_acc.resize(ipot + 1);
+        }
+        auto & acc = st->q_acc[ipot];
+        buf.resize(ggml_nelements(t));
+        ggml_backend_tensor_get(t, buf.data(), 0, ggml_nbytes(t));
+        acc.resize(buf.size(), 0.0f);
+        for (size_t i = 0; i < buf.size(); ++i) {
+            acc[i] += buf[i];
+        }
+    }
+    st->pending_lookup_q.clear();
     if (st->pending_lp) {
         buf.resize(ggml_nelements(st->pending_lp));
         ggml_backend_tensor_get(st->pending_lp, buf.data(), 0, ggml_nbytes(st->pending_lp));

@@ -202,6 +202,81 @@ KVPOT_API int64_t kvpot_memory_state_size(struct llama_context * ctx);
 KVPOT_API int64_t kvpot_memory_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
 KVPOT_API int64_t kvpot_memory_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
 
+//
+// InfLLM (issue 15): block memory. Evicted K/V in blocks of block_size tokens with one representative
+// key per KV head, in a file (docs/formats.md) read through a bounded LRU cache; cells read out of the
+// pot and inserted into it at one RoPE angle; the lookup query of each pot layer, captured in the graph.
+//
+
+struct kvpot_blocks; // an open block store
+
+struct kvpot_blocks_info {
+    int32_t n_layer;      // pot layers
+    int32_t n_head_kv;
+    int32_t d_k;
+    int32_t d_v;
+    int32_t block_size;   // tokens per block
+    int32_t n_blocks;     // blocks per layer
+    int32_t max_cached;   // decoded blocks the LRU cache may hold
+    int32_t n_cached;     // decoded blocks it holds now
+    int64_t record_bytes; // bytes of one block of one layer in the file
+    int64_t file_bytes;
+    int64_t hits;         // LRU reads served from RAM
+    int64_t misses;       // LRU reads from the file
+};
+
+// create (create = true: a new, empty store; an existing file is truncated) or open a block store.
+// Opening checks magic, version, shape (a size argument of 0 takes the file's) and that the file holds
+// whole blocks; NULL with kvpot_last_error() when it does not.
+KVPOT_API struct kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k,
+                                                  int32_t d_v, int32_t block_size, int32_t max_cached, bool create);
+KVPOT_API void    kvpot_blocks_free(struct kvpot_blocks * bs);
+KVPOT_API int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_blocks_info * out);
+
+// append one block to every layer: pos [block_size] stream positions, repr [n_layer][n_head_kv][d_k],
+// k [n_layer][n_head_kv][block_size][d_k], v [n_layer][n_head_kv][block_size][d_v] (keys as they are to
+// be scored and re-rotated: kvpot stores them at RoPE position 0). Returns the block's index.
+KVPOT_API int32_t kvpot_blocks_append(struct kvpot_blocks * bs, const int32_t * pos, const float * repr,
+                                      const float * k, const float * v);
+
+// one block of one layer through the LRU cache; pos [block_size], repr [n_head_kv][d_k],
+// k [n_head_kv][block_size][d_k], v [n_head_kv][block_size][d_v]; any output may be NULL
+KVPOT_API int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int32_t block, int32_t * pos, float * repr,
+                                    float * k, float * v);
+
+// relevance of every block of a layer to q [n_head_kv][d_k]: sum over heads of q_h . repr_h (in double);
+// out[k]: the top k blocks, best first, ties to the lower index; scores [n_blocks] may be NULL. The
+// representatives are read from the file in parts, so the store may be larger than RAM. Returns k.
+KVPOT_API int32_t kvpot_blocks_topk(struct kvpot_blocks * bs, int32_t layer, const float * q, int32_t k,
+                                    int32_t * out, float * scores);
+
+// cut the store back to its first n_blocks blocks (a reopened context goes on after the blocks it saved)
+KVPOT_API int32_t kvpot_blocks_truncate(struct kvpot_blocks * bs, int32_t n_blocks);
+
+// flush the file to the disk (before a saved context references it)
+KVPOT_API int32_t kvpot_blocks_sync(struct kvpot_blocks * bs);
+
+// read cells [cell0, cell0 + n_cells) of every pot layer with K re-rotated to RoPE position rope_to (the
+// same rope settings as the compaction): k_out [n_layer][n_head_kv][n_cells][d_k], v_out likewise with d_v
+KVPOT_API int32_t kvpot_pot_read_at(struct llama_context * ctx, int32_t cell0, int32_t n_cells, llama_pos rope_to,
+                                    float * k_out, float * v_out);
+
+// append n_cells cells after the pot, per layer and KV head, k [n_layer][n_head_kv][n_cells][d_k] stored
+// at RoPE positions rope_from [n_cells] and re-rotated to rope_to (every inserted key at that one
+// position), v likewise; the cells then take consecutive positions ending before the next token's
+// (they only serve the causal mask). The pot must have no holes and no dead cells.
+KVPOT_API int32_t kvpot_pot_insert(struct llama_context * ctx, int32_t n_cells, const float * k, const float * v,
+                                   const llama_pos * rope_from, llama_pos rope_to);
+
+// capture (on) or not the lookup query of every pot layer in the next decodes: the queries after RoPE,
+// re-rotated to position `angle`, summed over the rows and over the query heads of each KV group;
+// accumulated until taken. A request clears what was accumulated.
+KVPOT_API int32_t kvpot_query_request(struct llama_context * ctx, bool on, llama_pos angle);
+
+// the query of pot layer ipot accumulated since the request or the last take: out [n_head_kv][d_k];
+// returns n_out, or 0 when nothing was captured, and forgets it
+KVPOT_API int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
+
 #ifdef __cplusplus
 }
 #endif

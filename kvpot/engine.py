@@ -15,7 +15,7 @@ import numpy as np
 from kvpot.engine_state import EngineState, decode_tree, encode_tree
 from kvpot.errors import KvpotError
 from kvpot.gguf_file import read_model_facts
-from kvpot.policies.base import DEAD, PAD, Policy, PotView, TapRequest, check_keep
+from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
 
@@ -120,7 +120,9 @@ class Engine:
         return self.pot.stats()
 
     def close(self) -> None:
-        """Free the context, then the model (the pot refuses calls from then on)."""
+        """Free the context, then the model (the pot refuses calls from then on); the policy forgets
+        the document (InfLLM deletes a block store no saved context references)."""
+        self.policy.reset()
         self.ctx.close()
         self.model.close()
 
@@ -217,6 +219,9 @@ class Engine:
         if req.head_scores:
             self._take_head_scores(0)  # nothing stale: scores must be this chunk's alone
             self.pot.enable_heads(True)
+        if req.query_angle is not None:
+            self.pot.query_request(True, req.query_angle)
+        queries = None
         try:
             n_old = self.n_cells
             self._decode(piece, pos0, "all" if req.logprobs else "last")
@@ -230,7 +235,11 @@ class Engine:
                 finite = logprobs[np.isfinite(logprobs)]
                 self.nll_sum -= float(finite.sum())
                 self.nll_count += int(finite.size)
+            if req.query_angle is not None:
+                queries = self.pot.query_take(self.facts.head_dim_k)
         finally:
+            if req.query_angle is not None:
+                self.pot.query_request(False)
             if req.tap_last:
                 self.pot.tap_clear()
             if req.logprobs:
@@ -247,7 +256,7 @@ class Engine:
 
         view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
                        scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen,
-                       head_scores=head_scores)
+                       head_scores=head_scores, queries=queries, read_cells=self._read_cells)
         self.policy.after_chunk(view)
         peak = self.n_cells
         return self._maybe_compact(view, next_size), peak
@@ -294,8 +303,50 @@ class Engine:
         if fold is not None and len(fold):
             self.pot.fold(fold)  # into the gated memory before the compaction drops those cells
         self.compact(keep, self.policy.cr_rope)
+        self._recall()
         self.compact_seconds += time.perf_counter() - t0
         return True
+
+    def _read_cells(self, cell0: int, n: int, rope_to: int) -> tuple[np.ndarray, np.ndarray]:
+        """K (re-rotated to RoPE position rope_to) and V of cells [cell0, cell0 + n), for PotView.read_cells."""
+        return self.pot.read_at(cell0, n, rope_to, self.facts.head_dim_k, self.facts.head_dim_v)
+
+    def _recall(self) -> None:
+        """Append the cells the policy recalls after a compaction (InfLLM's initial tokens and blocks)."""
+        rec: Recall | None = self.policy.recall(self.pos_next)
+        if rec is None:
+            return
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        m = rec.k.shape[2]
+        if rec.positions.shape != (L, H, m) or self.n_cells + m > self._capacity():
+            raise KvpotError(f"internal: {self.policy.name} recalled {m} cells for a pot of {self.n_cells} "
+                             f"and capacity {self._capacity()}")
+        self.pot.insert(rec.k, rec.v, rec.rope_from, rec.rope_to)
+        self.positions = np.concatenate([self.positions, rec.positions.astype(np.int64)], axis=2)
+
+    def _lookup_for_prompt(self, toks: list[int]) -> None:
+        """A policy that looks its memory up by the question's queries (InfLLM) gets them: the question
+        is decoded once with the queries captured, taken back out, and the pot is re-selected and
+        recalled for it before the question is decoded for real."""
+        req = self.policy.before_prompt(len(toks))
+        if req.query_angle is None or not self.n_cells:
+            return
+        pos0 = self.pos_next
+        self.pot.query_request(True, req.query_angle)
+        try:
+            self._decode(toks, pos0, "last")
+            queries = self.pot.query_take(self.facts.head_dim_k)
+        finally:
+            self.pot.query_request(False)
+            self.ctx.remove_from(pos0)
+        L, H = self.pot.n_layers, self.pot.n_head_kv
+        view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions, scores=None,
+                       logprobs=None, chunk_positions=np.zeros(0, dtype=np.int64), tokens_seen=self.tokens_seen,
+                       queries=queries, read_cells=self._read_cells)
+        keep = self.policy.select(view, self.policy.budget_at(self.step, self.config.budget))
+        if keep is not None:
+            self.compact(keep, self.policy.cr_rope)
+            self._recall()
 
     def _append_catalyst(self, text: str, view: PotView) -> PotView:
         """Decode the catalyst after the pot with a tap on its rows, then remove it from every cache;
@@ -351,6 +402,7 @@ class Engine:
         if self.prompt_is_read(len(toks)):
             self.feed_stream([toks[:-1]], on_chunk=on_chunk)
             toks = toks[-1:]
+        self._lookup_for_prompt(toks)
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
         return self.ctx.logits_last()

@@ -12,6 +12,7 @@ from kvpot.policies import (
     POLICIES,
     BudgetTooSmall,
     EdgeInfinite,
+    InfLLM,
     Locret,
     FullAttention,
     Policy,
@@ -43,6 +44,8 @@ ALL_POLICIES = [
     Locret(heads="heads.gguf", n_s=0),
     EdgeInfinite(gate="gate.gguf", L_sink=4, L_window=8, L_seg=16),
     EdgeInfinite(gate="gate.gguf", L_sink=0, L_window=3, L_seg=5),
+    InfLLM(),
+    InfLLM(n_init=8, block_size=16, repr_topk=2),
 ]
 EVICTING = [p for p in ALL_POLICIES if not isinstance(p, FullAttention)]
 
@@ -487,7 +490,7 @@ def test_registry_names():
 
     assert POLICIES == {"full": FullAttention, "truncate": Truncate, "streaming": StreamingLLM,
                         "snapkv": SnapKV, "h2o": H2O, "infinipot": InfiniPot, "imdc": IMDC, "locret": Locret,
-                        "edgeinfinite": EdgeInfinite}
+                        "edgeinfinite": EdgeInfinite, "infllm": InfLLM}
     for name, cls in POLICIES.items():
         assert cls.name == name
         assert cls.__doc__ and len(cls.__doc__) > 40

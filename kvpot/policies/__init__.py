@@ -17,13 +17,14 @@ from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.h2o import H2O
 from kvpot.policies.imdc import IMDC
 from kvpot.policies.infinipot import InfiniPot
+from kvpot.policies.infllm import InfLLM
 from kvpot.policies.locret import Locret
 from kvpot.policies.snapkv import SnapKV
 from kvpot.policies.streaming_llm import StreamingLLM
 from kvpot.policies.truncate import Truncate
 
 POLICIES: dict[str, type] = {cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O, InfiniPot, IMDC,
-                                                       Locret, EdgeInfinite)}
+                                                       Locret, EdgeInfinite, InfLLM)}
 
 __all__ = [
     "H2O",
@@ -33,6 +34,7 @@ __all__ = [
     "BudgetTooSmall",
     "EdgeInfinite",
     "FullAttention",
+    "InfLLM",
     "InfiniPot",
     "Locret",
     "Policy",

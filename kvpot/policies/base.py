@@ -10,6 +10,7 @@ adaptive and square-sqrt schedules) a layer may hold fewer: its other cells are 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,11 +33,14 @@ class TapRequest:
     logprobs: return log p(next token) for every row of the chunk (InfiniPot's NuC).
     head_scores: return the retaining heads' score of every token of the chunk (Locret); the
                  policy brings the heads through its `retaining_heads` hook.
+    query_angle: capture each pot layer's lookup query of the chunk (its queries re-rotated to this
+                 RoPE position, summed over rows and the query heads of each KV group; InfLLM); None: no
     """
 
     tap_last: int = 0
     logprobs: bool = False
     head_scores: bool = False
+    query_angle: int | None = None
 
 
 NO_TAPS = TapRequest()
@@ -65,6 +69,23 @@ class PotView:
     # [L, H, n] float32 or None: the retaining heads' score of each token of the last chunk (Locret),
     # aligned with chunk_positions; None unless the policy asked for them
     head_scores: np.ndarray | None = None
+    # [L, H, d_k] float32 or None: the chunk's lookup query per pot layer (TapRequest.query_angle)
+    queries: np.ndarray | None = None
+    # read_cells(cell0, n, rope_to) -> (k [L, H, n, d_k] re-rotated to RoPE position rope_to, v [L, H, n, d_v]):
+    # the K/V of cells [cell0, cell0 + n) of every pot layer; None when no runtime is behind the view
+    read_cells: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]] | None = None
+
+
+@dataclass(frozen=True)
+class Recall:
+    """Cells a policy puts back after a compaction (InfLLM's initial tokens and retrieved blocks): the
+    engine appends them after the kept cells, every key re-rotated to one RoPE position."""
+
+    k: np.ndarray          # [L, H, m, d_k] float32, keys stored at RoPE positions rope_from
+    v: np.ndarray          # [L, H, m, d_v] float32
+    rope_from: np.ndarray  # [m] int32
+    rope_to: int
+    positions: np.ndarray  # [L, H, m] int64 stream positions of the recalled tokens
 
 
 class Policy:
@@ -99,6 +120,11 @@ class Policy:
       memory_fold()              -> cells (the same in every layer and head) to fold into the gated
                                     memory before the compaction select just chose, or None
       after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
+      recall(pos_next)           -> a Recall: cells appended after the kept ones (InfLLM's memory), or None
+      before_prompt(n_tokens)    -> TapRequest for a question about to be decoded: with query_angle
+                                    set, the engine decodes it once to capture its queries, takes it
+                                    back out, lets the policy select (view.queries) and recall, then
+                                    decodes it for real (InfLLM's lookup for the question)
       reset()                    -> forget the document
     """
 
@@ -163,6 +189,12 @@ class Policy:
 
     def after_compaction(self, keep: np.ndarray) -> None:
         pass
+
+    def recall(self, pos_next: int) -> Recall | None:
+        return None
+
+    def before_prompt(self, n_tokens: int) -> TapRequest:
+        return NO_TAPS
 
     def reset(self) -> None:
         """Forget per-document state (the engine calls this on reset)."""
@@ -295,6 +327,12 @@ class Wrapping(Policy):
 
     def after_compaction(self, keep: np.ndarray) -> None:
         self.wrapped.after_compaction(keep)
+
+    def recall(self, pos_next: int) -> Recall | None:
+        return self.wrapped.recall(pos_next)
+
+    def before_prompt(self, n_tokens: int) -> TapRequest:
+        return self.wrapped.before_prompt(n_tokens)
 
     def reset(self) -> None:
         self.wrapped.reset()

@@ -33,6 +33,27 @@ class kvpot_pot_stats(ctypes.Structure):
     ]
 
 
+class kvpot_blocks_info(ctypes.Structure):
+    """struct kvpot_blocks_info"""
+
+    _fields_ = [
+        ("n_layer", ctypes.c_int32),
+        ("n_head_kv", ctypes.c_int32),
+        ("d_k", ctypes.c_int32),
+        ("d_v", ctypes.c_int32),
+        ("block_size", ctypes.c_int32),
+        ("n_blocks", ctypes.c_int32),
+        ("max_cached", ctypes.c_int32),
+        ("n_cached", ctypes.c_int32),
+        ("record_bytes", ctypes.c_int64),
+        ("file_bytes", ctypes.c_int64),
+        ("hits", ctypes.c_int64),
+        ("misses", ctypes.c_int64),
+    ]
+
+
+c_blocks_p = ctypes.c_void_p  # struct kvpot_blocks *
+
 # (name, restype, argtypes) -- kept in the order of kvpot.h
 SIGNATURES: list[tuple[str, object, list]] = [
     # const char * kvpot_version(void);
@@ -116,6 +137,38 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_memory_state_get", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
     # int64_t kvpot_memory_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
     ("kvpot_memory_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
+    # -- InfLLM: block memory --
+    # struct kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k,
+    #                                         int32_t d_v, int32_t block_size, int32_t max_cached, bool create);
+    ("kvpot_blocks_open", c_blocks_p, [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                       ctypes.c_int32, ctypes.c_int32, ctypes.c_bool]),
+    # void kvpot_blocks_free(struct kvpot_blocks * bs);
+    ("kvpot_blocks_free", None, [c_blocks_p]),
+    # int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_blocks_info * out);
+    ("kvpot_blocks_info_get", ctypes.c_int32, [c_blocks_p, ctypes.POINTER(kvpot_blocks_info)]),
+    # int32_t kvpot_blocks_append(struct kvpot_blocks * bs, const int32_t * pos, const float * repr,
+    #                             const float * k, const float * v);
+    ("kvpot_blocks_append", ctypes.c_int32, [c_blocks_p, c_i32_p, c_f32_p, c_f32_p, c_f32_p]),
+    # int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int32_t block, int32_t * pos, float * repr,
+    #                           float * k, float * v);
+    ("kvpot_blocks_read", ctypes.c_int32, [c_blocks_p, ctypes.c_int32, ctypes.c_int32, c_i32_p, c_f32_p, c_f32_p, c_f32_p]),
+    # int32_t kvpot_blocks_topk(struct kvpot_blocks * bs, int32_t layer, const float * q, int32_t k,
+    #                           int32_t * out, float * scores);
+    ("kvpot_blocks_topk", ctypes.c_int32, [c_blocks_p, ctypes.c_int32, c_f32_p, ctypes.c_int32, c_i32_p, c_f32_p]),
+    # int32_t kvpot_blocks_truncate(struct kvpot_blocks * bs, int32_t n_blocks);
+    ("kvpot_blocks_truncate", ctypes.c_int32, [c_blocks_p, ctypes.c_int32]),
+    # int32_t kvpot_blocks_sync(struct kvpot_blocks * bs);
+    ("kvpot_blocks_sync", ctypes.c_int32, [c_blocks_p]),
+    # int32_t kvpot_pot_read_at(struct llama_context * ctx, int32_t cell0, int32_t n_cells, llama_pos rope_to,
+    #                           float * k_out, float * v_out);
+    ("kvpot_pot_read_at", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, c_f32_p, c_f32_p]),
+    # int32_t kvpot_pot_insert(struct llama_context * ctx, int32_t n_cells, const float * k, const float * v,
+    #                          const llama_pos * rope_from, llama_pos rope_to);
+    ("kvpot_pot_insert", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, c_f32_p, c_i32_p, ctypes.c_int32]),
+    # int32_t kvpot_query_request(struct llama_context * ctx, bool on, llama_pos angle);
+    ("kvpot_query_request", ctypes.c_int32, [c_ctx_p, ctypes.c_bool, ctypes.c_int32]),
+    # int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
+    ("kvpot_query_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32]),
 ]
 
 

@@ -141,6 +141,38 @@ class Pot:
         self._check("kvpot_pot_cell_pos", self.lib.kvpot_pot_cell_pos(self.ctx, out.ctypes.data_as(api.c_i32_p), n))
         return out
 
+    # -- InfLLM: cells out of and into the pot at one RoPE angle, lookup queries ------------------
+
+    def read_at(self, cell0: int, n_cells: int, rope_to: int, d_k: int, d_v: int) -> tuple[np.ndarray, np.ndarray]:
+        """K [L, H, n, d_k] re-rotated to RoPE position rope_to, and V [L, H, n, d_v], of cells [cell0, cell0 + n)."""
+        k = np.zeros((self.n_layers, self.n_head_kv, n_cells, d_k), dtype=np.float32)
+        v = np.zeros((self.n_layers, self.n_head_kv, n_cells, d_v), dtype=np.float32)
+        self._check("kvpot_pot_read_at", self.lib.kvpot_pot_read_at(
+            self.ctx, cell0, n_cells, rope_to, k.ctypes.data_as(api.c_f32_p), v.ctypes.data_as(api.c_f32_p)))
+        return k, v
+
+    def insert(self, k: np.ndarray, v: np.ndarray, rope_from, rope_to: int) -> None:
+        """Append cells after the pot: k [L, H, n, d_k] stored at rope_from [n], re-rotated to rope_to."""
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != (self.n_layers, self.n_head_kv, v.shape[2]) or v.shape[:2] != k.shape[:2]:
+            raise PotCallError("kvpot_pot_insert", api.KVPOT_ERR_ARG, f"k {k.shape} / v {v.shape} do not fit the pot")
+        arr, ptr = _i32(rope_from)
+        if arr.shape != (k.shape[2],):
+            raise PotCallError("kvpot_pot_insert", api.KVPOT_ERR_ARG, "rope_from needs one position per cell")
+        self._check("kvpot_pot_insert", self.lib.kvpot_pot_insert(
+            self.ctx, k.shape[2], k.ctypes.data_as(api.c_f32_p), v.ctypes.data_as(api.c_f32_p), ptr, rope_to))
+
+    def query_request(self, on: bool, angle: int = 0) -> None:
+        self._check("kvpot_query_request", self.lib.kvpot_query_request(self.ctx, on, angle))
+
+    def query_take(self, d_k: int) -> np.ndarray | None:
+        """[L, H, d_k] lookup queries accumulated since the request (None when nothing was captured)."""
+        out = np.zeros((self.n_layers, self.n_head_kv, d_k), dtype=np.float32)
+        got = [self._check("kvpot_query_take", self.lib.kvpot_query_take(
+            self.ctx, l, out[l].ctypes.data_as(api.c_f32_p), out[l].size)) for l in range(self.n_layers)]
+        return out if all(got) else None
+
     # -- Locret's retaining heads -----------------------------------------------------------------
 
     def set_heads(self, heads) -> None:

@@ -1,0 +1,420 @@
+// the InfLLM part of the C API: the block store, reading pot cells out at one RoPE angle, inserting
+// cells (retrieved blocks, initial tokens) at one RoPE angle, and the per-layer lookup query
+#include "kvpot.h"
+#include "kvpot-barrier.h"
+#include "kvpot-blocks.h"
+#include "kvpot-compact.h"
+#include "kvpot-pot.h"
+#include "kvpot-state.h"
+
+#include "llama-context.h"
+#include "llama-graph.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+struct kvpot_blocks {
+    std::unique_ptr<kvpot_block_store> store;
+};
+
+namespace {
+
+int32_t blocks_fail(const std::string & why) {
+    return kvpot_fail(KVPOT_ERR_ARG, why);
+}
+
+// 1-D I32 graph input for the read/insert graphs
+class kvpot_i32_input : public llm_graph_input_i {
+public:
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        for (auto & [t, data] : i32) {
+            ggml_backend_tensor_set(t, data.data(), 0, data.size()*sizeof(int32_t));
+        }
+        for (auto & [t, data] : f32) {
+            ggml_backend_tensor_set(t, data->data(), 0, ggml_nbytes(t));
+        }
+    }
+    ggml_tensor * add(ggml_context * ctx, std::vector<int32_t> data) {
+        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) data.size());
+        ggml_set_input(t);
+        i32.emplace_back(t, std::move(data));
+        return t;
+    }
+    std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>>        i32;
+    std::vector<std::pair<ggml_tensor *, const std::vector<float> *>>  f32; // host data owned by the caller
+};
+
+// build and compute one graph on the context's scheduler (as the compaction does); after it returns,
+// tensors marked as outputs can be read
+std::string run_graph(llama_context * lctx, const std::function<void(ggml_context *, ggml_cgraph *, kvpot_i32_input &)> & build,
+                      const std::function<void()> & after) {
+    auto inp = std::make_unique<kvpot_i32_input>();
+    auto * sched = lctx->get_sched();
+    ggml_backend_sched_reset(sched);
+    auto * res = lctx->get_gf_res_reserve();
+    res->reset();
+    ggml_context * ctx = res->get_ctx();
+    ggml_cgraph  * gf  = res->get_gf();
+    build(ctx, gf, *inp);
+    res->add_input(std::move(inp));
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        return "failed to allocate the block graph";
+    }
+    res->set_inputs(nullptr);
+    if (lctx->graph_compute(gf, false) != GGML_STATUS_SUCCESS) {
+        return "failed to compute the block graph";
+    }
+    ggml_backend_sched_synchronize(sched);
+    after();
+    return "";
+}
+
+// the pot must hold plain cells: no pending per-layer dead cells, no Hadamard-rotated K
+std::string check_plain(const kvpot_pot & pot, const kvpot_state & st) {
+    if (kvpot_kv_access::attn_rot_k(*pot.kv)) {
+        return "block memory needs a K cache without Hadamard rotation (f16 or f32)";
+    }
+    if (st.has_dead_cells()) {
+        return "block memory cannot work on a pot with per-layer budgets";
+    }
+    return "";
+}
+
+} // namespace
+
+kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k, int32_t d_v,
+                                 int32_t block_size, int32_t max_cached, bool create) {
+    try {
+        if (!path || n_layer < 0 || n_head_kv < 0 || d_k < 0 || d_v < 0 || block_size < 0 || max_cached < 1) {
+            kvpot_fail(KVPOT_ERR_ARG, "block store: path is NULL or a size is negative");
+            return nullptr;
+        }
+        std::string why;
+        kvpot_blocks_shape shape{(uint32_t) n_layer, (uint32_t) n_head_kv, (uint32_t) d_k, (uint32_t) d_v, (uint32_t) block_size};
+        kvpot_block_store * s = kvpot_block_store::open(path, shape, (uint32_t) max_cached, create, why);
+        if (!s) {
+            kvpot_fail(KVPOT_ERR_ARG, why);
+            return nullptr;
+        }
+        auto * out = new kvpot_blocks();
+        out->store.reset(s);
+        return out;
+    } catch (const std::exception & e) {
+        kvpot_fail(KVPOT_ERR_STATE, std::string("internal error: ") + e.what());
+        return nullptr;
+    }
+}
+
+void kvpot_blocks_free(kvpot_blocks * bs) {
+    delete bs;
+}
+
+int32_t kvpot_blocks_info_get(kvpot_blocks * bs, kvpot_blocks_info * out) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || !out) {
+            return blocks_fail("block store or output is NULL");
+        }
+        const auto & s = *bs->store;
+        out->n_layer      = (int32_t) s.shape().n_layer;
+        out->n_head_kv    = (int32_t) s.shape().n_head_kv;
+        out->d_k          = (int32_t) s.shape().d_k;
+        out->d_v          = (int32_t) s.shape().d_v;
+        out->block_size   = (int32_t) s.shape().block_size;
+        out->n_blocks     = (int32_t) s.n_blocks();
+        out->max_cached   = (int32_t) s.max_cached();
+        out->n_cached     = (int32_t) s.n_cached();
+        out->record_bytes = (int64_t) s.record_bytes();
+        out->file_bytes   = (int64_t) s.file_bytes();
+        out->hits         = (int64_t) s.hits;
+        out->misses       = (int64_t) s.misses;
+        return 0;
+    });
+}
+
+int32_t kvpot_blocks_append(kvpot_blocks * bs, const int32_t * pos, const float * repr, const float * k, const float * v) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs) {
+            return blocks_fail("block store is NULL");
+        }
+        std::string why;
+        const int64_t b = bs->store->append(pos, repr, k, v, why);
+        return b < 0 ? kvpot_fail(KVPOT_ERR_STATE, why) : (int32_t) b;
+    });
+}
+
+int32_t kvpot_blocks_read(kvpot_blocks * bs, int32_t layer, int32_t block, int32_t * pos, float * repr, float * k, float * v) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || layer < 0 || block < 0) {
+            return blocks_fail("block store is NULL or the layer/block is negative");
+        }
+        std::string why;
+        const kvpot_block_data * d = bs->store->get((uint32_t) layer, (uint32_t) block, why);
+        if (!d) {
+            return blocks_fail(why);
+        }
+        if (pos)  { memcpy(pos,  d->pos.data(),  d->pos.size()*sizeof(int32_t)); }
+        if (repr) { memcpy(repr, d->repr.data(), d->repr.size()*sizeof(float)); }
+        if (k)    { memcpy(k,    d->k.data(),    d->k.size()*sizeof(float)); }
+        if (v)    { memcpy(v,    d->v.data(),    d->v.size()*sizeof(float)); }
+        return 0;
+    });
+}
+
+int32_t kvpot_blocks_topk(kvpot_blocks * bs, int32_t layer, const float * q, int32_t k, int32_t * out, float * scores) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || layer < 0 || k < 0) {
+            return blocks_fail("block store is NULL or the layer/k is negative");
+        }
+        std::string why;
+        if (!bs->store->topk((uint32_t) layer, q, (uint32_t) k, out, scores, why)) {
+            return blocks_fail(why);
+        }
+        return k;
+    });
+}
+
+int32_t kvpot_blocks_truncate(kvpot_blocks * bs, int32_t n_blocks) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || n_blocks < 0) {
+            return blocks_fail("block store is NULL or the count is negative");
+        }
+        std::string why;
+        return bs->store->truncate((uint32_t) n_blocks, why) ? 0 : blocks_fail(why);
+    });
+}
+
+int32_t kvpot_blocks_sync(kvpot_blocks * bs) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs) {
+            return blocks_fail("block store is NULL");
+        }
+        std::string why;
+        return bs->store->sync(why) ? 0 : kvpot_fail(KVPOT_ERR_STATE, why);
+    });
+}
+
+int32_t kvpot_pot_read_at(llama_context * ctx, int32_t cell0, int32_t n_cells, llama_pos rope_to, float * k_out, float * v_out) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+        llama_kv_cache & kv = *pot.kv;
+        const llama_kv_cells & cells = kvpot_kv_access::cells(kv);
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (std::string why = check_plain(pot, st); !why.empty()) {
+            return kvpot_fail(KVPOT_ERR_STATE, why);
+        }
+        const int32_t n_used = (int32_t) cells.used_max_p1();
+        if (cell0 < 0 || n_cells < 1 || cell0 + n_cells > n_used || !k_out || !v_out) {
+            return kvpot_fail(KVPOT_ERR_ARG, "cells [" + std::to_string(cell0) + ", " + std::to_string(cell0 + n_cells)
+                              + ") are not in the pot's " + std::to_string(n_used) + " cells, or an output is NULL");
+        }
+        for (int32_t c = cell0; c < cell0 + n_cells; ++c) {
+            if (cells.is_empty(c)) {
+                return kvpot_fail(KVPOT_ERR_ARG, "cell " + std::to_string(c) + " is empty");
+            }
+        }
+        const auto & hparams = kvpot_kv_access::hparams(kv);
+        const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
+        const bool v_trans = kvpot_kv_access::v_trans(kv);
+        std::vector<ggml_tensor *> ko(n_layer), vo(n_layer);
+        size_t k_off = 0, v_off = 0;
+        std::string why = run_graph(ctx, [&](ggml_context * g, ggml_cgraph * gf, kvpot_i32_input & inp) {
+            std::vector<int32_t> idx;
+            for (int32_t h = 0; h < n_head_kv; ++h) {
+                for (int32_t c = 0; c < n_cells; ++c) {
+                    idx.push_back(cell0 + c);
+                }
+            }
+            ggml_tensor * idx_t = inp.add(g, idx); // [n_cells * n_head_kv]: the same cells for every head
+            for (int32_t l = 0; l < n_layer; ++l) {
+                const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
+                const int64_t dk = hparams.n_embd_head_k(il), dv = hparams.n_embd_head_v(il);
+                ggml_tensor * k = kvpot_kv_access::k(kv, l);
+                ggml_tensor * v = kvpot_kv_access::v(kv, l);
+                ggml_tensor * ix = ggml_reshape_2d(g, idx_t, n_cells, n_head_kv);
+                std::vector<int32_t> delta;
+                for (int32_t h = 0; h < n_head_kv; ++h) {
+                    for (int32_t c = 0; c < n_cells; ++c) {
+                        delta.push_back(rope_to - kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) (cell0 + c)));
+                    }
+                }
+                ggml_tensor * dt = inp.add(g, delta);
+                // K: [dk, n_head_kv, n_used] -> [dk, n_used, n_head_kv] -> gather -> [dk, n_cells, n_head_kv] f32 -> rotate
+                ggml_tensor * ks = ggml_view_3d(g, k, dk, n_head_kv, n_used, ggml_row_size(k->type, dk), k->nb[1], 0);
+                ggml_tensor * kg = ggml_get_rows(g, ggml_permute(g, ks, 0, 2, 1, 3), ix);
+                kg = kvpot_rerope(g, ctx, kv, ggml_reshape_3d(g, kg, dk, 1, (int64_t) n_cells*n_head_kv), dt, nullptr, il);
+                kg = ggml_cont(g, kg);
+                ggml_set_output(kg);
+                ggml_build_forward_expand(gf, kg);
+                ko[l] = kg;
+                // V: [dv, n_cells, n_head_kv] f32
+                ggml_tensor * vg = nullptr;
+                if (!v_trans) {
+                    ggml_tensor * vs = ggml_view_3d(g, v, dv, n_head_kv, n_used, ggml_row_size(v->type, dv), v->nb[1], 0);
+                    vg = ggml_get_rows(g, ggml_permute(g, vs, 0, 2, 1, 3), ix);
+                } else {
+                    const size_t es = ggml_element_size(v);
+                    const int64_t kvs = kv.get_size();
+                    ggml_tensor * vs = ggml_view_3d(g, v, n_used, dv, n_head_kv, kvs*es, kvs*dv*es, 0); // [n_used, dv, n_head_kv]
+                    vg = ggml_get_rows(g, ggml_cont(g, ggml_permute(g, vs, 1, 0, 2, 3)), ix);
+                }
+                vg = ggml_cont(g, vg);
+                ggml_set_output(vg);
+                ggml_build_forward_expand(gf, vg);
+                vo[l] = vg;
+            }
+        }, [&]() {
+            for (int32_t l = 0; l < n_layer; ++l) {
+                ggml_backend_tensor_get(ko[l], k_out + k_off, 0, ggml_nbytes(ko[l]));
+                k_off += ggml_nelements(ko[l]);
+                ggml_backend_tensor_get(vo[l], v_out + v_off, 0, ggml_nbytes(vo[l]));
+                v_off += ggml_nelements(vo[l]);
+            }
+        });
+        st.force_rebuild = true; // the scheduler ran another graph: llama.cpp must not reuse its last one
+        return why.empty() ? 0 : kvpot_fail(KVPOT_ERR_COMPUTE, why);
+    });
+}
+
+int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, const float * v,
+                         const llama_pos * rope_from, llama_pos rope_to) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+        llama_kv_cache & kv = *pot.kv;
+        llama_kv_cells & cells = kvpot_kv_access::cells(kv);
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (std::string why = check_plain(pot, st); !why.empty()) {
+            return kvpot_fail(KVPOT_ERR_STATE, why);
+        }
+        const int32_t n_used = (int32_t) cells.used_max_p1();
+        const int32_t kv_size = (int32_t) kv.get_size();
+        if (n_cells < 1 || n_used + n_cells > kv_size || !k || !v || !rope_from) {
+            return kvpot_fail(KVPOT_ERR_ARG, std::to_string(n_cells) + " cells do not fit after the pot's " + std::to_string(n_used)
+                              + " of " + std::to_string(kv_size) + ", or an input is NULL");
+        }
+        if ((int32_t) cells.get_used() != n_used) {
+            return kvpot_fail(KVPOT_ERR_STATE, "the pot has holes; compact it before inserting");
+        }
+        const llama_pos p_next = n_used ? cells.seq_pos_max(0) + 1 : 0;
+        if (p_next < n_used + n_cells) {
+            return kvpot_fail(KVPOT_ERR_ARG, "cannot hold more cells than positions read");
+        }
+        const auto & hparams = kvpot_kv_access::hparams(kv);
+        const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
+        const bool v_trans = kvpot_kv_access::v_trans(kv);
+        // host copies of the inputs, one per layer: k [n_head_kv][n_cells][dk], v [n_head_kv][n_cells][dv]
+        std::vector<std::vector<float>> kin(n_layer), vin(n_layer);
+        size_t k_off = 0, v_off = 0;
+        for (int32_t l = 0; l < n_layer; ++l) {
+            const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
+            const size_t nk = (size_t) n_head_kv*n_cells*hparams.n_embd_head_k(il);
+            const size_t nv = (size_t) n_head_kv*n_cells*hparams.n_embd_head_v(il);
+            kin[l].assign(k + k_off, k + k_off + nk);
+            vin[l].assign(v + v_off, v + v_off + nv);
+            k_off += nk; v_off += nv;
+        }
+        std::vector<int32_t> delta;
+        for (int32_t h = 0; h < n_head_kv; ++h) {
+            for (int32_t c = 0; c < n_cells; ++c) {
+                delta.push_back(rope_to - rope_from[c]);
+            }
+        }
+        std::string why = run_graph(ctx, [&](ggml_context * g, ggml_cgraph * gf, kvpot_i32_input & inp) {
+            ggml_tensor * dt = inp.add(g, delta);
+            for (int32_t l = 0; l < n_layer; ++l) {
+                const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
+                const int64_t dk = hparams.n_embd_head_k(il), dv = hparams.n_embd_head_v(il);
+                ggml_tensor * kc = kvpot_kv_access::k(kv, l);
+                ggml_tensor * vc = kvpot_kv_access::v(kv, l);
+                ggml_tensor * ki = ggml_new_tensor_3d(g, GGML_TYPE_F32, dk, 1, (int64_t) n_cells*n_head_kv);
+                ggml_set_input(ki);
+                inp.f32.emplace_back(ki, &kin[l]);
+                ggml_tensor * kr = kvpot_rerope(g, ctx, kv, ki, dt, nullptr, il);
+                kr = ggml_cont(g, ggml_permute(g, ggml_reshape_3d(g, kr, dk, n_cells, n_head_kv), 0, 2, 1, 3)); // [dk, n_head_kv, n_cells]
+                ggml_tensor * kd = ggml_view_2d(g, kc, dk*n_head_kv, n_cells, kc->nb[1], (size_t) n_used*kc->nb[1]);
+                ggml_build_forward_expand(gf, ggml_cpy(g, ggml_reshape_2d(g, kr, dk*n_head_kv, n_cells), kd));
+
+                ggml_tensor * vi = ggml_new_tensor_3d(g, GGML_TYPE_F32, dv, n_cells, n_head_kv);
+                ggml_set_input(vi);
+                inp.f32.emplace_back(vi, &vin[l]);
+                if (!v_trans) {
+                    ggml_tensor * vp = ggml_cont(g, ggml_permute(g, vi, 0, 2, 1, 3)); // [dv, n_head_kv, n_cells]
+                    ggml_tensor * vd = ggml_view_2d(g, vc, dv*n_head_kv, n_cells, vc->nb[1], (size_t) n_used*vc->nb[1]);
+                    ggml_build_forward_expand(gf, ggml_cpy(g, ggml_reshape_2d(g, vp, dv*n_head_kv, n_cells), vd));
+                } else {
+                    const size_t es = ggml_element_size(vc);
+                    const int64_t kvs = kv.get_size();
+                    ggml_tensor * vp = ggml_cont(g, ggml_permute(g, vi, 1, 0, 2, 3)); // [n_cells, dv, n_head_kv]
+                    ggml_tensor * vd = ggml_view_3d(g, vc, n_cells, dv, n_head_kv, kvs*es, kvs*dv*es, (size_t) n_used*es);
+                    ggml_build_forward_expand(gf, ggml_cpy(g, vp, vd));
+                }
+            }
+        }, []() {});
+        if (!why.empty()) {
+            st.force_rebuild = true;
+            return kvpot_fail(KVPOT_ERR_COMPUTE, why);
+        }
+        // every head's RoPE position of every cell, then the cells take consecutive positions ending
+        // before p_next (a cell's own position only serves the causal mask, as after a compaction)
+        const uint32_t n_new = (uint32_t) (n_used + n_cells);
+        std::vector<llama_pos> rope((size_t) n_layer*n_head_kv*n_new);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            for (int32_t h = 0; h < n_head_kv; ++h) {
+                llama_pos * row = rope.data() + ((size_t) l*n_head_kv + h)*n_new;
+                for (int32_t c = 0; c < n_used; ++c) {
+                    row[c] = kvpot_rope_pos(st, cells, l, n_head_kv, h, (uint32_t) c);
+                }
+                for (int32_t c = 0; c < n_cells; ++c) {
+                    row[n_used + c] = rope_to;
+                }
+            }
+        }
+        cells.reset();
+        for (uint32_t j = 0; j < n_new; ++j) {
+            cells.pos_set(j, p_next - (llama_pos) n_new + (llama_pos) j);
+            cells.seq_add(j, 0);
+        }
+        kvpot_kv_access::set_head(kv, n_new);
+        st.rope_pos = std::move(rope);
+        st.n_compacted = n_new;
+        st.n_live.clear();
+        st.force_rebuild = true;
+        return 0;
+    });
+}
+
+int32_t kvpot_query_request(llama_context * ctx, bool on, llama_pos angle) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (on && kvpot_kv_access::attn_rot_k(*pot.kv)) {
+            return kvpot_fail(KVPOT_ERR_STATE, "lookup queries need a K cache without Hadamard rotation (f16 or f32)");
+        }
+        st.q_on = on;
+        st.q_angle = angle;
+        st.q_acc.clear();
+        st.pending_lookup_q.clear();
+        return 0;
+    });
+}
+
+int32_t kvpot_query_take(llama_context * ctx, int32_t ipot, float * out, int32_t n_out) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (ipot < 0 || ipot >= (int32_t) kvpot_kv_access::n_layers(*pot.kv) || !out) {
+            return kvpot_fail(KVPOT_ERR_ARG, "pot layer out of range or output NULL");
+        }
+        if (ipot >= (int32_t) st.q_acc.size() || st.q_acc[ipot].empty()) {
+            return 0;
+        }
+        auto & acc = st.q_acc[ipot];
+        if ((int32_t) acc.size() != n_out) {
+            return kvpot_fail(KVPOT_ERR_ARG, "query output must hold " + std::to_string(acc.size()) + " floats");
+        }
+        memcpy(out, acc.data(), acc.size()*sizeof(float));
+        acc.clear();
+        return n_out;
+    });
+}

@@ -1,0 +1,340 @@
+// InfLLM block store: file layout, append, LRU reads, representative scoring (see kvpot-blocks.h)
+#include "kvpot-blocks.h"
+
+#include "ggml.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace {
+
+// header fields after the 8-byte magic, all little-endian uint32 (the rest of the 64 bytes is zero)
+enum : uint32_t { H_VERSION, H_HEADER_BYTES, H_N_LAYER, H_N_HEAD_KV, H_D_K, H_D_V, H_BLOCK_SIZE, H_N_FIELDS };
+
+// record of (block, layer): pos i32[bs] | repr f32[H][dk] | k f16[H][bs][dk] | v f16[H][bs][dv], padded to 64 bytes
+uint64_t record_bytes_of(const kvpot_blocks_shape & s) {
+    const uint64_t b = 4ull*s.block_size + 4ull*s.n_head_kv*s.d_k + 2ull*s.n_head_kv*s.block_size*(s.d_k + s.d_v);
+    return (b + 63) & ~63ull;
+}
+
+std::string errno_text(const std::string & what) {
+    return what + ": " + std::strerror(errno);
+}
+
+bool write_all(int fd, const void * data, size_t n, uint64_t off) {
+    const auto * p = (const uint8_t *) data;
+    while (n > 0) {
+        const ssize_t w = pwrite(fd, p, n, (off_t) off);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) {
+                continue;
+            }
+            return false;
+        }
+        p += w; n -= (size_t) w; off += (uint64_t) w;
+    }
+    return true;
+}
+
+} // namespace
+
+constexpr char kvpot_block_store::MAGIC[8];
+
+kvpot_block_store::~kvpot_block_store() {
+    if (base) {
+        munmap(base, mapped);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+}
+
+kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_blocks_shape shape, uint32_t max_cached,
+                                            bool create, std::string & why) {
+    auto * s = new kvpot_block_store();
+    std::unique_ptr<kvpot_block_store> guard(s);
+    s->path = path;
+    s->cap  = max_cached;
+    if (max_cached < 1) {
+        why = "max_cached_block must be at least 1";
+        return nullptr;
+    }
+    s->fd = ::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0644);
+    if (s->fd < 0) {
+        why = errno_text("block store " + path);
+        return nullptr;
+    }
+    uint32_t f[H_N_FIELDS] = {};
+    if (create) {
+        if (!shape.n_layer || !shape.n_head_kv || !shape.d_k || !shape.d_v || !shape.block_size) {
+            why = "block store shape must be positive";
+            return nullptr;
+        }
+        uint8_t hdr[HEADER_BYTES] = {};
+        memcpy(hdr, MAGIC, 8);
+        f[H_VERSION] = VERSION; f[H_HEADER_BYTES] = HEADER_BYTES; f[H_N_LAYER] = shape.n_layer;
+        f[H_N_HEAD_KV] = shape.n_head_kv; f[H_D_K] = shape.d_k; f[H_D_V] = shape.d_v; f[H_BLOCK_SIZE] = shape.block_size;
+        memcpy(hdr + 8, f, sizeof(f));
+        if (!write_all(s->fd, hdr, HEADER_BYTES, 0)) {
+            why = errno_text("cannot write block store " + path);
+            return nullptr;
+        }
+        s->shp = shape;
+    } else {
+        struct stat st {};
+        if (fstat(s->fd, &st) != 0) {
+            why = errno_text("block store " + path);
+            return nullptr;
+        }
+        uint8_t hdr[HEADER_BYTES] = {};
+        if ((uint64_t) st.st_size < HEADER_BYTES || pread(s->fd, hdr, HEADER_BYTES, 0) != (ssize_t) HEADER_BYTES) {
+            why = path + " is not a kvpot block store (shorter than its header)";
+            return nullptr;
+        }
+        if (memcmp(hdr, MAGIC, 8) != 0) {
+            why = path + " is not a kvpot block store (bad magic)";
+            return nullptr;
+        }
+        memcpy(f, hdr + 8, sizeof(f));
+        if (f[H_VERSION] != VERSION || f[H_HEADER_BYTES] != HEADER_BYTES) {
+            why = path + ": block store version " + std::to_string(f[H_VERSION]) + " is not supported (this kvpot reads "
+                + std::to_string(VERSION) + ")";
+            return nullptr;
+        }
+        const kvpot_blocks_shape file{f[H_N_LAYER], f[H_N_HEAD_KV], f[H_D_K], f[H_D_V], f[H_BLOCK_SIZE]};
+        const uint32_t want[5] = {shape.n_layer, shape.n_head_kv, shape.d_k, shape.d_v, shape.block_size};
+        const uint32_t have[5] = {file.n_layer, file.n_head_kv, file.d_k, file.d_v, file.block_size};
+        const char * names[5] = {"layers", "KV heads", "key dim", "value dim", "block_size"};
+        for (int i = 0; i < 5; ++i) {
+            if (have[i] == 0 || have[i] > (1u << 20)) {
+                why = path + ": block store header is corrupt (" + names[i] + ")";
+                return nullptr;
+            }
+            if (want[i] && want[i] != have[i]) {
+                why = path + ": block store was made for " + std::to_string(have[i]) + " " + names[i] + ", not "
+                    + std::to_string(want[i]);
+                return nullptr;
+            }
+        }
+        s->shp = file;
+        const uint64_t per_block = record_bytes_of(file)*file.n_layer;
+        const uint64_t body = (uint64_t) st.st_size - HEADER_BYTES;
+        if (body % per_block != 0) {
+            why = path + " is truncated (" + std::to_string(body % per_block) + " bytes of a partial block)";
+            return nullptr;
+        }
+        if (body / per_block > INT32_MAX) {
+            why = path + ": too many blocks";
+            return nullptr;
+        }
+        s->nblk = (uint32_t) (body / per_block);
+    }
+    s->rec = record_bytes_of(s->shp);
+    if (!s->map(why)) {
+        return nullptr;
+    }
+    guard.release();
+    return s;
+}
+
+bool kvpot_block_store::map(std::string & why) {
+    const uint64_t need = file_bytes();
+    if (base && mapped >= need) {
+        return true;
+    }
+    if (base) {
+        munmap(base, mapped);
+        base = nullptr;
+        mapped = 0;
+    }
+    // map with headroom so appends do not remap every time; pages past the end are never touched
+    const uint64_t len = std::max<uint64_t>(need, HEADER_BYTES) + 64*rec*shp.n_layer;
+    void * p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        why = errno_text("cannot map block store " + path);
+        return false;
+    }
+    base = (uint8_t *) p;
+    mapped = len;
+    madvise(base, mapped, MADV_RANDOM); // blocks are read one by one: no read-ahead into RSS
+    return true;
+}
+
+void kvpot_block_store::drop_pages(uint64_t off, uint64_t len) {
+    // a file-backed page that was read stays in this process's RSS until dropped; the page cache
+    // keeps it for the next read, so RAM charged to kvpot stays at the LRU cache plus one record.
+    // A fault also maps the cached pages around it (the kernel's fault-around, 64 KiB by default),
+    // so the margin drops those too.
+    const uint64_t page   = (uint64_t) sysconf(_SC_PAGESIZE);
+    const uint64_t margin = 256*1024;
+    const uint64_t a = (off > margin ? off - margin : 0) & ~(page - 1);
+    const uint64_t b = std::min(off + len + margin, mapped);
+    if (b > a) {
+        madvise(base + a, b - a, MADV_DONTNEED);
+    }
+}
+
+int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const float * k, const float * v,
+                                  std::string & why) {
+    if (!pos || !repr || !k || !v) {
+        why = "block data is NULL";
+        return -1;
+    }
+    if (nblk == INT32_MAX) {
+        why = "block store is full";
+        return -1;
+    }
+    const uint32_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
+    std::vector<uint8_t> buf(rec, 0);
+    for (uint32_t l = 0; l < shp.n_layer; ++l) {
+        std::fill(buf.begin(), buf.end(), 0);
+        uint8_t * p = buf.data();
+        memcpy(p, pos, 4ull*bs);
+        p += 4ull*bs;
+        memcpy(p, repr + (size_t) l*H*dk, 4ull*H*dk);
+        p += 4ull*H*dk;
+        ggml_fp32_to_fp16_row(k + (size_t) l*H*bs*dk, (ggml_fp16_t *) p, (int64_t) H*bs*dk);
+        p += 2ull*H*bs*dk;
+        ggml_fp32_to_fp16_row(v + (size_t) l*H*bs*dv, (ggml_fp16_t *) p, (int64_t) H*bs*dv);
+        if (!write_all(fd, buf.data(), rec, offset(l, nblk))) {
+            why = errno_text("cannot write block store " + path);
+            // a partial record would make the file unreadable: cut it back to whole blocks
+            if (ftruncate(fd, (off_t) file_bytes()) != 0) {
+                why += " (and could not cut it back)";
+            }
+            return -1;
+        }
+    }
+    nblk++;
+    if (!map(why)) {
+        nblk--;
+        return -1;
+    }
+    return (int64_t) nblk - 1;
+}
+
+const kvpot_block_data * kvpot_block_store::get(uint32_t layer, uint32_t block, std::string & why) {
+    if (layer >= shp.n_layer || block >= nblk) {
+        why = "block " + std::to_string(block) + " of layer " + std::to_string(layer) + " is not in the store ("
+            + std::to_string(nblk) + " blocks, " + std::to_string(shp.n_layer) + " layers)";
+        return nullptr;
+    }
+    const uint64_t key = ((uint64_t) layer << 32) | block;
+    if (auto it = lru.find(key); it != lru.end()) {
+        order.splice(order.begin(), order, it->second.it);
+        hits++;
+        return &it->second.data;
+    }
+    misses++;
+    const uint32_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
+    kvpot_block_data d;
+    if (lru.size() >= cap) { // reuse the least recently used entry's buffers
+        const uint64_t old = order.back();
+        order.pop_back();
+        d = std::move(lru.at(old).data);
+        lru.erase(old);
+    }
+    d.pos.resize(bs);
+    d.repr.resize((size_t) H*dk);
+    d.k.resize((size_t) H*bs*dk);
+    d.v.resize((size_t) H*bs*dv);
+    const uint64_t off = offset(layer, block);
+    const uint8_t * p = base + off;
+    memcpy(d.pos.data(), p, 4ull*bs);
+    p += 4ull*bs;
+    memcpy(d.repr.data(), p, 4ull*H*dk);
+    p += 4ull*H*dk;
+    ggml_fp16_to_fp32_row((const ggml_fp16_t *) p, d.k.data(), (int64_t) H*bs*dk);
+    p += 2ull*H*bs*dk;
+    ggml_fp16_to_fp32_row((const ggml_fp16_t *) p, d.v.data(), (int64_t) H*bs*dv);
+    drop_pages(off, rec);
+    order.push_front(key);
+    auto & e = lru[key];
+    e.data = std::move(d);
+    e.it = order.begin();
+    return &e.data;
+}
+
+bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_t * out, float * scores,
+                             std::string & why) {
+    if (layer >= shp.n_layer) {
+        why = "layer " + std::to_string(layer) + " is not in the block store";
+        return false;
+    }
+    if (!q || (k > 0 && !out)) {
+        why = "query or output is NULL";
+        return false;
+    }
+    if (k > nblk) {
+        why = "cannot choose " + std::to_string(k) + " of " + std::to_string(nblk) + " blocks";
+        return false;
+    }
+    const uint32_t H = shp.n_head_kv, dk = shp.d_k, bs = shp.block_size;
+    // score in parts: each part reads SCORE_PART representatives (H*dk floats each) from the map,
+    // keeps the running top k, and gives its pages back
+    std::vector<std::pair<float, int32_t>> best; // (score, block), kept sorted best first
+    best.reserve((size_t) k + SCORE_PART);
+    std::vector<float> repr((size_t) H*dk);
+    for (uint32_t b0 = 0; b0 < nblk; b0 += SCORE_PART) {
+        const uint32_t b1 = std::min(nblk, b0 + SCORE_PART);
+        for (uint32_t b = b0; b < b1; ++b) {
+            const uint64_t off = offset(layer, b) + 4ull*bs;
+            memcpy(repr.data(), base + off, 4ull*H*dk);
+            double s = 0.0;
+            for (size_t i = 0; i < (size_t) H*dk; ++i) {
+                s += (double) q[i]*repr[i];
+            }
+            if (scores) {
+                scores[b] = (float) s;
+            }
+            best.emplace_back((float) s, (int32_t) b);
+            drop_pages(off, 4ull*H*dk);
+        }
+        auto better = [](const std::pair<float, int32_t> & a, const std::pair<float, int32_t> & b) {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+        };
+        const size_t keep = std::min<size_t>(k, best.size());
+        std::partial_sort(best.begin(), best.begin() + keep, best.end(), better);
+        best.resize(keep);
+    }
+    for (uint32_t i = 0; i < k; ++i) {
+        out[i] = best[i].second;
+    }
+    return true;
+}
+
+bool kvpot_block_store::truncate(uint32_t n, std::string & why) {
+    if (n > nblk) {
+        why = "cannot cut " + std::to_string(nblk) + " blocks back to " + std::to_string(n);
+        return false;
+    }
+    if (ftruncate(fd, (off_t) (HEADER_BYTES + (uint64_t) n*shp.n_layer*rec)) != 0) {
+        why = errno_text("cannot cut block store " + path);
+        return false;
+    }
+    nblk = n;
+    for (auto it = lru.begin(); it != lru.end();) {
+        if ((uint32_t) (it->first & 0xffffffffu) >= n) {
+            order.erase(it->second.it);
+            it = lru.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return true;
+}
+
+bool kvpot_block_store::sync(std::string & why) {
+    if (fsync(fd) != 0) {
+        why = errno_text("cannot flush block store " + path);
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,374 @@
+"""InfLLM: initial + local tokens in the pot; evicted tokens in blocks on disk, the top-k blocks recalled per chunk."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, Recall, TapRequest, keep_ends
+
+# the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
+# block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
+# i.e. of the 6272 cells attention sees, 2 % initial, 65 % local, 33 % retrieved blocks.
+PAPER = dict(block_size=128, n_init=128, n_local=4096, topk=16, repr_topk=4, max_cached_block=32, exc_block_size=512)
+
+
+def default_split(budget: int, chunk: int) -> dict[str, int]:
+    """The parameters `fit` fills in, scaled from the public configuration for kvpot's budgets (the
+    small test models run at 1-4K cells): initial tokens 1/32 of the budget (4..128), blocks of 128
+    tokens from a budget of 4096 up and of 64 below (so a 2048-cell pot still holds 8 retrieved
+    blocks), a quarter of the budget for retrieved blocks, the rest local. At budget 2048: n_init 64,
+    block_size 64, topk 8, n_local 1472."""
+    n_init = max(4, min(128, budget // 32))
+    block_size = 128 if budget >= 4096 else 64
+    topk = max(1, (budget // 4) // block_size)
+    return dict(n_init=n_init, block_size=block_size, topk=topk, n_local=budget - n_init - topk * block_size,
+                exc_block_size=chunk)
+
+
+@dataclass
+class InfLLM(Policy):
+    """InfLLM (Xiao et al. 2024, "InfLLM: Training-Free Long-Context Extrapolation for LLMs with an
+    Efficient Context Memory"), section 3.
+
+    Attention sees n_init initial tokens, the topk blocks of the context memory most relevant to the
+    current chunk, and the n_local most recent tokens. Tokens leaving the local window become
+    blocks of block_size tokens, written to a block store on disk (docs/formats.md) and read back
+    through an LRU cache of max_cached_block blocks, so RAM does not grow with the input.
+
+    block_size:       l_bs, tokens per memory unit (block)
+    n_init:           initial tokens, always attended
+    n_local:          the local window (the paper's n_local); tokens older than it become blocks.
+                      Blocks leave whole, so the window holds n_local - block_size + 1 .. n_local tokens
+    topk:             k_m, memory units retrieved per chunk
+    repr_topk:        r_k, representative tokens per block (default 4, the public code's)
+    max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
+    exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
+    store:            block store file (default: a new file under KVPOT_HOME/blocks/)
+
+    `--budget` (cells in RAM) is n_init + n_local + topk * block_size; `fit(budget, chunk)` fills the
+    parameters left unset (default_split above) and refuses a budget that cannot work.
+
+    Representative keys: by attention received while local (the public code's choice), i.e. the
+    score taps of every row of every chunk summed while the token is in the local window; the
+    paper's r_m (mean q.k over the following local queries) is the unnormalised form of the same.
+    A block's representative per KV head is the mean of the keys of its repr_topk best tokens for
+    that head (query heads of a group summed); relevance is the dot product of the chunk's summed
+    queries with it, summed over heads: one selection per layer, shared by all heads.
+
+    Positions: keys are stored at RoPE position 0; queries are looked up rotated to n_local, and the
+    recalled cells (initial tokens and blocks) are re-rotated so that they sit n_local before the
+    chunk that reads them (the paper's "as if at distance n_local"). Local tokens keep their own
+    positions (no CR-RoPE).
+
+    Lookup timing (kvpot differs from the paper here): a chunk is decoded with the blocks its
+    predecessor's queries chose (neighbouring chunks need similar units, as the paper's LRU argument
+    says); a question is decoded once to capture its queries, taken out, and decoded again with the
+    blocks those chose. The paper looks up inside each layer with the chunk's own queries.
+    """
+
+    name = "infllm"
+    block_size: int | None = None
+    n_init: int | None = None
+    n_local: int | None = None
+    topk: int | None = None
+    repr_topk: int = 4
+    max_cached_block: int | None = None
+    exc_block_size: int | None = None
+    store: str | None = None
+
+    _fit: dict | None = field(default=None, init=False, repr=False, compare=False)
+    _local_start: int = field(default=-1, init=False, repr=False, compare=False)   # stream pos of the oldest local token
+    _local_score: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, n] float64
+    _init_k: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, n_init, d_k] at RoPE 0
+    _init_v: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    _queries: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, d_k]
+    _runtime: bool = field(default=False, init=False, repr=False, compare=False)
+    _store_path: str | None = field(default=None, init=False, repr=False, compare=False)
+    _store_blocks: int = field(default=0, init=False, repr=False, compare=False)
+    _store_hash: str | None = field(default=None, init=False, repr=False, compare=False)
+    _store_owned: bool = field(default=False, init=False, repr=False, compare=False)  # made here, no save references it
+    _blocks = None  # the open BlockStore (kvpot.runtime.blocks), never saved
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "n_init", "n_local", "topk", "max_cached_block", "exc_block_size"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "n_init" else 1):
+                raise KvpotError(f"infllm: {name} must be {'>= 0' if name == 'n_init' else 'positive'}, got {value}")
+        if self.repr_topk < 1:
+            raise KvpotError(f"infllm: repr_topk must be positive, got {self.repr_topk}")
+        if self.block_size is not None and self.repr_topk > self.block_size:
+            raise KvpotError(f"infllm: repr_topk ({self.repr_topk}) cannot exceed block_size ({self.block_size})")
+
+    # -- parameters ------------------------------------------------------------------------------
+
+    def fit(self, budget: int, chunk: int) -> None:
+        """Fill the parameters left unset from the budget (cells in RAM) and the chunk."""
+        d = default_split(budget, chunk)
+        p = {name: getattr(self, name) for name in ("block_size", "n_init", "topk", "exc_block_size")}
+        for name, value in p.items():
+            if value is None:
+                p[name] = d[name]
+        if self.n_local is None:
+            p["n_local"] = budget - p["n_init"] - p["topk"] * p["block_size"]
+        else:
+            p["n_local"] = self.n_local
+        p["max_cached_block"] = self.max_cached_block or 2 * p["topk"]
+        need = p["n_init"] + p["n_local"] + p["topk"] * p["block_size"]
+        if need > budget:
+            raise BudgetTooSmall(f"infllm: n_init + n_local + topk * block_size = {need} exceeds the budget ({budget})")
+        if p["n_local"] < p["exc_block_size"] + p["block_size"]:
+            raise BudgetTooSmall(
+                f"infllm: budget {budget} leaves n_local = {p['n_local']}, less than a chunk ({p['exc_block_size']}) "
+                f"plus a block ({p['block_size']}); raise the budget or lower topk/block_size")
+        if self.repr_topk > p["block_size"]:
+            raise BudgetTooSmall(f"infllm: repr_topk ({self.repr_topk}) exceeds block_size ({p['block_size']})")
+        self._fit = p
+
+    def _p(self, name: str) -> int:
+        if self._fit is None:
+            raise KvpotError("internal: infllm used before fit(budget, chunk)")
+        return self._fit[name]
+
+    def cache_cells(self, budget: int, chunk: int) -> int:
+        if self._fit is None:
+            self.fit(budget, chunk)
+        return budget + self._p("exc_block_size")
+
+    def chunk_size(self, step: int, chunk: int) -> int:
+        return self._p("exc_block_size") if self._fit else chunk
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def before_chunk(self, n_tokens: int) -> TapRequest:
+        # every row taps (attention received while local); the queries are looked up at angle n_local
+        return TapRequest(tap_last=-1, query_angle=self._p("n_local") if self._fit else None)
+
+    def before_prompt(self, n_tokens: int) -> TapRequest:
+        if self._fit is None or not self._store_blocks:
+            return NO_TAPS
+        return TapRequest(query_angle=self._p("n_local"))
+
+    def after_chunk(self, view: PotView) -> None:
+        self._runtime = view.read_cells is not None
+        if view.queries is not None:
+            self._queries = np.asarray(view.queries, dtype=np.float32)
+        if not self._runtime or self._fit is None:
+            return
+        self._grow_scores(view)
+        if view.scores is None:
+            return
+        pos = view.positions[0, 0]
+        cells = np.flatnonzero(pos >= self._local_start)
+        self._local_score[..., pos[cells] - self._local_start] += view.scores[..., cells]
+
+    def _grow_scores(self, view: PotView) -> None:
+        """Attention received while local, one slot per stream position from the oldest local token
+        up to the newest read (tokens decoded without taps, e.g. a question, start at zero)."""
+        if self._local_start < 0:
+            self._local_start = self._p("n_init")
+        L, H = view.n_layer, view.n_head_kv
+        n_span = max(0, view.tokens_seen - self._local_start)
+        acc = self._local_score if self._local_score is not None else np.zeros((L, H, 0))
+        if acc.shape[2] < n_span:
+            acc = np.concatenate([acc, np.zeros((L, H, n_span - acc.shape[2]))], axis=-1)
+        self._local_score = acc
+
+    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
+        if not self._runtime or self._fit is None:
+            return n_cells > budget
+        n_loc = (self._local_score.shape[2] if self._local_score is not None else 0)
+        return n_loc > self._p("n_local") or self._store_blocks > 0
+
+    def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        if view.queries is not None:
+            self._queries = np.asarray(view.queries, dtype=np.float32)
+        if view.read_cells is None or self._fit is None:
+            return self._select_without_runtime(view, budget)
+        self._grow_scores(view)
+        pos = view.positions[0, 0]
+        local_cells = view.positions >= self._local_start
+        if np.any(local_cells != local_cells[:1, :1]) or np.any(np.where(local_cells, view.positions != pos, False)):
+            raise KvpotError("internal: infllm's local tokens are not in the same cells in every layer and head")
+        local = np.flatnonzero(pos >= self._local_start)
+        local = local[np.argsort(pos[local], kind="stable")]
+        if self._init_k is None:
+            self._capture_init(view, pos)
+        n_loc = local.size
+        bs, n_local = self._p("block_size"), self._p("n_local")
+        n_evict = math.ceil(max(0, n_loc - n_local) / bs) * bs
+        if n_evict:
+            self._evict(view, local[:n_evict], pos)
+        kept = local[n_evict:]
+        if kept.size == 0:
+            raise KvpotError("internal: infllm would keep no local token")
+        return np.broadcast_to(np.sort(kept), (view.n_layer, view.n_head_kv, kept.size)).astype(np.int64)
+
+    def _select_without_runtime(self, view: PotView, budget: int) -> np.ndarray | None:
+        """With no runtime behind the view (no cells to read, no store), InfLLM is its initial + local part."""
+        if budget < 2:
+            raise BudgetTooSmall(f"infllm needs a budget of at least 2 cells, got {budget}")
+        if view.n_cells <= budget:
+            return None
+        n_first = min(self.n_init if self.n_init is not None else default_split(budget, 1)["n_init"], budget - 1)
+        return keep_ends(view.positions, n_first, budget - n_first)
+
+    def _capture_init(self, view: PotView, pos: np.ndarray) -> None:
+        n_init = self._p("n_init")
+        cells = np.flatnonzero((pos >= 0) & (pos < n_init))
+        if cells.size == 0:
+            self._init_k = np.zeros((view.n_layer, view.n_head_kv, 0, 1), dtype=np.float32)
+            self._init_v = self._init_k.copy()
+            return
+        cells = cells[np.argsort(pos[cells])]
+        if not np.array_equal(cells, np.arange(cells[0], cells[0] + cells.size)):
+            raise KvpotError("internal: infllm's initial tokens are not in consecutive cells")
+        self._init_k, self._init_v = view.read_cells(int(cells[0]), int(cells.size), 0)
+
+    def _evict(self, view: PotView, cells: np.ndarray, pos: np.ndarray) -> None:
+        """The oldest local cells leave as whole blocks: keys at RoPE 0, representatives, into the store."""
+        if not np.array_equal(cells, np.arange(cells[0], cells[0] + cells.size)):
+            raise KvpotError("internal: infllm's evicted tokens are not in consecutive cells")
+        k, v = view.read_cells(int(cells[0]), int(cells.size), 0)
+        store = self._open_store(view.n_layer, view.n_head_kv, k.shape[3], v.shape[3])
+        bs, r = self._p("block_size"), self.repr_topk
+        stream = pos[cells]
+        score = self._local_score[..., stream - self._local_start]  # [L, H, n]
+        for b in range(cells.size // bs):
+            sl = slice(b * bs, (b + 1) * bs)
+            kb = k[:, :, sl]
+            # per (layer, head): the repr_topk tokens that received the most attention while local (ties: earlier)
+            top = np.argsort(-score[..., sl], axis=-1, kind="stable")[..., :r]
+            reps = np.take_along_axis(kb, top[..., None], axis=2).mean(axis=2)
+            store.append(stream[sl].astype(np.int32), reps, kb, v[:, :, sl])
+        self._store_blocks = store.n_blocks
+        self._store_hash = None
+        drop = int(stream[-1]) + 1 - self._local_start
+        self._local_score = self._local_score[..., drop:]
+        self._local_start += drop
+
+    def _open_store(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int):
+        if self._blocks is not None:
+            return self._blocks
+        from kvpot.paths import home
+        from kvpot.runtime.blocks import BlockStore
+
+        path = self.store or str(home() / "blocks" / f"{uuid.uuid4().hex}.kvblk")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
+                                  block_size=self._p("block_size"), max_cached=self._p("max_cached_block"), create=True)
+        self._store_path = path
+        self._store_owned = self.store is None
+        return self._blocks
+
+    # -- lookup ----------------------------------------------------------------------------------
+
+    def choose_blocks(self, n_layer: int) -> np.ndarray:
+        """[L, k] block indices to recall per layer (ascending): every block while there are at most
+        topk, else the topk by relevance to the last queries (the newest while none were captured)."""
+        n, topk = self._store_blocks, self._p("topk")
+        if n <= topk:
+            return np.broadcast_to(np.arange(n), (n_layer, n)).copy()
+        if self._queries is None:
+            return np.broadcast_to(np.arange(n - topk, n), (n_layer, topk)).copy()
+        rows = [np.sort(self._blocks.topk(layer, self._queries[layer], topk)[0]) for layer in range(n_layer)]
+        return np.stack(rows).astype(np.int64)
+
+    def recall(self, pos_next: int) -> Recall | None:
+        if not self._runtime or self._fit is None or self._init_k is None:
+            return None
+        L, H = self._init_k.shape[:2]
+        chosen = self.choose_blocks(L) if self._store_blocks else np.zeros((L, 0), dtype=np.int64)
+        ks, vs, ps = [], [], []
+        for layer in range(L):
+            kl, vl, pl = [self._init_k[layer]], [self._init_v[layer]], [np.arange(self._init_k.shape[2])]
+            for b in chosen[layer]:
+                bpos, _, bk, bv = self._blocks.read(layer, int(b))
+                kl.append(bk)
+                vl.append(bv)
+                pl.append(bpos)
+            ks.append(np.concatenate(kl, axis=1))
+            vs.append(np.concatenate(vl, axis=1))
+            ps.append(np.broadcast_to(np.concatenate(pl), (H, sum(p.size for p in pl))))
+        k, v = np.stack(ks), np.stack(vs)
+        if k.shape[2] == 0:
+            return None
+        return Recall(k=k, v=v, rope_from=np.zeros(k.shape[2], dtype=np.int32),
+                      rope_to=max(0, pos_next - self._p("n_local")), positions=np.stack(ps).astype(np.int64))
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def store_digest(self) -> str:
+        """sha256 of the store's bytes up to the blocks this policy has written (a saved context
+        references the store by path and this digest instead of copying it)."""
+        if self._store_hash is None and self._blocks is not None:
+            self._blocks.sync()
+            info = self._blocks.info()
+            h = hashlib.sha256()
+            with open(self._store_path, "rb") as f:
+                left = 64 + self._store_blocks * info.n_layer * info.record_bytes
+                while left > 0:
+                    piece = f.read(min(left, 1 << 20))
+                    if not piece:
+                        raise KvpotError(f"block store {self._store_path} is shorter than the blocks written to it")
+                    h.update(piece)
+                    left -= len(piece)
+            self._store_hash = h.hexdigest()
+        return self._store_hash or ""
+
+    def state_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in
+               ("_local_start", "_local_score", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
+        out["_fit"] = dict(self._fit) if self._fit else None
+        out["_store_hash"] = self.store_digest() if self._blocks is not None else None
+        self._store_owned = False  # a saved context now references the store: never delete it
+        return {k: v for k, v in out.items() if v is not None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reset()
+        known = {"_fit", "_local_start", "_local_score", "_init_k", "_init_v", "_queries", "_runtime", "_store_path",
+                 "_store_blocks", "_store_hash"}
+        for name, value in state.items():
+            if name not in known:
+                raise KvpotError(f"saved state of infllm has an unknown field {name!r}")
+            setattr(self, name, value)
+        if self._store_path:
+            from kvpot.runtime.blocks import BlockStore
+
+            if not os.path.exists(self._store_path):
+                raise KvpotError(f"the saved context's block store {self._store_path} is missing")
+            self._blocks = BlockStore(self._store_path, block_size=self._p("block_size"),
+                                      max_cached=self._p("max_cached_block"))
+            if self._blocks.n_blocks < self._store_blocks:
+                raise KvpotError(f"block store {self._store_path} holds {self._blocks.n_blocks} blocks; "
+                                 f"the saved context needs {self._store_blocks}")
+            want, self._store_hash = self._store_hash, None
+            if self.store_digest() != want:
+                raise KvpotError(f"block store {self._store_path} does not match the saved context (hash differs)")
+            # blocks a later reading appended belong to a continuation that was not saved
+            self._blocks.truncate(self._store_blocks)
+
+    def reset(self) -> None:
+        """Forget the document; a store this policy made under KVPOT_HOME that no saved context
+        references is deleted with it."""
+        if self._blocks is not None:
+            self._blocks.close()
+            if self._store_owned and self._store_path:
+                Path(self._store_path).unlink(missing_ok=True)
+        self._blocks = None
+        self._store_owned = False
+        self._local_start = -1
+        self._local_score = None
+        self._init_k = self._init_v = None
+        self._queries = None
+        self._runtime = False
+        self._store_path = None
+        self._store_blocks = 0
+        self._store_hash = None

@@ -1,0 +1,131 @@
+"""InfLLM's block store (ggml_ext/kvpot-blocks.*): evicted K/V in blocks with representative keys, in a
+file read through a bounded LRU cache. The format is in docs/formats.md ("InfLLM block store")."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.runtime import api
+from kvpot.runtime.library import load as load_runtime
+
+
+class BlockStoreError(KvpotError):
+    """The store cannot be opened (missing, truncated, foreign, other shape) or a call failed."""
+
+
+@dataclass(frozen=True)
+class BlockStoreInfo:
+    n_layer: int
+    n_head_kv: int
+    d_k: int
+    d_v: int
+    block_size: int
+    n_blocks: int
+    max_cached: int
+    n_cached: int
+    record_bytes: int
+    file_bytes: int
+    hits: int
+    misses: int
+
+
+def _f32(a: np.ndarray):
+    return a.ctypes.data_as(api.c_f32_p)
+
+
+class BlockStore:
+    """An open store; close() (or the context manager) frees it. Shapes: L pot layers, H KV heads."""
+
+    def __init__(self, path: str | os.PathLike, *, n_layer: int = 0, n_head_kv: int = 0, d_k: int = 0, d_v: int = 0,
+                 block_size: int = 0, max_cached: int = 32, create: bool = False):
+        self.lib = load_runtime()
+        self.path = os.fspath(path)
+        ptr = self.lib.kvpot_blocks_open(self.path.encode(), n_layer, n_head_kv, d_k, d_v, block_size, max_cached, create)
+        if not ptr:
+            raise BlockStoreError(self.lib.kvpot_last_error().decode(errors="replace"))
+        self._ptr = ptr
+        i = self.info()
+        self.shape = (i.n_layer, i.n_head_kv, i.d_k, i.d_v, i.block_size)
+
+    @property
+    def ptr(self):
+        if not self._ptr:
+            raise BlockStoreError(f"block store {self.path} is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None):
+            self.lib.kvpot_blocks_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> BlockStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _check(self, fn: str, rc: int) -> int:
+        if rc < 0:
+            raise BlockStoreError(f"{fn}: {self.lib.kvpot_last_error().decode(errors='replace')}")
+        return rc
+
+    def info(self) -> BlockStoreInfo:
+        s = api.kvpot_blocks_info()
+        self._check("kvpot_blocks_info_get", self.lib.kvpot_blocks_info_get(self.ptr, ctypes.byref(s)))
+        return BlockStoreInfo(**{name: getattr(s, name) for name, _ in s._fields_})
+
+    @property
+    def n_blocks(self) -> int:
+        return self.info().n_blocks
+
+    def append(self, pos: np.ndarray, repr_: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
+        """One block for every layer: pos [bs], repr [L, H, d_k], k [L, H, bs, d_k], v [L, H, bs, d_v]."""
+        L, H, dk, dv, bs = self.shape
+        pos = np.ascontiguousarray(pos, dtype=np.int32)
+        repr_ = np.ascontiguousarray(repr_, dtype=np.float32)
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        want = {"pos": (bs,), "repr": (L, H, dk), "k": (L, H, bs, dk), "v": (L, H, bs, dv)}
+        for name, arr in (("pos", pos), ("repr", repr_), ("k", k), ("v", v)):
+            if arr.shape != want[name]:
+                raise BlockStoreError(f"block {name} has shape {arr.shape}, the store takes {want[name]}")
+        return self._check("kvpot_blocks_append", self.lib.kvpot_blocks_append(
+            self.ptr, pos.ctypes.data_as(api.c_i32_p), _f32(repr_), _f32(k), _f32(v)))
+
+    def read(self, layer: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(pos [bs], repr [H, d_k], k [H, bs, d_k], v [H, bs, d_v]) of one block of one layer."""
+        L, H, dk, dv, bs = self.shape
+        pos = np.zeros(bs, dtype=np.int32)
+        repr_ = np.zeros((H, dk), dtype=np.float32)
+        k = np.zeros((H, bs, dk), dtype=np.float32)
+        v = np.zeros((H, bs, dv), dtype=np.float32)
+        self._check("kvpot_blocks_read", self.lib.kvpot_blocks_read(
+            self.ptr, layer, block, pos.ctypes.data_as(api.c_i32_p), _f32(repr_), _f32(k), _f32(v)))
+        return pos, repr_, k, v
+
+    def topk(self, layer: int, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(top k block indices best first, relevance of every block) for q [H, d_k]."""
+        L, H, dk, dv, bs = self.shape
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if q.shape != (H, dk):
+            raise BlockStoreError(f"query has shape {q.shape}, the store takes {(H, dk)}")
+        out = np.zeros(k, dtype=np.int32)
+        scores = np.zeros(self.n_blocks, dtype=np.float32)
+        self._check("kvpot_blocks_topk", self.lib.kvpot_blocks_topk(
+            self.ptr, layer, _f32(q), k, out.ctypes.data_as(api.c_i32_p), _f32(scores)))
+        return out, scores
+
+    def truncate(self, n_blocks: int) -> None:
+        """Cut the store back to its first n_blocks blocks."""
+        self._check("kvpot_blocks_truncate", self.lib.kvpot_blocks_truncate(self.ptr, n_blocks))
+
+    def sync(self) -> None:
+        self._check("kvpot_blocks_sync", self.lib.kvpot_blocks_sync(self.ptr))
