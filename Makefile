@@ -7,7 +7,7 @@ MODEL   ?= gemma3-270m
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models demo test fuzz test-aarch64 clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 clean-venv
 
 all: install
 
@@ -36,7 +36,15 @@ pull-test-models: install
 demo: pull
 	$(BIN)/kvpot demo --model $(MODEL)
 
-test: pull-test-models
+# the trained parts' tests (kvpot train locret|edgeinfinite) need torch, kvpot's optional `train` extra;
+# this pin is the CPU build (other versions may pull a multi-GB CUDA build)
+TORCH ?= torch==2.13.0
+$(BIN)/.kvpot-torch: $(BIN)/.kvpot-venv
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	touch $@
+train-deps: $(BIN)/.kvpot-torch
+
+test: pull-test-models train-deps
 	$(BIN)/python -m pytest -q
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.

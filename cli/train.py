@@ -100,7 +100,7 @@ def edgeinfinite(
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
     from kvpot.errors import KvpotError
-    from kvpot.training.edgeinfinite import TrainConfig, train
+    from kvpot.train.edgeinfinite import TrainConfig, train
 
     if steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < 2 or lr <= 0:
         raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2, lr > 0")

@@ -1,7 +1,7 @@
 """EdgeInfinite's memory-gating module and a NumPy reference of the gated compressive memory.
 
 The reference here is the specification the in-graph layer (ggml_ext/kvpot-memory.cpp) and the torch
-training forward (kvpot/training/edgeinfinite.py) are both tested against. Per pot layer and KV head:
+training forward (kvpot/train/edgeinfinite.py) are both tested against. Per pot layer and KV head:
 
     fold a segment:  M += sigma(K)^T V,  z += sum_j sigma(k_j)       (paper eq. 5, 6; K after RoPE, as cached)
     read out:        A_mem = sigma(Q) M / (sigma(Q) z)                (eq. 7; Q as the attention receives it)

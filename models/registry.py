@@ -83,6 +83,8 @@ def shipped_adapter(kind: str, sha256: str) -> Path | None:
             path = SHIPPED_DIR / m.adapters[kind]
             return path if path.is_file() else None
     return None
+
+
 # the base Gemma retrieves from long documents where SmolLM2-Instruct does not: on the 8K-token
 # sample logbook (`kvpot demo`) Gemma answers the strongbox code, SmolLM2 invents one
 DEFAULT_MODEL = GEMMA3_270M.name

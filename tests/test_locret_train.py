@@ -122,7 +122,7 @@ def test_samples_are_fixed_by_seed_and_hold_their_answer(smollm2_path, text_dir)
 
 
 def test_tiny_training_run_lowers_its_loss_and_scores_in_graph_as_torch_does(smollm2_path, text_dir, tmp_path):
-    torch = pytest.importorskip("torch", reason="training needs the train extra (pip install torch==2.13.0)")
+    import torch  # the `train` extra: `make test` installs it (train-deps), so this test never skips
     from kvpot.train.locret import capture_all
     from kvpot.train.locret_fit import FitConfig, evaluate, fit, to_heads
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the `train` extra (torch) is not installed")
+import torch  # the `train` extra: `make test` installs it (train-deps), so these tests never skip
 
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate  # noqa: E402
 from kvpot.memory_gate import MemoryGate, fold, read  # noqa: E402
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from kvpot.runtime.pot import Pot  # noqa: E402
 from kvpot.sample import logbook  # noqa: E402
-from kvpot.training import edgeinfinite as te  # noqa: E402
-from kvpot.training.gguf_torch import forward, load_llama  # noqa: E402
+from kvpot.train import edgeinfinite as te  # noqa: E402
+from kvpot.train.gguf_torch import forward, load_llama  # noqa: E402
 
 from conftest import assert_one_line_error, run_cli  # noqa: E402
 

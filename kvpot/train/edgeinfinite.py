@@ -144,7 +144,7 @@ class TrainConfig:
 def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig):
     """The step's loss: next-token cross-entropy of the last segment, read as kvpot reads it."""
     torch = _torch()
-    from kvpot.training.gguf_torch import forward
+    from kvpot.train.gguf_torch import forward
 
     sink, rest = tokens[:cfg.L_sink], tokens[cfg.L_sink:]
     H, d = weights.n_head_kv, weights.head_dim
@@ -181,7 +181,7 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
     torch = _torch()
     from kvpot.converters.adapter import initial_memory_gate, write_memory_gate
     from kvpot.runtime.llama import LlamaModel
-    from kvpot.training.gguf_torch import load_llama
+    from kvpot.train.gguf_torch import load_llama
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
