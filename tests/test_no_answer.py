@@ -35,9 +35,9 @@ def test_end_of_generation_at_once_is_no_answer(tmp_path, smollm2_path, monkeypa
     doc.write_text("The gate code is 4411.\n")
     real_ask = Session.ask
 
-    def eog_first(self, question, max_tokens=None):
+    def eog_first(self, question, max_tokens=None, **kw):
         self.engine.generate = lambda logits, n: _eog(self.engine)
-        return real_ask(self, question, max_tokens)
+        return real_ask(self, question, max_tokens, **kw)
 
     def _eog(engine):
         engine.stop_reason = "end-of-generation (<|im_end|>)"
