@@ -23,7 +23,7 @@ EXTRA = {
 }
 
 SPECS = ["truncate", "streaming", "snapkv", "h2o", "infinipot", "imdc:pruner=streaming",
-         "imdc:pruner=streaming,function=square-sqrt", "locret"]
+         "imdc:pruner=streaming,function=square-sqrt", "locret", "edgeinfinite:gate=init"]
 
 
 def test_every_policy_is_in_the_list():
