@@ -24,7 +24,7 @@ EXTRA = {
 }
 
 SPECS = ["truncate", "streaming", "snapkv", "h2o", "infinipot", "imdc:pruner=streaming",
-         "imdc:pruner=streaming,function=square-sqrt", "locret", "edgeinfinite", "infllm"]
+         "imdc:pruner=streaming,function=square-sqrt", "locret", "edgeinfinite:gate=init", "infllm"]
 
 
 def test_every_policy_is_in_the_list():
@@ -43,22 +43,10 @@ def tokens(smollm2_path):
         vocab.close()
 
 
-@pytest.fixture(scope="module")
-def smol_gate(smollm2_path, tmp_path_factory):
-    """EdgeInfinite's untrained memory gate for SmolLM2 (the paper's initial gate)."""
-    from kvpot.converters.adapter import initial_memory_gate, write_memory_gate
-
-    path = tmp_path_factory.mktemp("gate") / "gate.gguf"
-    write_memory_gate(path, initial_memory_gate(smollm2_path))
-    return path
-
-
 @pytest.mark.parametrize("spec", SPECS)
-def test_the_pot_never_holds_more_than_the_budget(spec, smollm2_path, smol_heads, smol_gate, tokens, tmp_path):  # noqa: F811
+def test_the_pot_never_holds_more_than_the_budget(spec, smollm2_path, smol_heads, tokens, tmp_path):  # noqa: F811
     if spec == "locret":
         spec = f"locret:heads={smol_heads}"
-    elif spec == "edgeinfinite":
-        spec = f"edgeinfinite:gate={smol_gate}"
     elif spec == "infllm":
         spec = f"infllm:store={tmp_path / 'blocks.kvb'}"
     policy = make_policy(spec)
