@@ -116,7 +116,8 @@ class EdgeInfinite(Policy):
             sink, window, seg = self.lengths()
         if sink + window + seg + self._mem_cells > budget:
             raise BudgetTooSmall(f"edgeinfinite: L_sink + L_window + L_seg ({sink} + {window} + {seg}) and the "
-                                 f"memory ({self._mem_cells} cells) exceed the budget ({budget})")
+                                 f"memory ({self._mem_cells} cells) exceed the budget ({budget})",
+                                 least=sink + window + seg + self._mem_cells)
 
     # -- engine hooks ---------------------------------------------------------------------------
 
@@ -152,6 +153,7 @@ class EdgeInfinite(Policy):
         return n_cells > self._limit(budget)
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
+        self.check_budget(budget)
         limit = self._limit(budget)
         if view.n_cells <= limit:
             return None  # short input (or room left): plain attention, nothing folded
