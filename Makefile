@@ -45,6 +45,7 @@ $(BIN)/.kvpot-torch: $(BIN)/.kvpot-venv
 train-deps: $(BIN)/.kvpot-torch
 
 test: pull-test-models train-deps
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.

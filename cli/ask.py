@@ -10,8 +10,8 @@ from rich.table import Table
 
 from kvpot.checks import check_pot_room
 from kvpot.errors import KvpotError
-from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.ingest import looks_like_input
+from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.safe_write import resolve_target
 from kvpot.session import Session
 

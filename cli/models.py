@@ -7,7 +7,8 @@ from rich.table import Table
 
 from kvpot import paths
 from kvpot.models.registry import KNOWN
-from kvpot.pull import cached_path, pull as pull_model
+from kvpot.pull import cached_path
+from kvpot.pull import pull as pull_model
 
 from ._common import err, user_errors
 

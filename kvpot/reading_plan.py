@@ -20,7 +20,6 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.policies import make_policy
 from kvpot.settings import AUTO, RunSettings
 
-
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
 # larger than limit x this cannot fit and is not counted (loading Gemma's vocabulary alone takes ~3 s)
 MAX_BYTES_PER_TOKEN = 16

@@ -5,9 +5,10 @@ command line. Each layer sets only the keys it names."""
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+import tomllib
 
 from kvpot import paths
 from kvpot.errors import KvpotError

@@ -60,12 +60,13 @@ def main() -> None:
 
         devices = use_servers(parse_endpoints(a.rpc))
 
+    from potlib import decode_chunks
+
     from kvpot.engine import Engine, EngineConfig
     from kvpot.policies import make_policy
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
     from kvpot.runtime.pot import Pot
     from kvpot.sample import logbook
-    from potlib import decode_chunks
 
     out: dict[str, np.ndarray] = {}
     model = LlamaModel(a.model)

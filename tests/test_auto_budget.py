@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
 from kvpot.budget import MEMORY_ENV, DeviceMemory, plan_cells, pot_cells
@@ -16,8 +17,6 @@ from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.sample import logbook
 from kvpot.session import answer_reserve
 from kvpot.settings import RunSettings
-
-from conftest import assert_one_line_error
 
 runner = CliRunner()
 OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt", "completion", "--threads", "2"]

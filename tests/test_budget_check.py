@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, run_cli
 
 from kvpot.checks import check_budget
 from kvpot.policies import (
@@ -22,16 +23,14 @@ from kvpot.policies import (
     BudgetTooSmall,
     EdgeInfinite,
     FullAttention,
-    InfLLM,
     InfiniPot,
+    InfLLM,
     Locret,
     SnapKV,
     StreamingLLM,
     Truncate,
 )
 from kvpot.policies.base import PotView
-
-from conftest import assert_one_line_error, run_cli
 
 # policy -> (its smallest working budget, or None when every budget of at least 1 cell works)
 LEAST = {

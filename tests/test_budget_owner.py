@@ -6,12 +6,11 @@ documents (the chunk being read; Locret's n_loc)."""
 from __future__ import annotations
 
 import pytest
+from test_locret import smol_heads  # noqa: F401  (a fixture: random retaining heads for SmolLM2)
 
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import POLICIES, BudgetTooSmall, build_policy, make_policy
 from kvpot.sample import logbook
-
-from test_locret import smol_heads  # noqa: F401  (a fixture: random retaining heads for SmolLM2)
 
 BUDGET, CHUNK = 160, 64
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from kvpot import paths
 from kvpot.build import runtime
@@ -15,8 +16,6 @@ from kvpot.build.patching import apply_series, read_series
 from kvpot.build.pins import SDIST_FILE, VENDOR_DIR
 from kvpot.build.sdist import extract_pristine, fetch_sdist, verify_sdist
 from kvpot.errors import BuildError
-
-from conftest import REPO
 
 
 def _touched_files(patch: Path) -> list[str]:

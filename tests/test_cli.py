@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import kvpot
+from conftest import assert_one_line_error, run_cli
 from typer.testing import CliRunner
 
+import kvpot
 from kvpot.cli.main import app
 from kvpot.prompting import Segment, choose_format
 from kvpot.sample import logbook
-
-from conftest import assert_one_line_error, run_cli
 
 runner = CliRunner()
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
 from kvpot.cli.main import app
 from kvpot.sample import logbook
-
-from conftest import assert_one_line_error
 
 runner = CliRunner()
 FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt", "completion",

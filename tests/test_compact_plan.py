@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 
 PAD = -1

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from kvpot import paths
 from kvpot.build import native
@@ -28,8 +29,6 @@ from kvpot.build.cache_key import cache_key
 from kvpot.build.pins import VENDOR_DIR
 from kvpot.build.sdist import extract_pristine, fetch_sdist
 from kvpot.runtime import cpu, library
-
-from conftest import REPO
 
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 

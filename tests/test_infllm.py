@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
 
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
@@ -14,8 +15,6 @@ from kvpot.policies.base import BudgetTooSmall
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 from kvpot.sample import logbook
-
-from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
 
 CHUNK = 64
 

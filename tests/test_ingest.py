@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from textgen import text_block, write_big_file
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, collect_sources
-from textgen import text_block, write_big_file
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma"])

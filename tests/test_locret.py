@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, run_cli
+from torch_ckpt import write_checkpoint
 
 from kvpot.converters.adapter import BaseIdentity
 from kvpot.converters.locret import convert_locret
@@ -13,9 +15,6 @@ from kvpot.errors import KvpotError
 from kvpot.policies import Locret, PotView, make_policy
 from kvpot.policies.base import BudgetTooSmall
 from kvpot.sample import logbook
-
-from conftest import assert_one_line_error, run_cli
-from torch_ckpt import write_checkpoint
 
 
 def reference_keep(positions: np.ndarray, score: np.ndarray, budget: int, n_s: int) -> np.ndarray:

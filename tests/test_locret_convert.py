@@ -10,13 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, run_cli
+from torch_ckpt import to_bf16_bits, write_checkpoint
 
 from kvpot.converters.adapter import AdapterError, BaseIdentity, read_retaining_heads
 from kvpot.converters.locret import convert_locret
 from kvpot.converters.torch_checkpoint import CheckpointError, read_state_dict
-
-from conftest import assert_one_line_error, run_cli
-from torch_ckpt import to_bf16_bits, write_checkpoint
 
 HIDDEN = 16
 

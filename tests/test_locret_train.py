@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, run_cli
+from potlib import TensorCatcher
 
 from kvpot.converters.adapter import BaseIdentity, read_retaining_heads, write_retaining_heads
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
@@ -16,9 +18,6 @@ from kvpot.runtime.pot import Pot
 from kvpot.sample import logbook
 from kvpot.train.documents import list_files, make_sample, make_samples
 from kvpot.train.locret_capture import Capturer, causal_importance
-
-from conftest import assert_one_line_error, run_cli
-from potlib import TensorCatcher
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +122,7 @@ def test_samples_are_fixed_by_seed_and_hold_their_answer(smollm2_path, text_dir)
 
 def test_tiny_training_run_lowers_its_loss_and_scores_in_graph_as_torch_does(smollm2_path, text_dir, tmp_path):
     import torch  # the `train` extra: `make test` installs it (train-deps), so this test never skips
+
     from kvpot.train.locret import capture_all
     from kvpot.train.locret_fit import FitConfig, evaluate, fit, to_heads
 

@@ -11,12 +11,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from kvpot.pull import cached_path
-from kvpot.models.registry import SMOLLM2_135M
-from kvpot.sample import logbook
-
 from conftest import assert_one_line_error, run_cli
+
+from kvpot.models.registry import SMOLLM2_135M
+from kvpot.pull import cached_path
+from kvpot.sample import logbook
 
 FAST = ["-m", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion", "--threads", "1"]
 

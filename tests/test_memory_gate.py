@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher
 
 from kvpot.converters.adapter import BaseIdentity
 from kvpot.memory_gate import MemoryGate, fold, read
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 from kvpot.sample import logbook
-
-from potlib import TensorCatcher
 
 
 def random_gate(layers: list[int], d_v: int, n_head: int, seed: int = 0, d_h: int = 32) -> MemoryGate:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher, decode_chunks, hadamard, new_ctx, numpy_rope, rope_facts
 
 from kvpot.runtime.llama import LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 from kvpot.sample import logbook
-
-from potlib import TensorCatcher, decode_chunks, hadamard, new_ctx, numpy_rope, rope_facts
 
 CHUNK = 64
 N_CTX = 512

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
+from test_pot import _stock_compacted  # the same stock-only reference path
 
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot
 from kvpot.sample import logbook
-
-from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
-from test_pot import _stock_compacted  # the same stock-only reference path
 
 CHUNK = 256
 N_CTX = 2048

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher, decode_chunks
+from test_pot import doc_tokens, smol  # noqa: F401  (the same SmolLM2 model and document fixtures)
 
 from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot, PotCallError
-
-from potlib import TensorCatcher, decode_chunks
-from test_pot import doc_tokens, smol  # noqa: F401  (the same SmolLM2 model and document fixtures)
 
 CHUNK = 64
 N_CTX = 512

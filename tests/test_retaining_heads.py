@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from potlib import TensorCatcher
 
 from kvpot.converters.adapter import BaseIdentity, RetainingHeads
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 from kvpot.sample import logbook
-
-from potlib import TensorCatcher
 
 HIDDEN = 24
 

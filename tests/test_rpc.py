@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, assert_one_line_error, run_cli
 
 HERE = Path(__file__).resolve().parent

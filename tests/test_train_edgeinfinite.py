@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import torch  # the `train` extra: `make test` installs it (train-deps), so these tests never skip
+from conftest import assert_one_line_error, run_cli  # noqa: E402
 
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate  # noqa: E402
 from kvpot.memory_gate import MemoryGate, fold, read  # noqa: E402
@@ -16,8 +16,6 @@ from kvpot.runtime.pot import Pot  # noqa: E402
 from kvpot.sample import logbook  # noqa: E402
 from kvpot.train import edgeinfinite as te  # noqa: E402
 from kvpot.train.gguf_torch import forward, load_llama  # noqa: E402
-
-from conftest import assert_one_line_error, run_cli  # noqa: E402
 
 
 def test_torch_memory_and_gate_equal_the_numpy_reference():

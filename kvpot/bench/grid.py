@@ -10,7 +10,6 @@ from kvpot.bench.niah import run_case
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
 
-
 # cells a full-attention case holds past the haystack's nominal length: the tokenizer's overshoot
 # (a haystack may come out a few tokens longer than asked), the question and the answer
 FULL_ROOM = 256

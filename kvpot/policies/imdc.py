@@ -19,6 +19,7 @@ from kvpot.policies.imdc_schedule import (
     square_sqrt_layers,
 )
 
+
 @dataclass
 class IMDC(Wrapping):
     """IMDC ("Memorize Step by Step: Efficient Long-Context Prefilling with Incremental Memory and

@@ -15,7 +15,8 @@ import socket
 import struct
 
 from kvpot.errors import KvpotError
-from kvpot.runtime.library import HOW_TO_BUILD, load as load_runtime
+from kvpot.runtime.library import HOW_TO_BUILD
+from kvpot.runtime.library import load as load_runtime
 
 # ggml-rpc.cpp / ggml-rpc.h of the pinned llama.cpp: the hello command, its request (the
 # connection capabilities, 24 bytes) and its reply (major, minor, patch, pad, capabilities)
