@@ -183,23 +183,34 @@ def _as_f32(t) -> np.ndarray:
     return out.reshape(shape)
 
 
-def read_retaining_heads(path: Path, model: Path | None = None) -> RetainingHeads:
-    """Read and check an adapter; with `model`, refuse it unless it was made for that model."""
-    path = Path(path)
+def _adapter_header(path: Path, kind: str, keep_arrays: frozenset = frozenset()) -> dict:
+    """An adapter GGUF's header, refused in one line unless it is a kvpot adapter of this kind and format."""
     check_gguf_header(path, what="adapter")
-    kv = read_header(path)  # one clear line for a truncated or malformed header
+    kv = read_header(path, keep_arrays=keep_arrays)  # one clear line for a truncated or malformed header
     if kv.get("general.type") != "adapter":
         raise AdapterError(f"{path} is not an adapter GGUF (general.type = {kv.get('general.type')!r})")
-    if kv.get("adapter.type") != RETAINING_HEADS:
-        raise AdapterError(f"{path} is a {kv.get('adapter.type')!r} adapter, not {RETAINING_HEADS}")
+    if kv.get("adapter.type") != kind:
+        raise AdapterError(f"{path} is a {kv.get('adapter.type')!r} adapter, not {kind}")
     if kv.get("kvpot.format_version") != FORMAT_VERSION:
         raise AdapterError(f"{path}: adapter format version {kv.get('kvpot.format_version')!r}, "
                            f"this kvpot reads {FORMAT_VERSION}")
+    return kv
+
+
+def _base_identity(kv: dict) -> BaseIdentity:
+    """The base model an adapter was made for, as its header records it (KeyError etc. when incomplete)."""
+    return BaseIdentity(arch=str(kv["general.architecture"]),
+                        **{n: int(kv[f"kvpot.base.{n}"]) for n in
+                           ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")},
+                        sha256=str(kv["kvpot.base.sha256"]))
+
+
+def read_retaining_heads(path: Path, model: Path | None = None) -> RetainingHeads:
+    """Read and check an adapter; with `model`, refuse it unless it was made for that model."""
+    path = Path(path)
+    kv = _adapter_header(path, RETAINING_HEADS)
     try:
-        base = BaseIdentity(arch=str(kv["general.architecture"]),
-                            **{n: int(kv[f"kvpot.base.{n}"]) for n in
-                               ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")},
-                            sha256=str(kv["kvpot.base.sha256"]))
+        base = _base_identity(kv)
         activation = str(kv["kvpot.retaining_heads.activation"])
         hidden = int(kv["kvpot.retaining_heads.hidden"])
     except (KeyError, TypeError, ValueError) as e:
@@ -294,20 +305,9 @@ def read_memory_gate(path: Path, model: Path | None = None):
     from kvpot.memory_gate import MemoryGate
 
     path = Path(path)
-    check_gguf_header(path, what="adapter")
-    kv = read_header(path, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
-    if kv.get("general.type") != "adapter":
-        raise AdapterError(f"{path} is not an adapter GGUF (general.type = {kv.get('general.type')!r})")
-    if kv.get("adapter.type") != MEMORY_GATE:
-        raise AdapterError(f"{path} is a {kv.get('adapter.type')!r} adapter, not {MEMORY_GATE}")
-    if kv.get("kvpot.format_version") != FORMAT_VERSION:
-        raise AdapterError(f"{path}: adapter format version {kv.get('kvpot.format_version')!r}, "
-                           f"this kvpot reads {FORMAT_VERSION}")
+    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
     try:
-        base = BaseIdentity(arch=str(kv["general.architecture"]),
-                            **{n: int(kv[f"kvpot.base.{n}"]) for n in
-                               ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")},
-                            sha256=str(kv["kvpot.base.sha256"]))
+        base = _base_identity(kv)
         layers = [int(i) for i in kv["kvpot.memory_gate.layers"]]
         hidden = int(kv["kvpot.memory_gate.hidden"])
     except (KeyError, TypeError, ValueError) as e:
