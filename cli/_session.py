@@ -1,6 +1,6 @@
 """The one answering path every command shares (ask, chat, run, demo): settings from the options,
 a Session opened or reopened, answers streamed to stdout, contexts saved. Terminal-facing; the
-session itself (kvpot.session) knows nothing about terminals."""
+session itself (kvpot.session.session) knows nothing about terminals."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpot.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
-from kvpot.model_ref import resolve_model
 from kvpot.models.registry import KNOWN
+from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
-from kvpot.reading_plan import plan_reading
-from kvpot.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
-from kvpot.settings import AUTO, RunSettings, resolve_settings
+from kvpot.session.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
+from kvpot.session.reading_plan import plan_reading
+from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
+from kvpot.session.settings import AUTO, RunSettings, resolve_settings
 
 from ._common import err
 from ._interrupt import Interrupts
@@ -76,7 +76,7 @@ def _estimated_tokens(sources: SourceSet) -> int | None:
 
 
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
-    from kvpot.context_file import check_context_path, read_context
+    from kvpot.session.context_file import check_context_path, read_context
 
     check_threads(threads)
     context = check_context_path(context)

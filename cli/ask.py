@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvpot.checks import check_pot_room
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.safe_write import resolve_target
-from kvpot.session import Session
+from kvpot.session.checks import check_pot_room
+from kvpot.session.session import Session
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
 from ._session import answer, new_session, reopen_session, save

@@ -9,12 +9,12 @@ import typer
 from rich.table import Table
 
 from kvpot.bench.throughput import ThroughputPlan, run_plan
-from kvpot.checks import check_budget
 from kvpot.errors import KvpotError
-from kvpot.model_ref import resolve_model
 from kvpot.models.registry import DEFAULT_MODEL
+from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
-from kvpot.settings import RunSettings
+from kvpot.session.checks import check_budget
+from kvpot.session.settings import RunSettings
 
 from ._common import err, user_errors
 
@@ -164,8 +164,8 @@ def ppl(
 ) -> None:
     """Perplexity of a long text read under each policy (every token scored given the compressed past)."""
     from kvpot.bench.grid import ppl_run
+    from kvpot.ingest.textfile import read_document
     from kvpot.runtime.llama import LlamaModel
-    from kvpot.textfile import read_document
 
     for spec in policy:
         check_budget(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from kvpot.model_ref import resolve_model
+from kvpot.models.resolve import resolve_model
 
 from ._common import err, user_errors
 

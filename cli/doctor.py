@@ -12,8 +12,8 @@ import kvpot
 from kvpot import paths
 from kvpot.build.pins import LLAMA_CPP_COMMIT
 from kvpot.errors import KvpotError
+from kvpot.models.pull import cached_path
 from kvpot.models.registry import KNOWN
-from kvpot.pull import cached_path
 
 from ._common import err, user_errors
 

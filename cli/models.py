@@ -6,9 +6,9 @@ import typer
 from rich.table import Table
 
 from kvpot import paths
+from kvpot.models.pull import cached_path
+from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import KNOWN
-from kvpot.pull import cached_path
-from kvpot.pull import pull as pull_model
 
 from ._common import err, user_errors
 

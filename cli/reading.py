@@ -8,7 +8,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeR
 from rich.text import Text
 
 from kvpot.ingest import SourceSet
-from kvpot.session import ReadingStopped, ReadProgress, Session
+from kvpot.session.session import ReadingStopped, ReadProgress, Session
 
 from ._common import err
 from ._interrupt import Interrupts

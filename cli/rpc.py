@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kvpot.settings import default_threads
+from kvpot.session.settings import default_threads
 
 from ._common import err, user_errors
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import typer
 
 from kvpot import paths
+from kvpot.bench.logbook import logbook
 from kvpot.errors import KvpotError
+from kvpot.ingest.textfile import check_text_file
+from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import DEFAULT_MODEL
-from kvpot.pull import pull as pull_model
-from kvpot.sample import logbook
-from kvpot.textfile import check_text_file
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
 from ._session import answer, new_session

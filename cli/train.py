@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from kvpot.errors import KvpotError
-from kvpot.model_ref import resolve_model
+from kvpot.models.resolve import resolve_model
 
 from ._common import err, user_errors
 

@@ -1,5 +1,5 @@
 """kvpot adapter GGUF files: trained parts that run beside a base model (Locret's retaining heads;
-EdgeInfinite's memory gate joins with adapter.type = kvpot.memory_gate).
+EdgeInfinite's memory gate joins with adapter.type = kvpot.policies.edgeinfinite_memory).
 
 An adapter carries the identity of the base model it was made for, and is checked against the
 model in Python, with one clear line per problem, before any of it reaches C code. Format:
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import check_gguf_header, read_header
-from kvpot.model_hash import model_sha256
+from kvpot.models.gguf_file import check_gguf_header, read_header
+from kvpot.models.model_hash import model_sha256
 
 FORMAT_VERSION = 1
 RETAINING_HEADS = "kvpot.retaining_heads"
@@ -248,15 +248,15 @@ def _read_tensors(path: Path) -> dict[str, np.ndarray]:
         raise AdapterError(f"{path} is a damaged adapter GGUF ({type(e).__name__}: {str(e)[:80]})") from None
 
 
-# -- EdgeInfinite's memory gate (adapter.type = kvpot.memory_gate) ------------------------------------
+# -- EdgeInfinite's memory gate (adapter.type = kvpot.policies.edgeinfinite_memory) ------------------------------------
 
-MEMORY_GATE = "kvpot.memory_gate"
+MEMORY_GATE = "kvpot.policies.edgeinfinite_memory"
 _GATE_TENSORS = ("mg_w1.weight", "mg_w1.bias", "mg_w2.weight", "mg_w2.bias", "mg_g")
 
 
 def pot_layer_ids(model: Path) -> list[int]:
     """The model layers whose KV lives in the pot (all but the sliding-window ones), as llama.cpp decides."""
-    from kvpot.gguf_file import read_model_facts
+    from kvpot.models.gguf_file import read_model_facts
 
     facts = read_model_facts(model)
     swa = facts.swa_layers or (False,) * facts.n_layer
@@ -264,15 +264,15 @@ def pot_layer_ids(model: Path) -> list[int]:
 
 
 def initial_memory_gate(model: Path, d_h: int | None = None):
-    """The untrained gate for a model (kvpot.memory_gate: identity MLP, nearly closed gate)."""
-    from kvpot.memory_gate import MemoryGate
+    """The untrained gate for a model (kvpot.policies.edgeinfinite_memory: identity MLP, nearly closed gate)."""
+    from kvpot.policies.edgeinfinite_memory import MemoryGate
 
     base = BaseIdentity.of_model(model)
     return MemoryGate.initial(pot_layer_ids(model), base.head_dim_v, base.n_head, d_h=d_h, base=base)
 
 
 def write_memory_gate(path: Path, gate, source: str = "") -> None:
-    """Write EdgeInfinite's memory-gating module (kvpot.memory_gate.MemoryGate with .base) as an adapter GGUF."""
+    """Write EdgeInfinite's memory-gating module (kvpot.policies.edgeinfinite_memory.MemoryGate with .base) as an adapter GGUF."""
     import gguf
 
     gate.check_shapes()
@@ -284,10 +284,10 @@ def write_memory_gate(path: Path, gate, source: str = "") -> None:
     for name in ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd"):
         w.add_uint32(f"kvpot.base.{name}", int(getattr(b, name)))
     w.add_string("kvpot.base.sha256", b.sha256)
-    w.add_array("kvpot.memory_gate.layers", [int(i) for i in gate.layers])
-    w.add_uint32("kvpot.memory_gate.hidden", gate.d_h)
-    w.add_string("kvpot.memory_gate.sigma", "elu+1")
-    w.add_string("kvpot.memory_gate.query", "the layer's attention queries as llama.cpp passes them to attention "
+    w.add_array("kvpot.policies.edgeinfinite_memory.layers", [int(i) for i in gate.layers])
+    w.add_uint32("kvpot.policies.edgeinfinite_memory.hidden", gate.d_h)
+    w.add_string("kvpot.policies.edgeinfinite_memory.sigma", "elu+1")
+    w.add_string("kvpot.policies.edgeinfinite_memory.query", "the layer's attention queries as llama.cpp passes them to attention "
                                             "(after RoPE and any q norm or scale); keys and values as cached")
     if source:
         w.add_string("kvpot.source", source)
@@ -302,14 +302,14 @@ def write_memory_gate(path: Path, gate, source: str = "") -> None:
 
 def read_memory_gate(path: Path, model: Path | None = None):
     """Read and check a memory-gate adapter; with `model`, refuse it unless it was made for that model."""
-    from kvpot.memory_gate import MemoryGate
+    from kvpot.policies.edgeinfinite_memory import MemoryGate
 
     path = Path(path)
-    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
+    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.policies.edgeinfinite_memory.layers"}))
     try:
         base = _base_identity(kv)
-        layers = [int(i) for i in kv["kvpot.memory_gate.layers"]]
-        hidden = int(kv["kvpot.memory_gate.hidden"])
+        layers = [int(i) for i in kv["kvpot.policies.edgeinfinite_memory.layers"]]
+        hidden = int(kv["kvpot.policies.edgeinfinite_memory.hidden"])
     except (KeyError, TypeError, ValueError) as e:
         raise AdapterError(f"{path}: the adapter lacks its base-model identity ({e})") from None
     if model is not None:

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpot.engine_state import EngineState, decode_tree, encode_tree
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_model_facts
+from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
+from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
 
 # cells kept free past budget + chunk for the question and the answer
 DEFAULT_ANSWER_RESERVE = 256

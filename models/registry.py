@@ -48,8 +48,8 @@ SMOLLM2_135M = KnownModel(
         ),
     ),
     # budget auto: full attention up to its 8K context, InfiniPot past it with the largest pot the
-    # device holds (kvpot.budget); plain completion prompts, because this model retrieves from long
-    # documents far more reliably without its chat template (DESIGN.md)
+    # device holds (kvpot.session.auto_budget); plain completion prompts, because this model retrieves from long
+    # documents far more reliably without its chat template (`kvpot ask --prompt chat` compares)
     defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
     adapters={"locret": "smollm2-135m.locret.gguf"},
 )
@@ -68,7 +68,7 @@ GEMMA3_270M = KnownModel(
         for i in range(4)
     ),
     # budget auto: full attention up to its 32K context, InfiniPot past it with the largest pot the
-    # device holds (kvpot.budget, docs/benchmarks.md)
+    # device holds (kvpot.session.auto_budget, docs/benchmarks.md)
     defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
     adapters={"locret": "gemma3-270m.locret.gguf"},
 )

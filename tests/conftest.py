@@ -13,8 +13,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import pytest
 
+from kvpot.models.pull import pull_known
 from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
-from kvpot.pull import pull_known
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import sys
 
-from kvpot.checks import check_pot_room, check_settings_fit
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_model_facts
 from kvpot.ingest import collect_sources
-from kvpot.session import Session
-from kvpot.settings import resolve_settings
+from kvpot.models.gguf_file import read_model_facts
+from kvpot.session.checks import check_pot_room, check_settings_fit
+from kvpot.session.session import Session
+from kvpot.session.settings import resolve_settings
 
 
 def run_one(facts, doc: str, combo: dict) -> dict:

@@ -6,7 +6,7 @@ import ctypes
 
 import numpy as np
 
-from kvpot.gguf_file import read_header
+from kvpot.models.gguf_file import read_header
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 
 

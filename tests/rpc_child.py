@@ -62,11 +62,11 @@ def main() -> None:
 
     from potlib import decode_chunks
 
+    from kvpot.bench.logbook import logbook
     from kvpot.engine import Engine, EngineConfig
     from kvpot.policies import make_policy
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
     from kvpot.runtime.pot import Pot
-    from kvpot.sample import logbook
 
     out: dict[str, np.ndarray] = {}
     model = LlamaModel(a.model)

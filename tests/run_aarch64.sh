@@ -27,7 +27,7 @@ t1=$(date +%s)
 "$PY" -m kvpot.build.cross native --out "$out/native"
 echo "aarch64 cross build: $((t1 - t0)) s; native link: $(($(date +%s) - t1)) s"
 
-q41=$("$PY" -c "from kvpot.pull import pull_known; from kvpot.models.registry import SMOLLM2_135M; print(pull_known(SMOLLM2_135M))")
+q41=$("$PY" -c "from kvpot.models.pull import pull_known; from kvpot.models.registry import SMOLLM2_135M; print(pull_known(SMOLLM2_135M))")
 q40="$out/SmolLM2-135M-Instruct.Q4_0-from-Q4_1.gguf"
 if [ ! -s "$q40" ]; then
     PYTHONPATH="$home/build/src-plain/vendor/llama.cpp/gguf-py" "$PY" tests/make_q4_0.py "$q41" "$q40.tmp"

@@ -9,14 +9,14 @@ import pytest
 from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
-from kvpot.budget import MEMORY_ENV, DeviceMemory, plan_cells, pot_cells
+from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
-from kvpot.gguf_file import read_model_facts
-from kvpot.prompting import question_suffix
+from kvpot.models.gguf_file import read_model_facts
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
-from kvpot.sample import logbook
-from kvpot.session import answer_reserve
-from kvpot.settings import RunSettings
+from kvpot.session.auto_budget import MEMORY_ENV, DeviceMemory, plan_cells, pot_cells
+from kvpot.session.prompting import question_suffix
+from kvpot.session.session import answer_reserve
+from kvpot.session.settings import RunSettings
 
 runner = CliRunner()
 OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt", "completion", "--threads", "2"]

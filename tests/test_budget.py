@@ -1,4 +1,4 @@
-"""`--budget auto` arithmetic (kvpot.budget) on made-up device and model facts: no model, no machine state."""
+"""`--budget auto` arithmetic (kvpot.session.auto_budget) on made-up device and model facts: no model, no machine state."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpot.budget import DeviceMemory, choose_reading, full_context, kv_bytes, plan_cells
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import ModelFacts, swa_layers
+from kvpot.models.gguf_file import ModelFacts, swa_layers
+from kvpot.session.auto_budget import DeviceMemory, choose_reading, full_context, kv_bytes, plan_cells
 
 MiB, GiB = 2**20, 2**30
 
@@ -50,7 +50,7 @@ def test_kv_bytes_per_layer_type():
 
 
 def expected_cells(facts: ModelFacts, free: int, chunk: int, rows: int) -> int:
-    """The same budget written out by hand, term by term (module docstring of kvpot.budget)."""
+    """The same budget written out by hand, term by term (module docstring of kvpot.session.auto_budget)."""
     row_kv = facts.n_head_kv * (facts.head_dim_k + facts.head_dim_v) * 2
     n_swa = sum(facts.swa_layers)
     n_global = facts.n_layer - n_swa

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-from kvpot.checks import check_budget
 from kvpot.policies import (
     H2O,
     IMDC,
@@ -31,6 +30,7 @@ from kvpot.policies import (
     Truncate,
 )
 from kvpot.policies.base import PotView
+from kvpot.session.checks import check_budget
 
 # policy -> (its smallest working budget, or None when every budget of at least 1 cell works)
 LEAST = {

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from test_locret import smol_heads  # noqa: F401  (a fixture: random retaining heads for SmolLM2)
 
+from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import POLICIES, BudgetTooSmall, build_policy, make_policy
-from kvpot.sample import logbook
 
 BUDGET, CHUNK = 160, 64
 

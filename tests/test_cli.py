@@ -8,9 +8,9 @@ from conftest import assert_one_line_error, run_cli
 from typer.testing import CliRunner
 
 import kvpot
+from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
-from kvpot.prompting import Segment, choose_format
-from kvpot.sample import logbook
+from kvpot.session.prompting import Segment, choose_format
 
 runner = CliRunner()
 

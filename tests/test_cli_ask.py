@@ -6,8 +6,8 @@ import pytest
 from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
+from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
-from kvpot.sample import logbook
 
 runner = CliRunner()
 FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt", "completion",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvpot.context_file import SavedContext, read_context, write_context
-from kvpot.engine_state import EngineState, decode_tree, encode_tree
 from kvpot.errors import KvpotError
+from kvpot.session.context_file import SavedContext, read_context, write_context
+from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
 
 
 def _saved() -> SavedContext:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli
 
+from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, write_memory_gate
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import EdgeInfinite, StreamingLLM
-from kvpot.sample import logbook
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import H2O, FullAttention, SnapKV, StreamingLLM, Truncate
-from kvpot.sample import logbook
 
 BUDGET, CHUNK = 192, 64
 

@@ -28,9 +28,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpot.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, parse_context
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import GGUF_MAGIC, read_header_from
+from kvpot.models.gguf_file import GGUF_MAGIC, read_header_from
+from kvpot.session.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, parse_context
 
 EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))  # inputs per strategy
 # inputs per Hypothesis example: each example costs ~1-2 ms of Hypothesis's own bookkeeping (saving and

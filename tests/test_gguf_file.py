@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_header, read_model_facts
+from kvpot.models.gguf_file import read_header, read_model_facts
 
 
 def _write_gguf(path, kv: dict, arch: str = "llama"):
@@ -37,7 +37,7 @@ def test_header_reader_agrees_with_gguf_py(smollm2_path):
         assert got == pytest.approx(want) if isinstance(want, float) else got == want, key
         compared += 1
     assert compared > 10
-    # arrays are skipped, their lengths kept (the vocabulary size sizes the logits in kvpot.budget)
+    # arrays are skipped, their lengths kept (the vocabulary size sizes the logits in kvpot.session.auto_budget)
     tokens = ref.fields["tokenizer.ggml.tokens"]
     assert ours["tokenizer.ggml.tokens#count"] == len(tokens.data)
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_imdc import paper_memory, paper_n
 
+from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import IMDC, PotView, SnapKV, StreamingLLM, Truncate
 from kvpot.policies.base import DEAD, PAD, check_keep, select_per_layer
 from kvpot.policies.imdc_schedule import proportional_share, retention_ratio
-from kvpot.sample import logbook
 
 
 def planned(n_tokens: int, **kwargs) -> IMDC:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvpot.bench.logbook import logbook
 from kvpot.bench.niah import run_case
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import InfiniPot, Truncate, make_policy
 from kvpot.policies.base import PotView
-from kvpot.sample import logbook
 
 
 def _appendix_b_reference(attn: np.ndarray, token_loss: np.ndarray, cache_size: int, nuc_size: int) -> list:

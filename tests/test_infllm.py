@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
 
+from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import InfLLM
 from kvpot.policies.base import BudgetTooSmall
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
-from kvpot.sample import logbook
 
 CHUNK = 64
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kvpot.checks import check_memory, check_threads, cpu_cores, memory_need
+from kvpot.bench.logbook import logbook
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_model_facts
+from kvpot.models.gguf_file import read_model_facts
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
-from kvpot.sample import logbook
+from kvpot.session.checks import check_memory, check_threads, cpu_cores, memory_need
 
 WORKER = Path(__file__).with_name("limits_worker.py")
 POLICIES = {"smollm2": ["infinipot", "snapkv", "imdc:pruner=snapkv"], "gemma": ["infinipot", "h2o"]}
@@ -105,11 +105,11 @@ def test_threads_within_range_pass():
 def test_memory_check_names_the_option_to_lower(smollm2_path):
     facts = read_model_facts(smollm2_path)
     assert facts.n_vocab > 1000  # read from the header's token list
-    need = memory_need(facts, 4096, 512, facts.n_vocab)
-    check_memory(facts, 4096, 512, facts.n_vocab, 4096, 512, 256, available=need.total)  # exactly fits
+    need = memory_need(facts, 4096, 512)
+    check_memory(facts, 4096, 512, 4096, 512, 256, available=need.total)  # exactly fits
     with pytest.raises(KvpotError, match="lower --budget"):
-        check_memory(facts, 10**6, 512, facts.n_vocab, 10**6 - 600, 512, 256, available=need.total)
+        check_memory(facts, 10**6, 512, 10**6 - 600, 512, 256, available=need.total)
     with pytest.raises(KvpotError, match="lower --chunk"):
-        check_memory(facts, 4096 + 10**6, 10**6, facts.n_vocab, 4096, 10**6, 256, available=need.total)
+        check_memory(facts, 4096 + 10**6, 10**6, 4096, 10**6, 256, available=need.total)
     with pytest.raises(KvpotError, match="lower --max-tokens"):
-        check_memory(facts, 10**6, 512, facts.n_vocab, 4096, 512, 10**6 - 4096, available=need.total)
+        check_memory(facts, 10**6, 512, 4096, 512, 10**6 - 4096, available=need.total)

@@ -8,13 +8,13 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from torch_ckpt import write_checkpoint
 
+from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import BaseIdentity
 from kvpot.converters.locret import convert_locret
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import Locret, PotView, make_policy
 from kvpot.policies.base import BudgetTooSmall
-from kvpot.sample import logbook
 
 
 def reference_keep(positions: np.ndarray, score: np.ndarray, budget: int, n_s: int) -> np.ndarray:

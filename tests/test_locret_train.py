@@ -12,10 +12,10 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from potlib import TensorCatcher
 
+from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import BaseIdentity, read_retaining_heads, write_retaining_heads
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot
-from kvpot.sample import logbook
 from kvpot.train.documents import list_files, make_sample, make_samples
 from kvpot.train.locret_capture import Capturer, causal_importance
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, run_cli
 
+from kvpot.bench.logbook import logbook
+from kvpot.models.pull import cached_path
 from kvpot.models.registry import SMOLLM2_135M
-from kvpot.pull import cached_path
-from kvpot.sample import logbook
 
 FAST = ["-m", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion", "--threads", "1"]
 

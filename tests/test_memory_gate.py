@@ -1,4 +1,4 @@
-"""EdgeInfinite's gated memory inside the llama.cpp graph equals the NumPy reference (kvpot.memory_gate)
+"""EdgeInfinite's gated memory inside the llama.cpp graph equals the NumPy reference (kvpot.policies.edgeinfinite_memory)
 through several folds: M, z equal NumPy folds of the K, V read back from the cache; each pot layer's
 output equals gate.mix(read(M, z, Q), A_dot) on the Q and A_dot captured from the same run (cb_eval,
 test oracle); before the first fold the layer is stock."""
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from potlib import TensorCatcher
 
+from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import BaseIdentity
-from kvpot.memory_gate import MemoryGate, fold, read
+from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
-from kvpot.sample import logbook
 
 
 def random_gate(layers: list[int], d_v: int, n_head: int, seed: int = 0, d_h: int = 32) -> MemoryGate:

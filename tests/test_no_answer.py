@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from kvpot.cli._common import NO_ANSWER_EXIT
 from kvpot.cli.main import app
-from kvpot.session import Session
+from kvpot.session.session import Session
 
 runner = CliRunner()
 OPTS = ["--model", "smollm2-135m", "--budget", "256", "--chunk", "64", "-n", "6", "--prompt", "completion",

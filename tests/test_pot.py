@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from potlib import TensorCatcher, decode_chunks, hadamard, new_ctx, numpy_rope, rope_facts
 
+from kvpot.bench.logbook import logbook
 from kvpot.runtime.llama import LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
-from kvpot.sample import logbook
 
 CHUNK = 64
 N_CTX = 512

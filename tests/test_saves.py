@@ -15,10 +15,10 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from typer.testing import CliRunner
 
+from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write, remove_stale_temps, resolve_target, temp_pattern
-from kvpot.sample import logbook
 
 runner = CliRunner()
 FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "8", "--prompt", "completion",

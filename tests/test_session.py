@@ -7,13 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvpot.context_file import read_context, write_context
+from kvpot.bench.logbook import logbook
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import read_model_facts
 from kvpot.ingest import collect_sources
-from kvpot.sample import logbook
-from kvpot.session import ReadingStopped, Session, _partial_stop
-from kvpot.settings import RunSettings
+from kvpot.models.gguf_file import read_model_facts
+from kvpot.session.context_file import read_context, write_context
+from kvpot.session.session import ReadingStopped, Session, _partial_stop
+from kvpot.session.settings import RunSettings
 
 SMALL = RunSettings(budget=512, chunk=128, threads=2, prompt="completion", max_tokens=12)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpot.errors import KvpotError
-from kvpot.settings import RunSettings, resolve_settings
+from kvpot.session.settings import RunSettings, resolve_settings
 
 
 def test_layers_override_in_order(tmp_path):

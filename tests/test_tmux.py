@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from kvpot.sample import logbook
+from kvpot.bench.logbook import logbook
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 

@@ -9,11 +9,11 @@ import pytest
 import torch  # the `train` extra: `make test` installs it (train-deps), so these tests never skip
 from conftest import assert_one_line_error, run_cli  # noqa: E402
 
+from kvpot.bench.logbook import logbook  # noqa: E402
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate  # noqa: E402
-from kvpot.memory_gate import MemoryGate, fold, read  # noqa: E402
+from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read  # noqa: E402
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from kvpot.runtime.pot import Pot  # noqa: E402
-from kvpot.sample import logbook  # noqa: E402
 from kvpot.train import edgeinfinite as te  # noqa: E402
 from kvpot.train.gguf_torch import forward, load_llama  # noqa: E402
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from kvpot.converters.adapter import BaseIdentity
-from kvpot.model_ref import resolve_model
+from kvpot.models.resolve import resolve_model
 from kvpot.paths import home
 from kvpot.runtime.llama import LlamaModel
 from kvpot.train.documents import default_sources, make_samples

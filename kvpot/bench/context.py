@@ -1,6 +1,6 @@
 """`kvpot bench context`: what a user of `kvpot ask` waits for, beside stock llama.cpp in the same run.
 
-For each length: a generated logbook (kvpot.sample, one code to find) is read by a Session exactly as
+For each length: a generated logbook (kvpot.bench.logbook, one code to find) is read by a Session exactly as
 `kvpot ask FILE QUESTION --save-context P` reads it, then reopened as `kvpot ask --context P QUESTION`
 does. Reported: time to the first answer token after reading, re-read time (model load + reading + first
 token) against reopen time (model load + saved context + first token), context file size, peak RSS.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kvpot.bench.logbook import logbook
 from kvpot.bench.worker import peak_rss_mb
-from kvpot.sample import logbook
 
 SEED = 11
 
@@ -33,10 +33,10 @@ def write_document(model, n_tokens: int, out_dir: Path) -> tuple[Path, str, str]
 def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy: str | None = None,
               budget: int | None = None) -> dict:
     from kvpot.ingest import collect_sources
-    from kvpot.model_ref import resolve_model
+    from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
-    from kvpot.session import Session
-    from kvpot.settings import resolve_settings
+    from kvpot.session.session import Session
+    from kvpot.session.settings import resolve_settings
 
     facts, known = resolve_model(model_spec)
     name = known.name if known else facts.name
@@ -46,8 +46,8 @@ def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy
     doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
     vocab.close()
     # the budget as `kvpot ask` resolves it (auto: full attention where the document fits)
-    from kvpot.reading_plan import plan_reading
-    from kvpot.session import answer_reserve
+    from kvpot.session.reading_plan import plan_reading
+    from kvpot.session.session import answer_reserve
 
     settings = plan_reading(settings, facts, collect_sources([str(doc)]), policy is not None,
                             answer_reserve(settings)).settings
@@ -91,7 +91,7 @@ def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy
 
 def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk: int = 512, **_pot_settings) -> dict:
     """Stock llama.cpp only: the whole document in one context, no kvpot call."""
-    from kvpot.model_ref import resolve_model
+    from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 
     facts, _ = resolve_model(model_spec)

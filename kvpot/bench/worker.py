@@ -22,7 +22,7 @@ def peak_rss_mb() -> float:
 
 def run_stock(model_path: str, n_tokens: int, chunk: int, threads: int, flash_attn: bool) -> dict:
     """Stock llama.cpp: the whole input in one context, prefilled in n_batch pieces; no kvpot call at all."""
-    from kvpot.bench.corpus import generated_tokens
+    from kvpot.bench.logbook import generated_tokens
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 
     model = LlamaModel(model_path)
@@ -38,7 +38,7 @@ def run_stock(model_path: str, n_tokens: int, chunk: int, threads: int, flash_at
 
 
 def run_pot(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int, threads: int, flash_attn: bool) -> dict:
-    from kvpot.bench.corpus import generated_tokens
+    from kvpot.bench.logbook import generated_tokens
     from kvpot.engine import Engine, EngineConfig
     from kvpot.policies import make_policy
 

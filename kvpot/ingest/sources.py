@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kvpot.errors import KvpotError
-from kvpot.textfile import SNIFF_BYTES, looks_binary
+from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
 
 PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
 STDIN = "-"

@@ -55,7 +55,7 @@ class Locret(Policy):
 
         path = Path(self.heads).expanduser() if self.heads else None
         if path is None:  # the heads shipped for a known model (models/registry.py), found by its sha256
-            from kvpot.model_hash import model_sha256
+            from kvpot.models.model_hash import model_sha256
             from kvpot.models.registry import shipped_adapter
 
             try:

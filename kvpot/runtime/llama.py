@@ -33,7 +33,7 @@ class ContextParams:
 
 
 class LlamaModel:
-    """A loaded GGUF model; the file must have been checked by kvpot.gguf_file first."""
+    """A loaded GGUF model; the file must have been checked by kvpot.models.gguf_file first."""
 
     def __init__(self, path: str, vocab_only: bool = False):
         """vocab_only: the tokenizer and metadata without the weights (counting tokens before the

@@ -7,7 +7,7 @@ package documentation), or directories the user names. Two kinds of sample, half
 - retrieval: a window of a source file with a few generated facts spliced in at line ends, a
   question about one of them, and the answer that repeats it. This generator is kvpot's own and
   shares no wording or seeds with the benchmarks' haystacks (kvpot.bench.niah, kvpot.bench.haystack)
-  or the sample logbook (kvpot.sample).
+  or the sample logbook (kvpot.bench.logbook).
 - continuation: a window of a source file; the answer is the text that follows it (the "later
   rows" of a plain document).
 """

@@ -1,6 +1,6 @@
 """`kvpot train edgeinfinite`: train EdgeInfinite's memory-gating module on a frozen backbone.
 
-The torch forward of the memory and gate here is the computation of kvpot.memory_gate (the NumPy
+The torch forward of the memory and gate here is the computation of kvpot.policies.edgeinfinite_memory (the NumPy
 reference the in-graph layer is tested against), written in torch; tests/test_train_edgeinfinite.py
 checks the two agree on the same inputs.
 
@@ -39,7 +39,7 @@ def _torch():
     return torch
 
 
-# -- the memory and gate in torch (kvpot.memory_gate's equations) -----------------------------------------
+# -- the memory and gate in torch (kvpot.policies.edgeinfinite_memory's equations) -----------------------------------------
 
 def sigma(x):
     """ELU(x) + 1."""
@@ -64,7 +64,7 @@ def read(m, z, q):
 
 
 class GateModule:
-    """The trainable gate: torch parameters shaped as kvpot.memory_gate.MemoryGate's arrays."""
+    """The trainable gate: torch parameters shaped as kvpot.policies.edgeinfinite_memory.MemoryGate's arrays."""
 
     def __init__(self, gate):
         torch = _torch()
@@ -86,7 +86,7 @@ class GateModule:
         return sg * a_tl + (1.0 - sg) * a_dot
 
     def to_gate(self):
-        from kvpot.memory_gate import MemoryGate
+        from kvpot.policies.edgeinfinite_memory import MemoryGate
 
         arr = {n: p.detach().numpy().astype(np.float32).copy() for n, p in self.params.items()}
         return MemoryGate(layers=self.layers, base=self.base, **arr)

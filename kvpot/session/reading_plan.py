@@ -1,6 +1,6 @@
 """How `ask` and `chat` read their input: the budget the settings name, or `--budget auto`.
 
-auto: the device's memory sets the largest context (kvpot.budget). An input that fits it and the
+auto: the device's memory sets the largest context (kvpot.session.auto_budget). An input that fits it and the
 model's trained context is read with full attention, the exact stock computation (unless the user
 chose a policy); a longer one goes through the pot at the largest budget that fits. `--policy full`
 sizes its context from the input and refuses before reading when the input cannot fit.
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvpot import budget as device_budget
-from kvpot.gguf_file import ModelFacts
 from kvpot.ingest import IncrementalTokenizer, SourceSet
+from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import make_policy
-from kvpot.settings import AUTO, RunSettings
+from kvpot.session import auto_budget as device_budget
+from kvpot.session.settings import AUTO, RunSettings
 
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
 # larger than limit x this cannot fit and is not counted (loading Gemma's vocabulary alone takes ~3 s)
@@ -39,8 +39,8 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int)
         return None
     if sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
         return sources.total_bytes // MAX_BYTES_PER_TOKEN  # a lower bound, already past the limit
-    from kvpot.prompting import choose_format
     from kvpot.runtime.llama import LlamaModel
+    from kvpot.session.prompting import choose_format
 
     vocab = LlamaModel(str(facts.path), vocab_only=True)
     try:

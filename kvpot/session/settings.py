@@ -12,14 +12,14 @@ import tomllib
 
 from kvpot import paths
 from kvpot.errors import KvpotError
-from kvpot.prompting import PROMPT_CHOICES
+from kvpot.session.prompting import PROMPT_CHOICES
 
 
 @dataclass(frozen=True)
 class RunSettings:
     policy: str = "infinipot"   # a policy spec; sizes it leaves open follow the budget (Policy.fit)
     budget: int | str = "auto"  # cells the memory may hold (InfiniPot's pot |M|; what others keep), or
-                                # "auto": sized from the device (kvpot.budget; cli/ask.py resolves it)
+                                # "auto": sized from the device (kvpot.session.auto_budget; cli/ask.py resolves it)
     chunk: int = 512            # tokens per step
     threads: int = 0            # 0: every core
     prompt: str = "auto"        # auto | chat | completion
@@ -41,7 +41,7 @@ class RunSettings:
         if self.threads < 0:
             raise KvpotError(f"{n('threads')} must be at least 1 (0: every core), got {self.threads}")
         if self.budget != AUTO:  # a budget the policy can never work with: said now, not at its first compaction
-            from kvpot.checks import check_budget
+            from kvpot.session.checks import check_budget
 
             check_budget(self.policy, self.budget, self.chunk, n("budget"))
         return replace(self, threads=self.threads or default_threads())

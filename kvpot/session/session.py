@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from kvpot import __version__
-from kvpot.context_file import SavedContext, read_context, write_context
 from kvpot.engine import MIN_TURN_ROOM, Engine, EngineConfig, FeedEvent
-from kvpot.engine_state import EngineState
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import ModelFacts
 from kvpot.ingest import IncrementalTokenizer, SourceSet
-from kvpot.model_hash import model_sha256
+from kvpot.models.gguf_file import ModelFacts
+from kvpot.models.model_hash import model_sha256
 from kvpot.policies import make_policy
-from kvpot.prompting import Segment, choose_format
 from kvpot.runtime import library
-from kvpot.settings import RunSettings
+from kvpot.session.context_file import SavedContext, read_context, write_context
+from kvpot.session.engine_state import EngineState
+from kvpot.session.prompting import Segment, choose_format
+from kvpot.session.settings import RunSettings
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
 SAVE_LOGITS_ENV = "KVPOT_SAVE_LOGITS"

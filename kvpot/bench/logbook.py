@@ -1,4 +1,5 @@
-"""A sample long document that kvpot writes itself: a ship's logbook with one fact to find."""
+"""A long document kvpot writes itself: a ship's logbook with one fact to find (`kvpot demo`,
+`kvpot bench context`), and as many tokens of it as a throughput benchmark asks for."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ def logbook(n_entries: int = 60, seed: int = 7, fact_at: float = 0.5) -> tuple[s
         if day - 1 == fact_entry:
             lines.append(f"The captain set the code of the strongbox to {code}. Remember it: the code is {code}.")
     return "\n".join(lines) + "\n", "What is the code of the strongbox?", code
+
+
+def generated_tokens(model, n_tokens: int, seed: int = 0) -> list[int]:
+    """At least n_tokens of generated text tokenized by `model` (a kvpot.runtime.llama.LlamaModel), cut to n."""
+    out: list[int] = []
+    part = 0
+    while len(out) < n_tokens:
+        text, _, _ = logbook(n_entries=400, seed=seed * 1000 + part, fact_at=2.0)  # fact_at > 1: no fact
+        out.extend(model.tokenize(text))
+        part += 1
+    return out[:n_tokens]

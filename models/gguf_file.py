@@ -117,7 +117,7 @@ class ModelFacts:
     n_embd: int
     n_ctx_train: int
     chat_template: str | None
-    # what the KV cache costs (kvpot.budget): per-head key/value widths, the sliding window (0: none)
+    # what the KV cache costs (kvpot.session.auto_budget): per-head key/value widths, the sliding window (0: none)
     # and which layers use it, the vocabulary (the logits buffer), the file size (the weights)
     head_dim_k: int = 0
     head_dim_v: int = 0

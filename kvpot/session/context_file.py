@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvpot.engine_state import EngineState
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write
+from kvpot.session.engine_state import EngineState
 
 MAGIC = b"KVPOTCTX"
 FORMAT_VERSION = 1

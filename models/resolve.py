@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import ModelFacts, read_model_facts
+from kvpot.models.gguf_file import ModelFacts, read_model_facts
+from kvpot.models.pull import cached_path
 from kvpot.models.registry import KNOWN, KnownModel
-from kvpot.pull import cached_path
 
 
 def resolve_model(spec: str) -> tuple[ModelFacts, KnownModel | None]:
@@ -18,7 +18,7 @@ def resolve_model(spec: str) -> tuple[ModelFacts, KnownModel | None]:
             raise KvpotError(f"model {spec} is not downloaded yet; run `kvpot pull {spec}`")
         return read_model_facts(path), known
     if spec.startswith("hf:"):  # pulled into the models dir by `kvpot pull hf:...`
-        from kvpot.pull import HF_SPEC, hf_cached_path
+        from kvpot.models.pull import HF_SPEC, hf_cached_path
 
         if not HF_SPEC.match(spec):
             raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")

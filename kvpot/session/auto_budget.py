@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import ModelFacts
+from kvpot.models.gguf_file import ModelFacts
 
 KV_BYTES = 2                 # f16 cache cells
 F32 = 4
@@ -70,11 +70,34 @@ def kv_bytes(facts: ModelFacts, cells: int, chunk: int) -> int:
     return global_kv_bytes_per_cell(facts) * cells + n_swa * per_layer * swa_cells
 
 
+@dataclass(frozen=True)
+class ContextCost:
+    """Bytes a context of `cells` cells costs, by part (the module docstring's model)."""
+
+    kv: int              # K and V of every layer (sliding-window layers capped at window + chunk)
+    scores: int          # one chunk's attention scores and softmax over the context
+    logits: int          # the output rows, twice (graph output and llama.cpp's copy)
+    activations: int     # the chunk's hidden states and feed-forward
+
+    @property
+    def compute(self) -> int:
+        return self.scores + self.logits + self.activations
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.compute
+
+
+def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> ContextCost:
+    return ContextCost(kv=kv_bytes(facts, cells, chunk),
+                       scores=2 * facts.n_head * chunk * cells * F32,
+                       logits=2 * logit_rows * facts.n_vocab * F32,
+                       activations=chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
+
+
 def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> int:
     """The chunk's compute buffer and logits for a context of `cells` cells."""
-    return (2 * facts.n_head * chunk * cells * F32
-            + 2 * logit_rows * facts.n_vocab * F32
-            + chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
+    return context_cost(facts, cells, chunk, logit_rows).compute
 
 
 def margin_bytes(free: int) -> int:

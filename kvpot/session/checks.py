@@ -13,12 +13,12 @@ Each refusal is one KvpotError line that names the command-line option to change
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.gguf_file import ModelFacts
+from kvpot.models.gguf_file import ModelFacts
+from kvpot.session.auto_budget import ContextCost, context_cost, device_memory
 
 # llama.cpp keeps context and batch sizes in uint32 and positions in int32; ctypes would wrap larger values
 MAX_CELLS = 1 << 30
@@ -68,37 +68,18 @@ def check_budget(policy_spec: str, budget: int, chunk: int, option: str = "--bud
 
 # -- memory ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class MemoryNeed:
-    kv: int          # K and V of every cell of every layer (f16)
-    logits: int      # llama.cpp's output buffer: n_batch rows of n_vocab floats
-    scores: int      # attention scores of one ubatch over the context (without flash attention)
-
-    @property
-    def total(self) -> int:
-        return self.kv + self.logits + self.scores
-
-
-def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int, n_vocab: int) -> MemoryNeed:
-    head_dim = facts.n_embd // max(facts.n_head, 1)
-    kv = n_ctx * facts.n_layer * facts.n_head_kv * head_dim * 2 * 2
-    logits = n_batch * n_vocab * 4
-    scores = min(n_batch, n_ctx) * n_ctx * max(facts.n_head, 1) * 4
-    return MemoryNeed(kv=kv, logits=logits, scores=scores)
+def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int) -> ContextCost:
+    """What a context of n_ctx cells read in n_batch-token steps takes besides the weights: the same
+    cost model `--budget auto` plans with (kvpot.session.auto_budget), every row of a step given logits
+    (the most a policy asks for: NuC scores each token)."""
+    return context_cost(facts, n_ctx, n_batch, logit_rows=n_batch)
 
 
 def available_memory() -> int | None:
-    """Bytes the OS says can be allocated without swapping (Linux MemAvailable); None if unknown."""
+    """Free memory as `--budget auto` sees it (KVPOT_DEVICE_MEMORY, else the OS); None when unknown."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+        return device_memory().free_bytes
+    except KvpotError:
         return None
 
 
@@ -109,15 +90,15 @@ def _gib(n: int) -> str:
 def check_settings_fit(facts: ModelFacts, settings) -> None:
     """The context `Session` would create for these settings, checked before the model loads."""
     from kvpot.policies import build_policy
-    from kvpot.session import answer_reserve
+    from kvpot.session.session import answer_reserve
 
     reserve = answer_reserve(settings)
     policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
     n_ctx = policy.cache_cells(settings.budget, settings.chunk) + reserve
-    check_memory(facts, n_ctx, settings.chunk, facts.n_vocab, settings.budget, settings.chunk, settings.max_tokens)
+    check_memory(facts, n_ctx, settings.chunk, settings.budget, settings.chunk, settings.max_tokens)
 
 
-def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, n_vocab: int, budget: int, chunk: int,
+def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk: int,
                  max_tokens: int = 0, available: int | None = None) -> None:
     """Refuse a context that cannot fit the memory left, naming the option that makes it big."""
     if n_ctx > MAX_CELLS:
@@ -126,23 +107,25 @@ def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, n_vocab: int, budg
     avail = available_memory() if available is None else available
     if avail is None:
         return
-    need = memory_need(facts, n_ctx, min(n_batch, n_ctx), n_vocab)  # llama.cpp caps n_batch at n_ctx
+    need = memory_need(facts, n_ctx, min(n_batch, n_ctx))  # llama.cpp caps n_batch at n_ctx
     if need.total <= avail:
         return
-    # the biggest part says which option to lower: cells come from --budget, --max-tokens (the
-    # answer's room) and, for policies that read a chunk on top of the budget, --chunk
-    if need.kv >= max(need.logits, need.scores):
+    # what grows with the context's cells (KV, and the scores of a step over them) names the option that
+    # made the context big: --budget, --max-tokens (the answer's room) and, for policies that read a chunk
+    # on top of the budget, --chunk; what grows with the step alone (logits, activations) names --chunk
+    if need.kv + need.scores >= need.logits + need.activations:
         sizes = {"--budget": budget, "--max-tokens": max_tokens}
         if n_ctx >= budget + chunk:
             sizes["--chunk"] = chunk
         option = max(sizes, key=sizes.get)
         hint = f"lower {option} (now {sizes[option]:,})"
-    elif need.logits >= need.scores:
-        hint = f"lower --chunk (now {chunk:,})"
+        if need.scores > need.kv and option != "--chunk":
+            hint += f" or --chunk (now {chunk:,})"
     else:
-        hint = f"lower --chunk (now {chunk:,}) or --budget (now {budget:,})"
+        hint = f"lower --chunk (now {chunk:,})"
     raise KvpotError(f"a context of {n_ctx:,} cells with {n_batch:,}-token steps needs about {_gib(need.total)} "
-                     f"(KV {_gib(need.kv)}, logits {_gib(need.logits)}, attention {_gib(need.scores)}); "
+                     f"(KV {_gib(need.kv)}, logits {_gib(need.logits)}, attention and activations "
+                     f"{_gib(need.scores + need.activations)}); "
                      f"{_gib(avail)} is available: {hint}")
 
 

@@ -3,12 +3,12 @@ a context does not re-hash a model that has not changed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from kvpot import paths
+from kvpot.hashing import sha256_file
 
 
 def _cache_file() -> Path:
@@ -26,12 +26,9 @@ def model_sha256(path: Path) -> str:
         cache = {}
     if key in cache:
         return cache[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    digest = sha256_file(path)
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}|")}
-    cache[key] = h.hexdigest()
+    cache[key] = digest
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(cache_file.name + f".{os.getpid()}.tmp")
