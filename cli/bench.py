@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
+from kvpot.bench.report import context_table, heatmap_png, niah_table, ppl_table, throughput_table
 from kvpot.bench.throughput import ThroughputPlan, run_plan
 from kvpot.errors import KvpotError
 from kvpot.models.registry import DEFAULT_MODEL
@@ -46,17 +46,9 @@ def throughput(
                           flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits)
     with err.status("benchmarking") as status:
         result = run_plan(plan, say=lambda msg: status.update(msg))
-    stock = result["stock"]
-    table = Table(title=f"ingestion throughput: {facts.name}, {policy} at {budget} cells, chunk {chunk}, {threads} threads")
-    for col in ("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held"):
-        table.add_column(col, justify="right" if col != "run" else "left")
-    table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-")
-    for r in result["pot"]:
-        table.add_row(f"kvpot {policy}", str(r["tokens"]), f"{r['tok_s']:.1f}", f"{r['ratio_vs_stock']:.2f}",
-                      f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB")
-    err.print(table)
+    err.print(throughput_table(result, facts.name))
     if json_out:
-        json_out.write_text(json.dumps(result, indent=2))
+        _write_json(json_out, result)
         err.print(f"results written to {json_out}")
 
 
@@ -82,7 +74,7 @@ def niah(
     """Needle retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt).
 
     `-P full` reads each haystack whole with full attention (stock llama.cpp's computation)."""
-    from kvpot.bench.grid import accuracy_table, heatmap_png, niah_grid
+    from kvpot.bench.grid import niah_grid
     from kvpot.bench.niah import TASKS
 
     if task not in TASKS:
@@ -106,24 +98,7 @@ def niah(
     with err.status(f"{len(previous)}/{total} cases") as status:
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
                             on_case=on_case, done=previous, task=task)
-    table = Table(title=f"needle retrieval ({task}), {facts.name} (accuracy per depth)")
-    table.add_column("policy")
-    table.add_column("length", justify="right")
-    for d in depths:
-        table.add_column(f"{d:g}", justify="right")
-    table.add_column("mean", justify="right")
-    table.add_column("tok/s", justify="right")
-    table.add_column("distill %", justify="right")
-    acc = accuracy_table(results)
-    for spec in policy:
-        for n in lengths:
-            rows = [r for r in results if r["policy"] == spec and r["length"] == n]
-            cells = [acc[spec][n].get(d, float("nan")) for d in depths]
-            read = sum(r["read_seconds"] for r in rows)
-            table.add_row(spec, str(n), *[f"{c:.0%}" for c in cells], f"{sum(cells) / len(cells):.0%}",
-                          f"{sum(r['tokens'] for r in rows) / read:.0f}",
-                          f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}")
-    err.print(table)
+    err.print(niah_table(results, facts.name, task, policy, lengths, depths))
     if json_out:
         _write_json(json_out, results)
     if png_out:
@@ -179,16 +154,9 @@ def ppl(
         for spec in policy:
             status.update(f"{spec}: {len(tokens)} tokens")
             results.append(ppl_run(str(facts.path), tokens, spec, budget, chunk, threads))
-    table = Table(title=f"perplexity, {facts.name}, {len(tokens)} tokens of {file.name}")
-    for col in ("policy", "ppl", "tok/s", "vs first", "distill %"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    base = results[0]["tok_s"]
-    for r in results:
-        table.add_row(r["policy"], f"{r['ppl']:.3f}", f"{r['tok_s']:.1f}", f"{r['tok_s'] / base:.2f}",
-                      f"{100 * r['distill_seconds'] / r['seconds']:.1f}")
-    err.print(table)
+    err.print(ppl_table(results, facts.name, len(tokens), file.name))
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
+        _write_json(json_out, results)
 
 
 @app.command()
@@ -208,25 +176,16 @@ def context(
     reading the document again (`kvpot ask` with the model's default settings)."""
     import tempfile
 
-    from kvpot.bench.context_report import context_table
-    from kvpot.bench.throughput import run_case
+    from kvpot.bench.context import run_lengths
 
     if policy:  # refuse a bad spec (or a budget it cannot work with) before any process starts
         check_budget(policy, budget, RunSettings().chunk) if budget else make_policy(policy)
     facts, _ = resolve_model(model)
-    pot_opts = (["--policy", policy] if policy else []) + (["--budget", str(budget)] if budget else [])
     with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:
         out = keep_files or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        results = []
         with err.status("benchmarking") as status:
-            for n in sorted(tokens):
-                common = [model, str(n), "--out", str(out), "--threads", str(threads)]
-                status.update(f"kvpot: reading {n:,} tokens, answering, saving, reopening")
-                results.append(run_case(["context", *common, *pot_opts]))
-                if stock:
-                    status.update(f"stock llama.cpp: {n:,} tokens in one context")
-                    results.append(run_case(["context-stock", *common]))
+            results = run_lengths(model, tokens, out, threads, policy, budget, stock, say=status.update)
     err.print(context_table(results, facts.name))
     if json_out:
         _write_json(json_out, results)

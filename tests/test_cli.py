@@ -188,6 +188,46 @@ def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     assert "stock llama.cpp" in res.stderr
 
 
+def test_bench_niah_reports_every_case_and_resumes(smollm2_path, tmp_path):
+    """Two policies over one passkey haystack: each case's verdict is the key's presence in its answer,
+    the table is printed, and --resume runs nothing already in the JSON file."""
+    import json
+
+    out = tmp_path / "niah.json"
+    args = ["bench", "niah", "-m", str(smollm2_path), "--task", "passkey", "-n", "600", "-d", "0.5",
+            "-P", "streaming", "-P", "full", "--budget", "256", "--chunk", "64", "--json", str(out)]
+    res = run_cli(*args, env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    cases = json.loads(out.read_text())
+    assert [c["policy"] for c in cases] == ["streaming", "full"]
+    for c in cases:
+        assert c["correct"] == (c["key"] in c["answer"]) and 550 < c["tokens"] < 700
+    assert cases[0]["compactions"] > 0 and cases[1]["compactions"] == 0
+    assert "needle retrieval (passkey)" in res.stderr
+    again = run_cli(*args, "--resume", env={"COLUMNS": "200"})
+    assert again.returncode == 0, again.stderr
+    assert json.loads(out.read_text()) == cases
+
+
+def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_path):
+    """With a budget above the text's length neither StreamingLLM nor full attention evicts a cell, so
+    both score every token given the same past: the same perplexity."""
+    import json
+
+    text = tmp_path / "log.txt"
+    text.write_text(logbook(n_entries=40, seed=3)[0])
+    out = tmp_path / "ppl.json"
+    res = run_cli("bench", "ppl", "-f", str(text), "-m", str(smollm2_path), "-P", "streaming", "-P", "full",
+                  "--budget", "1024", "--chunk", "64", "--max-tokens", "700", "--json", str(out),
+                  env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    stream, full = json.loads(out.read_text())
+    assert stream["compactions"] == full["compactions"] == 0
+    assert stream["scored_tokens"] == full["scored_tokens"] == stream["tokens"] - 1
+    assert stream["nll"] == pytest.approx(full["nll"], abs=1e-4)
+    assert "perplexity" in res.stderr
+
+
 def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
     """kvpot reads, answers, saves and reopens; stock llama.cpp does the same with its own state file."""
     out = tmp_path / "ctx.json"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvpot.bench.logbook import logbook
-from kvpot.bench.niah import run_case
+from kvpot.bench.niah import read_and_ask
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import InfiniPot, Truncate, make_policy
@@ -141,12 +141,12 @@ def test_passkey_found_at_every_depth_where_truncation_misses_the_middle(gemma_p
     found = {}
     eng = Engine(str(gemma_path), InfiniPot(pot=512, keep=256), EngineConfig(chunk=128, n_threads=2))
     for depth in (0.1, 0.5, 0.9):
-        r = run_case(eng, "infinipot", "gemma3-270m", 4096, depth, seed=1)
+        r = read_and_ask(eng, "infinipot", "gemma3-270m", 4096, depth, seed=1)
         found[depth] = r.correct
         assert r.compactions > 5
     eng.close()
     assert found == {0.1: True, 0.5: True, 0.9: True}, found
     trunc = Engine(str(gemma_path), Truncate(), EngineConfig(budget=256, chunk=128, n_threads=2))
-    r = run_case(trunc, "truncate", "gemma3-270m", 4096, 0.5, seed=1)
+    r = read_and_ask(trunc, "truncate", "gemma3-270m", 4096, 0.5, seed=1)
     trunc.close()
     assert not r.correct, f"truncation kept the middle of the haystack? answer {r.answer!r}"

@@ -6,7 +6,8 @@ does. Reported: time to the first answer token after reading, re-read time (mode
 token) against reopen time (model load + saved context + first token), context file size, peak RSS.
 Stock llama.cpp does the same job where the document fits its context: one prefill of the whole text,
 the question, the first token; its own sequence state (llama_state_seq_get_data) saved and loaded.
-Each case runs in a fresh process (kvpot.bench.worker) so peak RSS is its own.
+Each case runs in a fresh process (kvpot.bench.worker) so peak RSS is its own; `run_lengths` (the
+parent) starts them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 from kvpot.bench.logbook import logbook
-from kvpot.bench.worker import peak_rss_mb
+from kvpot.bench.process import peak_rss_mb, run_worker
 
 SEED = 11
 
@@ -30,8 +31,24 @@ def write_document(model, n_tokens: int, out_dir: Path) -> tuple[Path, str, str]
     return path, question, answer
 
 
-def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy: str | None = None,
-              budget: int | None = None) -> dict:
+def run_lengths(model: str, lengths: list[int], out: Path, threads: int, policy: str | None, budget: int | None,
+                stock: bool, say=lambda msg: None) -> list[dict]:
+    """For each length (shortest first): kvpot as `ask` reads it, then stock llama.cpp where it fits."""
+    pot_opts = (["--policy", policy] if policy else []) + (["--budget", str(budget)] if budget else [])
+    results = []
+    for n in sorted(lengths):
+        common = [model, str(n), "--out", str(out), "--threads", str(threads)]
+        say(f"kvpot: reading {n:,} tokens, answering, saving, reopening")
+        results.append(run_worker(["kvpot-read-answer-reopen", *common, *pot_opts]))
+        if stock:
+            say(f"stock llama.cpp: {n:,} tokens in one context")
+            results.append(run_worker(["stock-read-answer-reload", *common]))
+    return results
+
+
+def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy: str | None = None,
+                             budget: int | None = None) -> dict:
+    """kvpot: read the logbook as `kvpot ask --save-context` does, answer, save, reopen, answer again."""
     from kvpot.ingest import collect_sources
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
@@ -89,10 +106,13 @@ def run_kvpot(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy
             "same_answer_after_reopen": answer_again == answer}
 
 
-def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk: int = 512, **_pot_settings) -> dict:
-    """Stock llama.cpp only: the whole document in one context, no kvpot call."""
+def stock_read_answer_reload(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk: int = 512,
+                             **_pot_settings) -> dict:
+    """Stock llama.cpp only: the whole document in one context, the first answer token, its own sequence
+    state saved and loaded into a fresh context; no kvpot call."""
+    from kvpot.bench.stock import prefill, stock_context
     from kvpot.models.resolve import resolve_model
-    from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+    from kvpot.runtime.llama import LlamaModel
 
     facts, _ = resolve_model(model_spec)
     vocab = LlamaModel(str(facts.path))
@@ -104,8 +124,6 @@ def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk:
     if facts.n_ctx_train and n_ctx > facts.n_ctx_train:
         return {"mode": "stock", "length": n_tokens, "tokens": len(doc_tokens), "refused":
                 f"{len(doc_tokens)} tokens do not fit the model's context of {facts.n_ctx_train}"}
-    params = ContextParams(n_ctx=n_ctx, n_batch=chunk, n_threads=threads)
-
     def first_token(ctx) -> int:
         ctx.decode(q_tokens, len(doc_tokens))
         return int(ctx.logits_last().argmax())
@@ -113,9 +131,8 @@ def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk:
     # like kvpot's figures, both timings include loading the model
     t0 = time.perf_counter()
     model = LlamaModel(str(facts.path))
-    ctx = LlamaContext(model, params)
-    for s in range(0, len(doc_tokens), chunk):
-        ctx.decode(doc_tokens[s:s + chunk], s)
+    ctx = stock_context(model, n_ctx, chunk, threads)
+    prefill(ctx, doc_tokens, chunk)
     t_read = time.perf_counter()
     tok = first_token(ctx)
     t_first = time.perf_counter()
@@ -129,7 +146,7 @@ def run_stock(model_spec: str, n_tokens: int, out_dir: str, threads: int, chunk:
 
     t1 = time.perf_counter()
     model = LlamaModel(str(facts.path))
-    ctx = LlamaContext(model, params)
+    ctx = stock_context(model, n_ctx, chunk, threads)
     ctx.set_seq_state(state_path.read_bytes())
     tok_again = first_token(ctx)
     t_reopen = time.perf_counter()

@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import asdict
 
-from kvpot.bench.niah import run_case
+from kvpot.bench.niah import read_and_ask
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
 
@@ -32,7 +32,7 @@ def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: li
             eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads))
             try:
                 for depth, seed in todo:
-                    r = asdict(run_case(eng, spec, model_name, n, depth, seed, task=task))
+                    r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task))
                     results.append(r)
                     on_case(r)
             finally:
@@ -57,38 +57,3 @@ def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: i
                 "distill_seconds": eng.compact_seconds, "compactions": eng.n_compactions}
     finally:
         eng.close()
-
-
-def accuracy_table(results: list[dict]) -> dict:
-    """{policy: {length: {depth: accuracy}}}"""
-    acc: dict = {}
-    for r in results:
-        cell = acc.setdefault(r["policy"], {}).setdefault(r["length"], {}).setdefault(r["depth"], [])
-        cell.append(1.0 if r["correct"] else 0.0)
-    return {p: {n: {d: sum(v) / len(v) for d, v in sorted(ds.items())} for n, ds in sorted(ns.items())}
-            for p, ns in acc.items()}
-
-
-def heatmap_png(results: list[dict], path) -> None:
-    """One panel per policy: accuracy by input length (rows) and needle depth (columns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    table = accuracy_table(results)
-    policies = list(table)
-    fig, axes = plt.subplots(1, len(policies), figsize=(3.2 * len(policies) + 1, 2.8), squeeze=False)
-    for ax, pol in zip(axes[0], policies):
-        lengths = sorted(table[pol])
-        depths = sorted({d for n in lengths for d in table[pol][n]})
-        grid = np.array([[table[pol][n].get(d, np.nan) for d in depths] for n in lengths])
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_title(pol, fontsize=8)
-        ax.set_xticks(range(len(depths)), [f"{d:.1f}" for d in depths], fontsize=7)
-        ax.set_yticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths], fontsize=7)
-        ax.set_xlabel("depth", fontsize=7)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)

@@ -92,7 +92,7 @@ class CaseResult:
     distractor: bool = False   # the answer gave another needle's key (multikey)
 
 
-def run_case(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
+def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
              task: str = "passkey") -> CaseResult:
     """Read one haystack with the engine (reset first) and ask for the key."""
     engine.reset()

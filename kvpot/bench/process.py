@@ -1,0 +1,27 @@
+"""Each benchmark case runs in a fresh Python process (kvpot.bench.worker), so the peak RSS it reports
+is its own and not the largest of every case run before it."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+from kvpot.errors import KvpotError
+
+
+def run_worker(args: list[str]) -> dict:
+    """`python -m kvpot.bench.worker ARGS` in a child process; its last stdout line is the case's JSON."""
+    cmd = [sys.executable, "-m", "kvpot.bench.worker", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KvpotError(f"benchmark case {' '.join(args)} failed: {last}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)

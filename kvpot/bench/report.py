@@ -1,0 +1,105 @@
+"""Every table and figure the `kvpot bench` commands print or write, from their results (dicts, as in
+the JSON files), so a saved result can be shown again without running anything."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def throughput_table(result: dict, model_name: str) -> Table:
+    plan, stock = result["plan"], result["stock"]
+    table = Table(title=f"ingestion throughput: {model_name}, {plan['policy']} at {plan['budget']} cells, "
+                        f"chunk {plan['chunk']}, {plan['threads']} threads")
+    for col in ("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held"):
+        table.add_column(col, justify="right" if col != "run" else "left")
+    table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-")
+    for r in result["pot"]:
+        table.add_row(f"kvpot {plan['policy']}", str(r["tokens"]), f"{r['tok_s']:.1f}", f"{r['ratio_vs_stock']:.2f}",
+                      f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB")
+    return table
+
+
+def niah_table(results: list[dict], model_name: str, task: str, policies: list[str], lengths: list[int],
+               depths: list[float]) -> Table:
+    table = Table(title=f"needle retrieval ({task}), {model_name} (accuracy per depth)")
+    table.add_column("policy")
+    table.add_column("length", justify="right")
+    for d in depths:
+        table.add_column(f"{d:g}", justify="right")
+    table.add_column("mean", justify="right")
+    table.add_column("tok/s", justify="right")
+    table.add_column("distill %", justify="right")
+    acc = accuracy_table(results)
+    for spec in policies:
+        for n in lengths:
+            rows = [r for r in results if r["policy"] == spec and r["length"] == n]
+            cells = [acc[spec][n].get(d, float("nan")) for d in depths]
+            read = sum(r["read_seconds"] for r in rows)
+            table.add_row(spec, str(n), *[f"{c:.0%}" for c in cells], f"{sum(cells) / len(cells):.0%}",
+                          f"{sum(r['tokens'] for r in rows) / read:.0f}",
+                          f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}")
+    return table
+
+
+def ppl_table(results: list[dict], model_name: str, n_tokens: int, file_name: str) -> Table:
+    table = Table(title=f"perplexity, {model_name}, {n_tokens} tokens of {file_name}")
+    for col in ("policy", "ppl", "tok/s", "vs first", "distill %"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    base = results[0]["tok_s"]
+    for r in results:
+        table.add_row(r["policy"], f"{r['ppl']:.3f}", f"{r['tok_s']:.1f}", f"{r['tok_s'] / base:.2f}",
+                      f"{100 * r['distill_seconds'] / r['seconds']:.1f}")
+    return table
+
+
+def context_table(results: list[dict], model_name: str) -> Table:
+    t = Table(title=f"reading, first answer token and reopening: {model_name}")
+    for col in ("run", "tokens", "read tok/s", "first token s", "re-read s", "reopen s", "reopen speedup",
+                "saved MiB", "peak RSS MiB", "answer"):
+        t.add_column(col, justify="left" if col in ("run", "answer") else "right")
+    for r in results:
+        run = f"kvpot {r['policy']}" if r["mode"] == "kvpot" else "stock llama.cpp"
+        if r.get("refused"):
+            t.add_row(run, f"{r['tokens']:,}", *["-"] * 7, f"refused: {r['refused']}")
+            continue
+        answer = (f"{r['answer'][:24]!r} {'ok' if r['correct'] else 'wrong'}" if r["mode"] == "kvpot"
+                  else f"first token {r['first_token']!r}")
+        t.add_row(run, f"{r['tokens']:,}", f"{r['tok_s']:.0f}", f"{r['first_token_seconds']:.2f}",
+                  f"{r['reread_seconds']:.1f}", f"{r['reopen_seconds']:.2f}", f"{r['reopen_speedup']:.0f}x",
+                  f"{r['context_bytes'] / 2**20:.1f}", f"{r['peak_rss_mb']:.0f}", answer)
+    return t
+
+
+def accuracy_table(results: list[dict]) -> dict:
+    """{policy: {length: {depth: accuracy}}}"""
+    acc: dict = {}
+    for r in results:
+        cell = acc.setdefault(r["policy"], {}).setdefault(r["length"], {}).setdefault(r["depth"], [])
+        cell.append(1.0 if r["correct"] else 0.0)
+    return {p: {n: {d: sum(v) / len(v) for d, v in sorted(ds.items())} for n, ds in sorted(ns.items())}
+            for p, ns in acc.items()}
+
+
+def heatmap_png(results: list[dict], path) -> None:
+    """One panel per policy: accuracy by input length (rows) and needle depth (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    table = accuracy_table(results)
+    policies = list(table)
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.2 * len(policies) + 1, 2.8), squeeze=False)
+    for ax, pol in zip(axes[0], policies):
+        lengths = sorted(table[pol])
+        depths = sorted({d for n in lengths for d in table[pol][n]})
+        grid = np.array([[table[pol][n].get(d, np.nan) for d in depths] for n in lengths])
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_title(pol, fontsize=8)
+        ax.set_xticks(range(len(depths)), [f"{d:.1f}" for d in depths], fontsize=7)
+        ax.set_yticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths], fontsize=7)
+        ax.set_xlabel("depth", fontsize=7)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
