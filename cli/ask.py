@@ -50,6 +50,32 @@ def _refuse_ignored(context: Path | None, **given) -> None:
                          "leave {} out, or read the files again".format("it" if len(named) == 1 else "them"))
 
 
+def _open_session(inputs: list[str], question: str | None, context: Path | None, save_context: Path | None,
+                  rpc: str | None, model: str | None, glob: str, missing: str, **opts) -> Session:
+    """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
+    What cannot work is said before a model loads: options a saved context fixes, both files and
+    --context, no files, a --save-context path that cannot be written."""
+    _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
+                                "--prompt": opts["prompt"], "--glob": None if glob == "*" else glob})
+    if save_context is not None:
+        resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
+    if context is not None:
+        if inputs:
+            raise KvpotError("pass either files to read or --context, not both")
+        connect_rpc(rpc)
+        return reopen_session(context, model, opts["threads"], opts["max_tokens"])
+    if not inputs:
+        raise KvpotError(missing)
+    connect_rpc(rpc)
+    session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, **opts)
+    try:
+        read_with_progress(session, sources)
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
 @user_errors
 def ask(
     args: list[str] = typer.Argument(..., metavar="[FILE]... QUESTION",
@@ -76,28 +102,15 @@ def ask(
                          f"(kvpot ask {question} \"QUESTION\")")
     if not question.strip():
         raise KvpotError("the question is empty")
-    _refuse_ignored(context, **{"--policy": policy, "--budget": budget, "--chunk": chunk, "--prompt": prompt,
-                                "--glob": None if glob == "*" else glob})
-    if save_context is not None:
-        resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
-    if context is not None:
-        if inputs:
-            raise KvpotError("pass either files to read or --context, not both")
-        connect_rpc(rpc)
-        session = reopen_session(context, model, threads, max_tokens)
-        session.set_question(question)
-        # a question too long for a catalyst that holds it: said before reading it
-        check_pot_room(session.engine, budget_option="the --budget the files are read with")
-    else:
-        if not inputs:
-            raise KvpotError("pass the files to read before the question (or --context PATH)")
-        connect_rpc(rpc)
-        session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, policy=policy, budget=budget,
-                                        chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
-        read_with_progress(session, sources)
-    saved = save(session, save_context) if save_context is not None else True
-    said = answer(session, question)
-    session.close()
+    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
+    with _open_session(inputs, question, context, save_context, rpc, model, glob,
+                       "pass the files to read before the question (or --context PATH)", **opts) as session:
+        if context is not None:
+            session.set_question(question)
+            # a question too long for a catalyst that holds it: said before reading it
+            check_pot_room(session.engine, budget_option="the --budget the files are read with")
+        saved = save(session, save_context) if save_context is not None else True
+        said = answer(session, question)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:
@@ -166,24 +179,15 @@ def chat(
     Every exchange stays in the same bounded memory: when it fills, the policy compacts it again.
     """
     inputs = inputs or []
-    _refuse_ignored(context, **{"--policy": policy, "--budget": budget, "--chunk": chunk, "--prompt": prompt,
-                                "--glob": None if glob == "*" else glob})
-    if save_context is not None:
-        resolve_target(save_context, "context")
-    if context is not None:
-        if inputs:
-            raise KvpotError("pass either files to read or --context, not both")
-        connect_rpc(rpc)
-        session = reopen_session(context, model, threads, max_tokens)
-    else:
-        if not inputs:
-            raise KvpotError("pass the files to read (or --context PATH)")
-        if "-" in inputs:
-            raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
-        connect_rpc(rpc)
-        session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, None, policy=policy, budget=budget,
-                                        chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
-        read_with_progress(session, sources)
+    if "-" in inputs:
+        raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
+    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
+    with _open_session(inputs, None, context, save_context, rpc, model, glob,
+                       "pass the files to read (or --context PATH)", **opts) as session:
+        _chat_loop(session, save_context)
+
+
+def _chat_loop(session: Session, save_context: Path | None) -> None:
     if save_context is not None:
         save(session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
@@ -205,4 +209,3 @@ def chat(
             answer(session, line)
         except KvpotError as e:
             err.print(f"[red]error:[/red] {e}")
-    session.engine.close()

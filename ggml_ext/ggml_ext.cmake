@@ -8,6 +8,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-pot.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-check.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-taps.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-heads.cpp

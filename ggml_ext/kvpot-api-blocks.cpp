@@ -3,6 +3,7 @@
 #include "kvpot.h"
 #include "kvpot-barrier.h"
 #include "kvpot-blocks.h"
+#include "kvpot-cells.h"
 #include "kvpot-compact.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -50,29 +51,19 @@ public:
     std::vector<std::pair<ggml_tensor *, const std::vector<float> *>>  f32; // host data owned by the caller
 };
 
-// build and compute one graph on the context's scheduler (as the compaction does); after it returns,
-// tensors marked as outputs can be read
+// build and compute one graph of I32/F32 inputs (kvpot_graph_run); after it returns, tensors marked
+// as outputs can be read
 std::string run_graph(llama_context * lctx, const std::function<void(ggml_context *, ggml_cgraph *, kvpot_i32_input &)> & build,
                       const std::function<void()> & after) {
-    auto inp = std::make_unique<kvpot_i32_input>();
-    auto * sched = lctx->get_sched();
-    ggml_backend_sched_reset(sched);
-    auto * res = lctx->get_gf_res_reserve();
-    res->reset();
-    ggml_context * ctx = res->get_ctx();
-    ggml_cgraph  * gf  = res->get_gf();
-    build(ctx, gf, *inp);
-    res->add_input(std::move(inp));
-    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
-        return "failed to allocate the block graph";
+    std::string why = kvpot_graph_run(lctx, "block", [&](ggml_context * g, ggml_cgraph * gf) {
+        auto inp = std::make_unique<kvpot_i32_input>();
+        build(g, gf, *inp);
+        return std::unique_ptr<llm_graph_input_i>(std::move(inp));
+    });
+    if (why.empty()) {
+        after();
     }
-    res->set_inputs(nullptr);
-    if (lctx->graph_compute(gf, false) != GGML_STATUS_SUCCESS) {
-        return "failed to compute the block graph";
-    }
-    ggml_backend_sched_synchronize(sched);
-    after();
-    return "";
+    return why;
 }
 
 // the pot must hold plain cells: no pending per-layer dead cells, no Hadamard-rotated K
@@ -243,25 +234,15 @@ int32_t kvpot_pot_read_at(llama_context * ctx, int32_t cell0, int32_t n_cells, l
                     }
                 }
                 ggml_tensor * dt = inp.add(g, delta);
-                // K: [dk, n_head_kv, n_used] -> [dk, n_used, n_head_kv] -> gather -> [dk, n_cells, n_head_kv] f32 -> rotate
-                ggml_tensor * ks = ggml_view_3d(g, k, dk, n_head_kv, n_used, ggml_row_size(k->type, dk), k->nb[1], 0);
-                ggml_tensor * kg = ggml_get_rows(g, ggml_permute(g, ks, 0, 2, 1, 3), ix);
+                // K: [dk, n_cells, n_head_kv] f32, rotated to rope_to
+                ggml_tensor * kg = kvpot_cells_k(g, k, dk, n_head_kv, n_used, ix);
                 kg = kvpot_rerope(g, ctx, kv, ggml_reshape_3d(g, kg, dk, 1, (int64_t) n_cells*n_head_kv), dt, nullptr, il);
                 kg = ggml_cont(g, kg);
                 ggml_set_output(kg);
                 ggml_build_forward_expand(gf, kg);
                 ko[l] = kg;
                 // V: [dv, n_cells, n_head_kv] f32
-                ggml_tensor * vg = nullptr;
-                if (!v_trans) {
-                    ggml_tensor * vs = ggml_view_3d(g, v, dv, n_head_kv, n_used, ggml_row_size(v->type, dv), v->nb[1], 0);
-                    vg = ggml_get_rows(g, ggml_permute(g, vs, 0, 2, 1, 3), ix);
-                } else {
-                    const size_t es = ggml_element_size(v);
-                    const int64_t kvs = kv.get_size();
-                    ggml_tensor * vs = ggml_view_3d(g, v, n_used, dv, n_head_kv, kvs*es, kvs*dv*es, 0); // [n_used, dv, n_head_kv]
-                    vg = ggml_get_rows(g, ggml_cont(g, ggml_permute(g, vs, 1, 0, 2, 3)), ix);
-                }
+                ggml_tensor * vg = kvpot_cells_v(g, v, dv, n_head_kv, n_used, kv.get_size(), v_trans, ix);
                 vg = ggml_cont(g, vg);
                 ggml_set_output(vg);
                 ggml_build_forward_expand(gf, vg);
@@ -333,24 +314,12 @@ int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, 
                 ggml_set_input(ki);
                 inp.f32.emplace_back(ki, &kin[l]);
                 ggml_tensor * kr = kvpot_rerope(g, ctx, kv, ki, dt, nullptr, il);
-                kr = ggml_cont(g, ggml_permute(g, ggml_reshape_3d(g, kr, dk, n_cells, n_head_kv), 0, 2, 1, 3)); // [dk, n_head_kv, n_cells]
-                ggml_tensor * kd = ggml_view_2d(g, kc, dk*n_head_kv, n_cells, kc->nb[1], (size_t) n_used*kc->nb[1]);
-                ggml_build_forward_expand(gf, ggml_cpy(g, ggml_reshape_2d(g, kr, dk*n_head_kv, n_cells), kd));
+                kvpot_store_k(g, gf, kc, ggml_reshape_3d(g, kr, dk, n_cells, n_head_kv), n_used);
 
                 ggml_tensor * vi = ggml_new_tensor_3d(g, GGML_TYPE_F32, dv, n_cells, n_head_kv);
                 ggml_set_input(vi);
                 inp.f32.emplace_back(vi, &vin[l]);
-                if (!v_trans) {
-                    ggml_tensor * vp = ggml_cont(g, ggml_permute(g, vi, 0, 2, 1, 3)); // [dv, n_head_kv, n_cells]
-                    ggml_tensor * vd = ggml_view_2d(g, vc, dv*n_head_kv, n_cells, vc->nb[1], (size_t) n_used*vc->nb[1]);
-                    ggml_build_forward_expand(gf, ggml_cpy(g, ggml_reshape_2d(g, vp, dv*n_head_kv, n_cells), vd));
-                } else {
-                    const size_t es = ggml_element_size(vc);
-                    const int64_t kvs = kv.get_size();
-                    ggml_tensor * vp = ggml_cont(g, ggml_permute(g, vi, 1, 0, 2, 3)); // [n_cells, dv, n_head_kv]
-                    ggml_tensor * vd = ggml_view_3d(g, vc, n_cells, dv, n_head_kv, kvs*es, kvs*dv*es, (size_t) n_used*es);
-                    ggml_build_forward_expand(gf, ggml_cpy(g, vp, vd));
-                }
+                kvpot_store_v(g, gf, vc, vi, n_used, kv.get_size(), v_trans);
             }
         }, []() {});
         if (!why.empty()) {

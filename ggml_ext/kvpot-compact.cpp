@@ -1,4 +1,5 @@
 #include "kvpot-compact.h"
+#include "kvpot-cells.h"
 #include "kvpot-compact-plan.h"
 
 #include "llama-context.h"
@@ -82,78 +83,40 @@ std::string run_gather(llama_context * lctx, const kvpot_pot & pot, const kvpot_
         inp->delta_data = plan.delta;
     }
 
-    auto * sched = lctx->get_sched();
-    ggml_backend_sched_reset(sched);
-    auto * res = lctx->get_gf_res_reserve();
-    res->reset();
-    ggml_context * ctx = res->get_ctx();
-    ggml_cgraph  * gf  = res->get_gf();
-
-    inp->idx = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_keep, n_head_kv, n_layer);
-    ggml_set_input(inp->idx);
-    if (cr_rope) {
-        inp->delta = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, (int64_t) n_keep*n_head_kv, n_layer);
-        ggml_set_input(inp->delta);
-        if (kvpot_kv_access::attn_rot_k(kv)) {
-            inp->k_rot = kvpot_kv_access::build_input_k_rot(kv, ctx);
-        }
-    }
-
     const bool v_trans = kvpot_kv_access::v_trans(kv);
-    for (int32_t l = 0; l < n_layer; ++l) {
-        const int32_t il  = (int32_t) kvpot_kv_access::il(kv, l);
-        ggml_tensor * k   = kvpot_kv_access::k(kv, l);
-        ggml_tensor * v   = kvpot_kv_access::v(kv, l);
-        const int64_t dk  = hparams.n_embd_head_k(il);
-        const int64_t dv  = hparams.n_embd_head_v(il);
-        const int64_t kvs = kv.get_size();
-
-        ggml_tensor * idx = ggml_view_2d(ctx, inp->idx, n_keep, n_head_kv, inp->idx->nb[1], l*inp->idx->nb[2]);
-
-        // K: [dk, n_head_kv, n_used] -> [dk, n_used, n_head_kv] -> gather -> [dk, n_keep, n_head_kv] f32
-        ggml_tensor * ks = ggml_view_3d(ctx, k, dk, n_head_kv, n_used, ggml_row_size(k->type, dk), k->nb[1], 0);
-        ggml_tensor * kg = ggml_get_rows(ctx, ggml_permute(ctx, ks, 0, 2, 1, 3), idx);
+    const int64_t kvs = kv.get_size();
+    return kvpot_graph_run(lctx, "compaction", [&](ggml_context * ctx, ggml_cgraph * gf) {
+        inp->idx = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_keep, n_head_kv, n_layer);
+        ggml_set_input(inp->idx);
         if (cr_rope) {
-            ggml_tensor * delta = ggml_view_1d(ctx, inp->delta, (int64_t) n_keep*n_head_kv, l*inp->delta->nb[1]);
-            kg = kvpot_rerope(ctx, lctx, kv, ggml_reshape_3d(ctx, kg, dk, 1, (int64_t) n_keep*n_head_kv), delta, inp->k_rot, il);
-            kg = ggml_reshape_3d(ctx, kg, dk, n_keep, n_head_kv);
+            inp->delta = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, (int64_t) n_keep*n_head_kv, n_layer);
+            ggml_set_input(inp->delta);
+            if (kvpot_kv_access::attn_rot_k(kv)) {
+                inp->k_rot = kvpot_kv_access::build_input_k_rot(kv, ctx);
+            }
         }
-        kg = ggml_cont(ctx, ggml_permute(ctx, kg, 0, 2, 1, 3)); // [dk, n_head_kv, n_keep]: the cache's cell layout
-        ggml_tensor * kd = ggml_view_2d(ctx, k, dk*n_head_kv, n_keep, k->nb[1], 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_reshape_2d(ctx, kg, dk*n_head_kv, n_keep), kd));
+        for (int32_t l = 0; l < n_layer; ++l) {
+            const int32_t il = (int32_t) kvpot_kv_access::il(kv, l);
+            ggml_tensor * k  = kvpot_kv_access::k(kv, l);
+            ggml_tensor * v  = kvpot_kv_access::v(kv, l);
+            const int64_t dk = hparams.n_embd_head_k(il);
+            const int64_t dv = hparams.n_embd_head_v(il);
 
-        if (!v) {
-            continue;
+            ggml_tensor * idx = ggml_view_2d(ctx, inp->idx, n_keep, n_head_kv, inp->idx->nb[1], l*inp->idx->nb[2]);
+
+            ggml_tensor * kg = kvpot_cells_k(ctx, k, dk, n_head_kv, n_used, idx); // [dk, n_keep, n_head_kv]
+            if (cr_rope) {
+                ggml_tensor * delta = ggml_view_1d(ctx, inp->delta, (int64_t) n_keep*n_head_kv, l*inp->delta->nb[1]);
+                kg = kvpot_rerope(ctx, lctx, kv, ggml_reshape_3d(ctx, kg, dk, 1, (int64_t) n_keep*n_head_kv), delta, inp->k_rot, il);
+                kg = ggml_reshape_3d(ctx, kg, dk, n_keep, n_head_kv);
+            }
+            kvpot_store_k(ctx, gf, k, kg, 0);
+            if (v) {
+                kvpot_store_v(ctx, gf, v, kvpot_cells_v(ctx, v, dv, n_head_kv, n_used, kvs, v_trans, idx), 0, kvs, v_trans);
+            }
         }
-        if (!v_trans) {
-            ggml_tensor * vs = ggml_view_3d(ctx, v, dv, n_head_kv, n_used, ggml_row_size(v->type, dv), v->nb[1], 0);
-            ggml_tensor * vg = ggml_get_rows(ctx, ggml_permute(ctx, vs, 0, 2, 1, 3), idx);
-            vg = ggml_cont(ctx, ggml_permute(ctx, vg, 0, 2, 1, 3));
-            ggml_tensor * vd = ggml_view_2d(ctx, v, dv*n_head_kv, n_keep, v->nb[1], 0);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_reshape_2d(ctx, vg, dv*n_head_kv, n_keep), vd));
-        } else {
-            // transposed V: channel (h, e) is a row of kv_size cells
-            const size_t es = ggml_element_size(v);
-            ggml_tensor * vs = ggml_view_3d(ctx, v, n_used, dv, n_head_kv, kvs*es, kvs*dv*es, 0); // [n_used, dv, n_head_kv]
-            ggml_tensor * vc = ggml_cont(ctx, ggml_permute(ctx, vs, 1, 0, 2, 3));                // [dv, n_used, n_head_kv]
-            ggml_tensor * vg = ggml_get_rows(ctx, vc, idx);                                      // [dv, n_keep, n_head_kv]
-            vg = ggml_cont(ctx, ggml_permute(ctx, vg, 1, 0, 2, 3));                              // [n_keep, dv, n_head_kv]
-            ggml_tensor * vd = ggml_view_3d(ctx, v, n_keep, dv, n_head_kv, kvs*es, kvs*dv*es, 0);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, vg, vd));
-        }
-    }
-    res->add_input(std::move(inp));
-
-    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
-        return "failed to allocate the compaction graph";
-    }
-    res->set_inputs(nullptr);
-    if (lctx->graph_compute(gf, false) != GGML_STATUS_SUCCESS) {
-        return "failed to compute the compaction graph";
-    }
-    ggml_backend_sched_synchronize(sched);
-
-    return "";
+        return std::unique_ptr<llm_graph_input_i>(std::move(inp));
+    });
 }
 
 // the one step that mutates: cells 0..n_keep-1 now hold the kept tokens of seq 0

@@ -1,4 +1,5 @@
 #include "kvpot-memory.h"
+#include "kvpot-cells.h"
 #include "kvpot-pot.h"
 
 #include "llama-context.h"
@@ -167,55 +168,29 @@ std::string kvpot_memory_fold(llama_context * lctx, const kvpot_pot & pot, kvpot
     auto inp = std::make_unique<kvpot_fold_input>();
     inp->data.assign(cells, cells + (size_t) n_cells*H*n_pot);
 
-    auto * sched = lctx->get_sched();
-    ggml_backend_sched_reset(sched);
-    auto * res = lctx->get_gf_res_reserve();
-    res->reset();
-    ggml_context * ctx = res->get_ctx();
-    ggml_cgraph  * gf  = res->get_gf();
-
-    inp->idx = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_cells, H, n_pot);
-    ggml_set_input(inp->idx);
-
     const bool v_trans = kvpot_kv_access::v_trans(kv);
-    for (int32_t l = 0; l < n_pot; ++l) {
-        ggml_tensor * k = kvpot_kv_access::k(kv, l);
-        ggml_tensor * v = kvpot_kv_access::v(kv, l);
-        ggml_tensor * idx = ggml_view_2d(ctx, inp->idx, n_cells, H, inp->idx->nb[1], l*inp->idx->nb[2]);
-
-        // the segment's keys as the cache holds them (after RoPE): [dk, n, H] f32
-        ggml_tensor * ks = ggml_view_3d(ctx, k, dk, H, n_used, ggml_row_size(k->type, dk), k->nb[1], 0);
-        ggml_tensor * kg = ggml_get_rows(ctx, ggml_permute(ctx, ks, 0, 2, 1, 3), idx);
-        ggml_tensor * vg = nullptr; // [dv, n, H] f32
-        if (!v_trans) {
-            ggml_tensor * vs = ggml_view_3d(ctx, v, dv, H, n_used, ggml_row_size(v->type, dv), v->nb[1], 0);
-            vg = ggml_get_rows(ctx, ggml_permute(ctx, vs, 0, 2, 1, 3), idx);
-        } else {
-            // transposed V: channel (h, e) is a row of kv_size cells
-            const size_t es = ggml_element_size(v);
-            ggml_tensor * vs = ggml_view_3d(ctx, v, n_used, dv, H, kvs*es, kvs*dv*es, 0); // [n_used, dv, H]
-            ggml_tensor * vc = ggml_cont(ctx, ggml_permute(ctx, vs, 1, 0, 2, 3));       // [dv, n_used, H]
-            vg = ggml_get_rows(ctx, vc, idx);
+    std::string why = kvpot_graph_run(lctx, "memory-fold", [&](ggml_context * ctx, ggml_cgraph * gf) {
+        inp->idx = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_cells, H, n_pot);
+        ggml_set_input(inp->idx);
+        for (int32_t l = 0; l < n_pot; ++l) {
+            ggml_tensor * idx = ggml_view_2d(ctx, inp->idx, n_cells, H, inp->idx->nb[1], l*inp->idx->nb[2]);
+            // the segment's keys as the cache holds them (after RoPE) and its values: [dk|dv, n, H] f32
+            ggml_tensor * kg = kvpot_cells_k(ctx, kvpot_kv_access::k(kv, l), dk, H, n_used, idx);
+            ggml_tensor * vg = kvpot_cells_v(ctx, kvpot_kv_access::v(kv, l), dv, H, n_used, kvs, v_trans, idx);
+            // mul_mat contracts dim 0: sigma(K)^T V = mul_mat([n, dk, H], [n, dv, H]) -> [dk, dv, H]
+            ggml_tensor * skt = ggml_cont(ctx, ggml_transpose(ctx, elu1(ctx, kg))); // [n, dk, H]
+            ggml_tensor * vt  = ggml_cont(ctx, ggml_transpose(ctx, vg));            // [n, dv, H]
+            ggml_tensor * dm  = ggml_mul_mat(ctx, skt, vt);
+            ggml_prec_set_acc(dm, GGML_PREC_F32);
+            ggml_tensor * dz  = ggml_reshape_3d(ctx, ggml_sum_rows(ctx, skt), dk, 1, H); // [1, dk, H] -> [dk, 1, H]
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, mem.m[l], dm), mem.m[l]));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, mem.z[l], dz), mem.z[l]));
         }
-        // mul_mat contracts dim 0: sigma(K)^T V = mul_mat([n, dk, H], [n, dv, H]) -> [dk, dv, H]
-        ggml_tensor * skt = ggml_cont(ctx, ggml_transpose(ctx, elu1(ctx, kg))); // [n, dk, H]
-        ggml_tensor * vt  = ggml_cont(ctx, ggml_transpose(ctx, vg));            // [n, dv, H]
-        ggml_tensor * dm  = ggml_mul_mat(ctx, skt, vt);
-        ggml_prec_set_acc(dm, GGML_PREC_F32);
-        ggml_tensor * dz  = ggml_reshape_3d(ctx, ggml_sum_rows(ctx, skt), dk, 1, H); // [1, dk, H] -> [dk, 1, H]
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, mem.m[l], dm), mem.m[l]));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, mem.z[l], dz), mem.z[l]));
+        return std::unique_ptr<llm_graph_input_i>(std::move(inp));
+    });
+    if (!why.empty()) {
+        return why;
     }
-    res->add_input(std::move(inp));
-
-    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
-        return "failed to allocate the memory-fold graph";
-    }
-    res->set_inputs(nullptr);
-    if (lctx->graph_compute(gf, false) != GGML_STATUS_SUCCESS) {
-        return "failed to compute the memory-fold graph";
-    }
-    ggml_backend_sched_synchronize(sched);
     mem.n_folded += n_cells;
     return "";
 }

@@ -30,6 +30,25 @@ def gemma_path() -> Path:
     return pull_known(GEMMA3_270M)
 
 
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    """SmolLM2 loaded once per test module (vocabulary, and the weights for contexts made from it)."""
+    from kvpot.runtime.llama import LlamaModel
+
+    m = LlamaModel(str(smollm2_path))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    from kvpot.runtime.llama import LlamaModel
+
+    m = LlamaModel(str(gemma_path))
+    yield m
+    m.close()
+
+
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 600):
     """Run `kvpot ARGS` in a fresh process, as a user would."""
     import os

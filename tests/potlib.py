@@ -98,3 +98,12 @@ def hadamard(n: int) -> np.ndarray:
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
     return h / np.sqrt(n)
+
+
+def logbook_tokens(model: LlamaModel, n_entries: int, seed: int, n: int) -> list[int]:
+    """The first n tokens (BOS included where the model has one) of a generated logbook."""
+    from kvpot.bench.logbook import logbook
+
+    toks = model.bos() + model.tokenize(logbook(n_entries=n_entries, seed=seed)[0])
+    assert len(toks) >= n, f"the logbook has {len(toks)} tokens, fewer than {n}"
+    return toks[:n]

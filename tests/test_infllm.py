@@ -6,30 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
+from potlib import TensorCatcher, decode_chunks, logbook_tokens, new_ctx, numpy_rope, rope_facts
 
 from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import InfLLM
 from kvpot.policies.base import BudgetTooSmall
-from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot, PotCallError
 
 CHUNK = 64
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path):
-    m = LlamaModel(str(smollm2_path))
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
 def doc_tokens(smol):
-    text, _, _ = logbook(n_entries=8, seed=11)
-    return (smol.bos() + smol.tokenize(text))[:256]
+    return logbook_tokens(smol, 8, 11, 256)
 
 
 def test_read_at_and_insert_rotate_like_numpy(smol, smollm2_path, doc_tokens):

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from potlib import TensorCatcher, decode_chunks, hadamard, new_ctx, numpy_rope, rope_facts
+from potlib import TensorCatcher, decode_chunks, hadamard, logbook_tokens, new_ctx, numpy_rope, rope_facts
 
-from kvpot.bench.logbook import logbook
-from kvpot.runtime.llama import LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 
 CHUNK = 64
@@ -15,17 +13,8 @@ N_CTX = 512
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path):
-    m = LlamaModel(str(smollm2_path))
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
 def doc_tokens(smol):
-    text, _, _ = logbook(n_entries=8, seed=11)
-    toks = smol.bos() + smol.tokenize(text)
-    return toks[:300]
+    return logbook_tokens(smol, 8, 11, 300)
 
 
 @pytest.fixture(scope="module")

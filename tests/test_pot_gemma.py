@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from potlib import TensorCatcher, decode_chunks, new_ctx, numpy_rope, rope_facts
+from potlib import TensorCatcher, decode_chunks, logbook_tokens, new_ctx, numpy_rope, rope_facts
 from test_pot import _stock_compacted  # the same stock-only reference path
 
-from kvpot.bench.logbook import logbook
-from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot
 
 CHUNK = 256
@@ -17,18 +16,8 @@ N_DOC = 1200
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_path):
-    m = LlamaModel(str(gemma_path))
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
 def doc_tokens(gemma):
-    text, _, _ = logbook(n_entries=60, seed=5)
-    toks = gemma.bos() + gemma.tokenize(text)
-    assert len(toks) >= N_DOC
-    return toks[:N_DOC]
+    return logbook_tokens(gemma, 60, 5, N_DOC)
 
 
 @pytest.fixture(scope="module")
