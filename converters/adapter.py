@@ -1,5 +1,5 @@
 """kvpot adapter GGUF files: trained parts that run beside a base model (Locret's retaining heads;
-EdgeInfinite's memory gate joins with adapter.type = kvpot.policies.edgeinfinite_memory).
+EdgeInfinite's memory gate joins with adapter.type = kvpot.memory_gate).
 
 An adapter carries the identity of the base model it was made for, and is checked against the
 model in Python, with one clear line per problem, before any of it reaches C code. Format:
@@ -248,9 +248,9 @@ def _read_tensors(path: Path) -> dict[str, np.ndarray]:
         raise AdapterError(f"{path} is a damaged adapter GGUF ({type(e).__name__}: {str(e)[:80]})") from None
 
 
-# -- EdgeInfinite's memory gate (adapter.type = kvpot.policies.edgeinfinite_memory) ------------------------------------
+# -- EdgeInfinite's memory gate (adapter.type = kvpot.memory_gate) ------------------------------------
 
-MEMORY_GATE = "kvpot.policies.edgeinfinite_memory"
+MEMORY_GATE = "kvpot.memory_gate"
 _GATE_TENSORS = ("mg_w1.weight", "mg_w1.bias", "mg_w2.weight", "mg_w2.bias", "mg_g")
 
 
@@ -264,7 +264,7 @@ def pot_layer_ids(model: Path) -> list[int]:
 
 
 def initial_memory_gate(model: Path, d_h: int | None = None):
-    """The untrained gate for a model (kvpot.policies.edgeinfinite_memory: identity MLP, nearly closed gate)."""
+    """The untrained gate for a model (kvpot.memory_gate: identity MLP, nearly closed gate)."""
     from kvpot.policies.edgeinfinite_memory import MemoryGate
 
     base = BaseIdentity.of_model(model)
@@ -284,10 +284,10 @@ def write_memory_gate(path: Path, gate, source: str = "") -> None:
     for name in ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd"):
         w.add_uint32(f"kvpot.base.{name}", int(getattr(b, name)))
     w.add_string("kvpot.base.sha256", b.sha256)
-    w.add_array("kvpot.policies.edgeinfinite_memory.layers", [int(i) for i in gate.layers])
-    w.add_uint32("kvpot.policies.edgeinfinite_memory.hidden", gate.d_h)
-    w.add_string("kvpot.policies.edgeinfinite_memory.sigma", "elu+1")
-    w.add_string("kvpot.policies.edgeinfinite_memory.query", "the layer's attention queries as llama.cpp passes them to attention "
+    w.add_array("kvpot.memory_gate.layers", [int(i) for i in gate.layers])
+    w.add_uint32("kvpot.memory_gate.hidden", gate.d_h)
+    w.add_string("kvpot.memory_gate.sigma", "elu+1")
+    w.add_string("kvpot.memory_gate.query", "the layer's attention queries as llama.cpp passes them to attention "
                                             "(after RoPE and any q norm or scale); keys and values as cached")
     if source:
         w.add_string("kvpot.source", source)
@@ -305,11 +305,11 @@ def read_memory_gate(path: Path, model: Path | None = None):
     from kvpot.policies.edgeinfinite_memory import MemoryGate
 
     path = Path(path)
-    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.policies.edgeinfinite_memory.layers"}))
+    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
     try:
         base = _base_identity(kv)
-        layers = [int(i) for i in kv["kvpot.policies.edgeinfinite_memory.layers"]]
-        hidden = int(kv["kvpot.policies.edgeinfinite_memory.hidden"])
+        layers = [int(i) for i in kv["kvpot.memory_gate.layers"]]
+        hidden = int(kv["kvpot.memory_gate.hidden"])
     except (KeyError, TypeError, ValueError) as e:
         raise AdapterError(f"{path}: the adapter lacks its base-model identity ({e})") from None
     if model is not None:

@@ -22,7 +22,7 @@ class EdgeInfinite(Policy):
     """EdgeInfinite (Chen et al. 2025, "EdgeInfinite: A Memory-Efficient Infinite-Context Transformer for
     Edge Devices", section 3.2 and Algorithm 1) on the pot.
 
-    gate:     the memory-gating adapter GGUF (adapter.type = kvpot.policies.edgeinfinite_memory, `kvpot train edgeinfinite`),
+    gate:     the memory-gating adapter GGUF (adapter.type = kvpot.memory_gate, `kvpot train edgeinfinite`),
               checked against the model; "init" runs the untrained gate (the ablation)
     L_sink:   sink tokens kept in the cache (paper: 300)
     L_window: most recent tokens kept in the cache (paper: 200)
