@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from potlib import TensorCatcher, decode_chunks
-from test_pot import doc_tokens, smol  # noqa: F401  (the same SmolLM2 model and document fixtures)
+from test_pot import doc_tokens  # noqa: F401  (the same SmolLM2 document fixture; the model comes from conftest)
 
 from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot, PotCallError
