@@ -193,7 +193,7 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     return kq_mask;
 }
 
-ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, int32_t il) {
+ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, float kq_scale, int32_t il) {
     kvpot_state * st = g_build.st;
     if (!st || !st->memory_live() || q->ne[3] != 1) {
         return cur;
@@ -202,7 +202,7 @@ ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_ten
     if (ipot < 0 || ipot >= (int32_t) st->memory->m.size()) {
         return cur;
     }
-    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, ipot, il);
+    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, kq_scale, ipot, il);
 }
 
 namespace {
