@@ -155,7 +155,10 @@ void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml
     if (!st || il < 0) {
         return;
     }
-    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size();
+    // scored for the pot's layers only: the engine reads no other (Gemma-3's sliding-window layers keep
+    // their window whatever the policy says, and their heads would be computed for nothing)
+    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size() &&
+                       g_build.pot && pot_index_of(*g_build.pot, il) >= 0;
     if (!score && !st->capture_on) {
         return;
     }
