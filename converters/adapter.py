@@ -287,8 +287,8 @@ def write_memory_gate(path: Path, gate, source: str = "") -> None:
     w.add_array("kvpot.memory_gate.layers", [int(i) for i in gate.layers])
     w.add_uint32("kvpot.memory_gate.hidden", gate.d_h)
     w.add_string("kvpot.memory_gate.sigma", "elu+1")
-    w.add_string("kvpot.memory_gate.query", "the layer's attention queries as llama.cpp passes them to attention "
-                                            "(after RoPE and any q norm or scale); keys and values as cached")
+    w.add_string("kvpot.memory_gate.query", "the layer's attention queries after RoPE and any q norm, in the "
+                                            "unscaled convention (q * kq_scale * sqrt(d_k)); keys and values as cached")
     if source:
         w.add_string("kvpot.source", source)
     for i, il in enumerate(gate.layers):

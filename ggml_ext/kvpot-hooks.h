@@ -35,10 +35,11 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
 void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int32_t il);
 
 // llm_graph_context::build_attn (KV-cache and iSWA forms), after the attention output of layer il is
-// complete and before W_o: q [n_embd_head_k, n_head, n_tokens] as the attention received it (after RoPE),
-// cur [n_embd_head_v*n_head, n_tokens]. Returns cur, or EdgeInfinite's gated mix of it with the layer's
-// compressive memory (pot layers, once anything was folded)
-ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, int32_t il);
+// complete and before W_o: q [n_embd_head_k, n_head, n_tokens] as the attention received it (after RoPE,
+// and after any scale the model applies to Q itself, as Gemma-3 does), kq_scale the scale the attention
+// applies to Q·K, cur [n_embd_head_v*n_head, n_tokens]. Returns cur, or EdgeInfinite's gated mix of it with
+// the layer's compressive memory (pot layers, once anything was folded)
+ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, float kq_scale, int32_t il);
 
 // llama_context::process_ubatch, after a successful graph_compute: read tapped outputs back
 void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const llama_ubatch & ubatch);

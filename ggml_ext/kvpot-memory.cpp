@@ -10,6 +10,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <cmath>
 #include <cstdio>
 
 kvpot_gate::~kvpot_gate() {
@@ -196,12 +197,16 @@ std::string kvpot_memory_fold(llama_context * lctx, const kvpot_pot & pot, kvpot
 }
 
 ggml_tensor * kvpot_memory_build(ggml_context * ctx0, const kvpot_gate & gate, const kvpot_memory & mem,
-                                 ggml_tensor * q, ggml_tensor * a_dot, int32_t ipot, int32_t il) {
+                                 ggml_tensor * q, ggml_tensor * a_dot, float kq_scale, int32_t ipot, int32_t il) {
     const int64_t d_k = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
     const int64_t d_v = mem.d_v;
     char name[GGML_MAX_NAME];
 
     ggml_tensor * qc = ggml_cont(ctx0, q); // [d_k, n_head, n_tokens]
+    const float unscale = kq_scale * sqrtf((float) d_k);
+    if (fabsf(unscale - 1.0f) > 1e-6f) {
+        qc = ggml_scale(ctx0, qc, unscale);
+    }
     snprintf(name, sizeof(name), "kvpot_mem_q-%d", il);
     ggml_set_name(qc, name);
 

@@ -65,7 +65,11 @@ std::string kvpot_memory_fold(llama_context * lctx, const kvpot_pot & pot, kvpot
                               const int32_t * cells, int32_t n_cells);
 
 // the graph piece for pot layer ipot: q [d_k, n_head, n_tokens] (the layer's attention queries, after
-// RoPE), a_dot [d_v*n_head, n_tokens] (attention output before W_o); returns A_com, same shape as a_dot.
+// RoPE, as the attention received them), kq_scale (the attention's scale of Q·K), a_dot [d_v*n_head,
+// n_tokens] (attention output before W_o); returns A_com, same shape as a_dot. The memory reads the
+// queries in the unscaled convention (Q·K / sqrt(d_k) is the logit): q * kq_scale * sqrt(d_k), which is q
+// itself for models that scale in the attention (llama) and undoes a model's own Q scale (Gemma-3 passes
+// Q / sqrt(256) with kq_scale 1; sigma(Q / 16) is nearly constant and would read the memory's mean).
 // Intermediate tensors are named kvpot_mem_q-<il> (the queries read) and kvpot_mem_out-<il> for tests.
 ggml_tensor * kvpot_memory_build(ggml_context * ctx0, const kvpot_gate & gate, const kvpot_memory & mem,
-                                 ggml_tensor * q, ggml_tensor * a_dot, int32_t ipot, int32_t il);
+                                 ggml_tensor * q, ggml_tensor * a_dot, float kq_scale, int32_t ipot, int32_t il);

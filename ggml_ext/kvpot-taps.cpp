@@ -155,7 +155,10 @@ void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml
     if (!st || il < 0) {
         return;
     }
-    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size();
+    // scored for the pot's layers only: the engine reads no other (Gemma-3's sliding-window layers keep
+    // their window whatever the policy says, and their heads would be computed for nothing)
+    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size() &&
+                       g_build.pot && pot_index_of(*g_build.pot, il) >= 0;
     if (!score && !st->capture_on) {
         return;
     }
@@ -193,7 +196,7 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     return kq_mask;
 }
 
-ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, int32_t il) {
+ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, float kq_scale, int32_t il) {
     kvpot_state * st = g_build.st;
     if (!st || !st->memory_live() || q->ne[3] != 1) {
         return cur;
@@ -202,7 +205,7 @@ ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_ten
     if (ipot < 0 || ipot >= (int32_t) st->memory->m.size()) {
         return cur;
     }
-    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, ipot, il);
+    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, kq_scale, ipot, il);
 }
 
 namespace {

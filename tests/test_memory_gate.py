@@ -55,7 +55,7 @@ def test_in_graph_memory_equals_numpy_through_folds(which, flash, request):
         pot = Pot(ctx)
         ids = pot.layer_ids
         probe = sorted({ids[0], ids[len(ids) // 2], ids[-1]})
-        catcher.names = {f"{n}-{il}" for il in probe for n in ("kvpot_mem_q", "kqv_out", "kvpot_mem_out")}
+        catcher.names = {f"{n}-{il}" for il in probe for n in ("kvpot_mem_q", "kqv_out", "kvpot_mem_out", "Qcur")}
         gate = random_gate(ids, dv, base.n_head, seed=3)
         pot.set_gate(gate)
         tokens = model.tokenize(logbook(n_entries=12, seed=2)[0])
@@ -93,6 +93,10 @@ def test_in_graph_memory_equals_numpy_through_folds(which, flash, request):
             for il in probe:
                 ipot = ids.index(il)
                 q = catcher.caught[f"kvpot_mem_q-{il}"][0]                # [T, n_head, d_k]
+                # the memory reads the model's queries after RoPE in the unscaled convention (logit =
+                # Q.K / sqrt(d_k)): the model's own Qcur, although Gemma-3 hands attention Qcur / 16
+                qcur = catcher.caught[f"Qcur-{il}"][0]
+                np.testing.assert_allclose(q, qcur, rtol=1e-6, atol=1e-6 * np.abs(qcur).max())
                 a_dot = catcher.caught[f"kqv_out-{il}"][0, 0].reshape(len(chunk), base.n_head, dv)
                 got = catcher.caught[f"kvpot_mem_out-{il}"][0]            # [T, n_head, d_v]
                 want = gate.mix(ipot, read(m_ref[ipot], z_ref[ipot], q), a_dot)

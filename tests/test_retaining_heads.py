@@ -30,12 +30,14 @@ def test_in_graph_scores_equal_numpy_on_captured_qkv(which, request):
     path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
     base = BaseIdentity.of_model(path)
     heads = random_heads(base, "silu" if which == "smollm2" else "gelu")
-    layers = [0, base.n_layer // 2, base.n_layer - 1]
-    catcher = TensorCatcher({f"{n}-{il}" for il in layers for n in ("Qcur", "Kcur", "Vcur")}, first=True)
+    catcher = TensorCatcher(set(), first=True)
     model = LlamaModel(str(path))
     ctx = LlamaContext(model, ContextParams(n_ctx=256, n_batch=64, n_threads=2), cb_eval=catcher.callback)
     try:
         pot = Pot(ctx)
+        ids = pot.layer_ids  # every layer of SmolLM2; Gemma-3's global layers (5, 11, 17)
+        layers = [ids[0], ids[len(ids) // 2], ids[-1]]
+        catcher.names = {f"{n}-{il}" for il in layers for n in ("Qcur", "Kcur", "Vcur")}
         pot.set_heads(heads)
         doc, _, _ = logbook(n_entries=3, seed=1)
         tokens = model.tokenize(doc)[:64]
@@ -48,15 +50,18 @@ def test_in_graph_scores_equal_numpy_on_captured_qkv(which, request):
             got = pot.take_head_scores(il, len(tokens))
             assert got.shape == (len(tokens), base.n_head_kv)
             np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+        # layers outside the pot (Gemma-3's sliding-window layers) are not scored at all
+        for il in sorted(set(range(base.n_layer)) - set(ids)):
+            assert pot.take_head_scores(il, len(tokens)).shape == (0, base.n_head_kv), il
         # taken scores are forgotten; the next decode's come on their own, ubatch after ubatch
         ctx.decode(tokens[:10], len(tokens), logits="last")
-        assert pot.take_head_scores(0, len(tokens)).shape == (10, base.n_head_kv)
-        assert pot.take_head_scores(0, len(tokens)).shape == (0, base.n_head_kv)
+        assert pot.take_head_scores(ids[0], len(tokens)).shape == (10, base.n_head_kv)
+        assert pot.take_head_scores(ids[0], len(tokens)).shape == (0, base.n_head_kv)
         # the heads survive a reset of the pot (they belong to the model, not the document)
         ctx.clear()
         pot.reset()
         ctx.decode(tokens[:7], 0, logits="last")
-        assert pot.take_head_scores(0, len(tokens)).shape == (7, base.n_head_kv)
+        assert pot.take_head_scores(ids[0], len(tokens)).shape == (7, base.n_head_kv)
         pot.set_heads(None)
         with pytest.raises(PotCallError, match="no retaining heads"):
             pot.take_head_scores(0, len(tokens))
