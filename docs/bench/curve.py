@@ -92,7 +92,7 @@ def plot(runs: dict, png: Path) -> None:
     ax_acc.set_ylabel("share of needles found")
     ax_acc.set_ylim(-0.05, 1.05)
     ax_acc.set_title("needles found, on the cases every budget ran (dashed: full attention)", fontsize=9)
-    ax_acc.legend(fontsize=7)
+    ax_acc.legend(fontsize=6, loc="center left")
     ax_speed.axhline(1.0, color="grey", ls=":", lw=1)
     ax_speed.set_ylabel("reading speed / full attention's")
     ax_speed.set_title("reading speed / full attention's (measured under shared load)", fontsize=9)
