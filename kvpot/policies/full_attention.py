@@ -19,5 +19,10 @@ class FullAttention(Policy):
 
     name = "full"
 
+    def cache_cells(self, budget: int, chunk: int) -> int:
+        # nothing is distilled, so no chunk of room past the budget: a document of `budget` tokens
+        # fits a context of budget + the answer's room, as in stock llama.cpp
+        return budget
+
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
         return None

@@ -142,9 +142,11 @@ class Reading:
 def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int) -> Reading:
     """Full attention when the document (counted exactly, None when unknown, e.g. stdin) plus the
     question and answer fit both the device's context and the model's trained context: that is what
-    stock llama.cpp computes. Otherwise the pot, as large as the device holds."""
+    stock llama.cpp computes. Otherwise the pot, as large as the device holds. Full attention needs
+    no chunk of room past the document (it never distills; FullAttention.cache_cells), so a document
+    up to the limit less the answer's room is read whole, as stock llama.cpp reads it."""
     limit = min(plan.cells, n_ctx_train or plan.cells)
-    if doc_tokens is not None and doc_tokens + chunk + reserve <= limit:
+    if doc_tokens is not None and doc_tokens + reserve <= limit:
         return Reading("full", doc_tokens, f"the input's {doc_tokens:,} tokens fit the {limit:,} cells the device and "
                                            f"the model's trained context allow: full attention, as stock llama.cpp")
     budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
@@ -168,14 +170,14 @@ def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: 
     `limit` (the device's, or the user's when `asked`) or the model's trained context."""
     cap = min(limit, n_ctx_train or limit)
     if doc_tokens is None:
-        return max(MIN_CELLS, cap - reserve - chunk)
-    need = doc_tokens + chunk + reserve
+        return max(MIN_CELLS, cap - reserve)
+    need = doc_tokens + reserve  # no reading room: full attention's context is the document itself
     if need > cap:
         which = ("the model's trained context" if cap == n_ctx_train and not (asked and limit == cap) else
                  "the context size asked for," if asked else "the memory for")
         size = f"{doc_tokens:,} tokens" if exact else f"more than {doc_tokens:,} tokens (counting stopped there)"
         raise KvpotError(f"full attention keeps every token: the input is {size}, {need:,} cells with "
-                         f"reading ({chunk}) and answering ({reserve}) room, more than {which} {cap:,} cells; "
+                         f"answering room ({reserve}), more than {which} {cap:,} cells; "
                          f"choose a pot policy (e.g. --policy infinipot)")
     return doc_tokens
 
