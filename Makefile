@@ -7,7 +7,7 @@ MODEL   ?= gemma3-270m
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -61,6 +61,15 @@ fuzz: pull-test-models
 # tests/pot_check under qemu-aarch64-static vs natively, SmolLM2 Q4_1 and a Q4_0 copy (docs/termux.md)
 test-aarch64: pull-test-models
 	tests/run_aarch64.sh $(BIN)/python
+
+# not part of `make test` (the Vulkan build compiles ~170 shaders; times in docs/pot.md, "Vulkan"): the runtime
+# built with CMAKE_ARGS=-DGGML_VULKAN=ON into its own venv, so .venv keeps its CPU runtime; the pot's
+# exactness tests on the first Vulkan device (Mesa's lavapipe here), each test checking it ran there
+VK_VENV  ?= .venv-vulkan
+VK_TESTS ?= tests/vulkan_checks.py tests/test_pot.py tests/test_pot_layers.py tests/test_pot_gemma.py \
+	tests/test_retaining_heads.py tests/test_memory_gate.py tests/test_infllm.py
+test-vulkan:
+	tests/run_vulkan.sh $(VK_VENV) -q $(VK_TESTS)
 
 clean-venv:
 	rm -rf $(VENV)
