@@ -19,6 +19,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 PREFIX = devicelib.PREFIXES.get(devicelib.DEVICE, "")
+# ggml's node lines print the backend's name cut to 5 characters ("Vulka"); split lines print it whole
+NODE_PREFIX = PREFIX[:5]
 
 # steps whose graph is all kvpot's: every node must run on the device, in one split
 OWN_GRAPHS = ("compaction (gather)", "compaction + CR-RoPE", "compaction, ragged (per-layer live cells)",
@@ -50,7 +52,7 @@ def test_the_device_is_there():
 
 
 def _off_device(graph: dict) -> list[tuple[str, str]]:
-    return [(op, name) for op, name, backend in graph["nodes"] if not backend.startswith(PREFIX)]
+    return [(op, name) for op, name, backend in graph["nodes"] if not backend.startswith(NODE_PREFIX)]
 
 
 @pytest.mark.parametrize("step", OWN_GRAPHS)
@@ -72,7 +74,16 @@ def test_kvpot_nodes_in_the_decode_graph_stay_on_the_device(placement, step):
     for g in graphs:
         extra = [node for node in _off_device(g) if node not in stock]
         assert extra == [], f"{step}: kvpot nodes on the CPU"
-        assert any(backend.startswith(PREFIX) for _, _, backend in g["nodes"]), step
+        assert any(backend.startswith(NODE_PREFIX) for _, _, backend in g["nodes"]), step
+
+
+@pytest.mark.parametrize("step", ["decode + retaining heads", "decode + memory read-out"])
+def test_trained_weights_are_not_copied_into_each_graph(placement, step):
+    """The retaining heads' and the memory gate's weights live on the layer's device (ggml_ext/kvpot-weights.h):
+    their graphs copy no more inputs into the device's split than the plain decode graph does."""
+    def inputs(graphs):
+        return max(sp["inputs"] for g in graphs for sp in g["splits"] if sp["backend"].startswith(PREFIX))
+    assert inputs(placement[step]) == inputs(placement["decode"]), placement[step][0]["splits"]
 
 
 def test_passkey_found_after_compactions_on_the_device(smollm2_path):
