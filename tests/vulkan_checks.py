@@ -39,11 +39,15 @@ def placement(smollm2_path, tmp_path_factory):
     env = dict(os.environ, GGML_SCHED_DEBUG="2")
     res = subprocess.run([sys.executable, str(HERE / "sched_splits.py"), str(smollm2_path), str(out)],
                          env=env, capture_output=True, text=True, timeout=1200)
-    assert res.returncode == 0, res.stderr[-3000:]
+    (out.parent / "child.stderr").write_text(res.stderr)  # kept for a look when the child fails
+    assert res.returncode == 0, f"exit {res.returncode} ({out.parent / 'child.stderr'}): {res.stderr[-3000:]}"
     report = os.environ.get("KVPOT_SPLITS_REPORT")
     if report:  # docs/pot.md's table is made from this file
         Path(report).write_text(out.read_text())
-    return json.loads(out.read_text())
+    placed = json.loads(out.read_text())
+    # the child's load log joins this session's, so conftest checks its models and pot like the others
+    devicelib.load_log().lines.extend(placed.pop("load log"))
+    return placed
 
 
 def test_the_device_is_there():
