@@ -7,7 +7,7 @@ MODEL   ?= gemma3-270m
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -61,6 +61,26 @@ fuzz: pull-test-models
 # tests/pot_check under qemu-aarch64-static vs natively, SmolLM2 Q4_1 and a Q4_0 copy (docs/termux.md)
 test-aarch64: pull-test-models
 	tests/run_aarch64.sh $(BIN)/python
+
+# not part of `make test` (the Vulkan build compiles ~170 shaders; times in docs/pot.md, "Vulkan"): the runtime
+# built with CMAKE_ARGS=-DGGML_VULKAN=ON into its own venv, so .venv keeps its CPU runtime; the pot's
+# exactness tests on the first Vulkan device (Mesa's lavapipe here), each test checking it ran there
+VK_VENV  ?= .venv-vulkan
+VK_TESTS ?= tests/vulkan_checks.py \
+	tests/test_pot.py::test_keeping_every_cell_matches_stock \
+	tests/test_pot.py::test_same_set_for_every_head_matches_seq_rm -k "not keep_pos" \
+	tests/test_pot.py::test_per_head_sets_are_read_back_exactly \
+	tests/test_pot.py::test_score_taps_equal_kq_soft_max_rows tests/test_pot.py::test_score_taps_with_quantized_k_cache \
+	tests/test_pot.py::test_logprobs_equal_log_softmax_of_logits \
+	tests/test_pot_layers.py::test_dead_cells_leave_each_layers_softmax \
+	tests/test_pot_layers.py::test_dead_cells_with_flash_attention_f16_mask \
+	tests/test_pot_gemma.py::test_cr_rope_keys_equal_numpy_rope_per_layer \
+	tests/test_pot_gemma.py::test_score_taps_equal_kq_soft_max_on_global_layers \
+	tests/test_retaining_heads.py::test_in_graph_scores_equal_numpy_on_captured_qkv \
+	tests/test_memory_gate.py::test_in_graph_memory_equals_numpy_through_folds \
+	tests/test_infllm.py::test_read_at_and_insert_rotate_like_numpy
+test-vulkan:
+	tests/run_vulkan.sh $(VK_VENV) -v -p no:cacheprovider $(VK_TESTS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -7,15 +7,6 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
-kvpot_heads::~kvpot_heads() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
-    }
-    if (ctx) {
-        ggml_free(ctx);
-    }
-}
-
 std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t n_layer, int32_t hidden, int32_t width,
                                               int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
                                               std::string & err) {
@@ -38,17 +29,15 @@ std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t
         }
     }
     auto h = std::make_shared<kvpot_heads>();
-    ggml_init_params params = { ggml_tensor_overhead()*(size_t) (2*n_layer + 1), nullptr, true };
-    h->ctx = ggml_init(params);
     h->act = act;
     h->n_head_kv = n_head_kv;
     for (int32_t il = 0; il < n_layer; ++il) {
-        h->fc1.push_back(ggml_new_tensor_2d(h->ctx, GGML_TYPE_F32, width, hidden));
-        h->fc2.push_back(ggml_new_tensor_2d(h->ctx, GGML_TYPE_F32, hidden, n_head_kv));
+        // the layer's device (a GPU when the model is offloaded): the heads run there without copies
+        ggml_context * ctx = h->weights.ctx_for(ggml_backend_dev_buffer_type(model->dev_layer(il)), 2*(size_t) n_layer);
+        h->fc1.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, width, hidden));
+        h->fc2.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hidden, n_head_kv));
     }
-    // host memory: every backend's scheduler can read it (copied to a GPU when the graph runs there)
-    h->buf = ggml_backend_alloc_ctx_tensors_from_buft(h->ctx, ggml_backend_cpu_buffer_type());
-    if (!h->buf) {
+    if (!h->weights.alloc()) {
         err = "could not allocate the retaining heads";
         return nullptr;
     }

@@ -2,6 +2,8 @@
 // for every token of the ubatch and every KV head, on the layer's pre-RoPE projections
 #pragma once
 
+#include "kvpot-weights.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,14 +14,11 @@ struct ggml_tensor;
 struct llama_model;
 
 struct kvpot_heads {
-    ggml_context *             ctx = nullptr;
-    struct ggml_backend_buffer * buf = nullptr;
+    kvpot_weights              weights; // fc1, fc2 beside their layer's device
     std::vector<ggml_tensor *> fc1;  // per model layer, [width, hidden] (ggml order: ne0 first)
     std::vector<ggml_tensor *> fc2;  // per model layer, [hidden, n_head_kv]
     int32_t act       = 0;           // 0 silu, 1 gelu (tanh form)
     int32_t n_head_kv = 0;
-
-    ~kvpot_heads();
 };
 
 // weights from the caller (already checked by the Python adapter reader): fc1 row-major

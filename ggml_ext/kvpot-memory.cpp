@@ -13,15 +13,6 @@
 #include <cmath>
 #include <cstdio>
 
-kvpot_gate::~kvpot_gate() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
-    }
-    if (ctx) {
-        ggml_free(ctx);
-    }
-}
-
 kvpot_memory::~kvpot_memory() {
     if (buf) {
         ggml_backend_buffer_free(buf);
@@ -101,21 +92,21 @@ std::shared_ptr<kvpot_gate> kvpot_gate_make(const kvpot_pot & pot, int32_t n_pot
         return nullptr;
     }
     auto gt = std::make_shared<kvpot_gate>();
-    ggml_init_params params = { ggml_tensor_overhead()*(size_t) (5*n_pot + 1), nullptr, true };
-    gt->ctx = ggml_init(params);
     gt->d_v = d_v;
     gt->d_h = d_h;
     gt->n_head = n_head;
     for (int32_t l = 0; l < n_pot; ++l) {
-        gt->w1.push_back(ggml_new_tensor_2d(gt->ctx, GGML_TYPE_F32, d_v, d_h));
-        gt->b1.push_back(ggml_new_tensor_1d(gt->ctx, GGML_TYPE_F32, d_h));
-        gt->w2.push_back(ggml_new_tensor_2d(gt->ctx, GGML_TYPE_F32, d_h, d_v));
-        gt->b2.push_back(ggml_new_tensor_1d(gt->ctx, GGML_TYPE_F32, d_v));
-        gt->g .push_back(ggml_new_tensor_2d(gt->ctx, GGML_TYPE_F32, d_v, n_head));
+        // the buffer type of the layer's K cache (a GPU's memory when the cache is there): the mix runs
+        // on the layer's device without copying the weights into every graph
+        ggml_context * ctx = gt->weights.ctx_for(ggml_backend_buffer_get_type(kvpot_kv_access::k(*pot.kv, l)->buffer),
+                                                 5*(size_t) n_pot);
+        gt->w1.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d_v, d_h));
+        gt->b1.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_F32, d_h));
+        gt->w2.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d_h, d_v));
+        gt->b2.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_F32, d_v));
+        gt->g .push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d_v, n_head));
     }
-    // host memory, as the retaining heads: every backend's scheduler can read it
-    gt->buf = ggml_backend_alloc_ctx_tensors_from_buft(gt->ctx, ggml_backend_cpu_buffer_type());
-    if (!gt->buf) {
+    if (!gt->weights.alloc()) {
         err = "could not allocate the memory gate";
         return nullptr;
     }

@@ -14,6 +14,8 @@
 // Query head h reads KV head h / (n_head / n_head_kv), llama.cpp's GQA grouping.
 #pragma once
 
+#include "kvpot-weights.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,18 +26,15 @@ struct ggml_tensor;
 struct llama_context;
 struct kvpot_pot;
 
-// the trained memory-gating module, per pot layer (host memory; belongs to the model)
+// the trained memory-gating module, per pot layer (beside the layer's KV cache; belongs to the model)
 struct kvpot_gate {
-    ggml_context *               ctx = nullptr;
-    struct ggml_backend_buffer * buf = nullptr;
+    kvpot_weights              weights;
     std::vector<ggml_tensor *> w1; // [d_v, d_h]  (ggml order; row-major [d_h][d_v] like torch's Linear)
     std::vector<ggml_tensor *> b1; // [d_h]
     std::vector<ggml_tensor *> w2; // [d_h, d_v]
     std::vector<ggml_tensor *> b2; // [d_v]
     std::vector<ggml_tensor *> g;  // [d_v, n_head]
     int32_t d_v = 0, d_h = 0, n_head = 0;
-
-    ~kvpot_gate();
 };
 
 // the memory of one context, per pot layer (in the KV cache's buffer type)

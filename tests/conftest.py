@@ -11,6 +11,7 @@ from pathlib import Path
 # else the machine does; it changes no result. Set before libllama (and its libgomp) loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+import devicelib  # KVPOT_TEST_DEVICE: before libllama loads
 import pytest
 
 from kvpot.models.pull import pull_known
@@ -47,6 +48,31 @@ def gemma(gemma_path):
     m = LlamaModel(str(gemma_path))
     yield m
     m.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_device_log():
+    """KVPOT_TEST_DEVICE=vulkan (`make test-vulkan`): the device exists, and its load log is recorded
+    from before the first model loads."""
+    if not devicelib.DEVICE:
+        yield None
+        return
+    prefix = devicelib.PREFIXES.get(devicelib.DEVICE)
+    if prefix is None:
+        pytest.exit(f"error: KVPOT_TEST_DEVICE={devicelib.DEVICE}: known devices are {sorted(devicelib.PREFIXES)}", 2)
+    if not any(name.startswith(prefix) for name, _ in devicelib.devices()):
+        pytest.exit(f"error: KVPOT_TEST_DEVICE={devicelib.DEVICE} but the runtime has no {prefix} device "
+                    f"(devices: {devicelib.devices()}); build it with CMAKE_ARGS=-DGGML_{prefix.upper()}=ON", 2)
+    yield devicelib.load_log()
+
+
+@pytest.fixture(autouse=True)
+def _on_test_device(_test_device_log, request):
+    """Each test's models and pot were on KVPOT_TEST_DEVICE (checked after the test)."""
+    yield
+    if _test_device_log is not None:
+        uses_model = bool({"smollm2_path", "gemma_path"} & set(request.fixturenames))
+        devicelib.check_used(_test_device_log.lines, devicelib.PREFIXES[devicelib.DEVICE], uses_model)
 
 
 def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 600):

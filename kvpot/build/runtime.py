@@ -9,6 +9,7 @@ files whose bytes changed, so cmake's persistent build dir recompiles only what 
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import os
 import shutil
 import subprocess
@@ -53,6 +54,16 @@ def source_root() -> Path:
 def full_cmake_args(user_args: str | None = None) -> str:
     user = os.environ.get("CMAKE_ARGS", "") if user_args is None else user_args
     return " ".join(f"{user} {KVPOT_CMAKE_ARGS}".split())
+
+
+def variant_dirs(bdir: Path, args: str) -> tuple[Path, Path]:
+    """The persistent source tree and cmake build dir: one pair per set of CMake arguments, so that a
+    second backend's build (CMAKE_ARGS=-DGGML_VULKAN=ON, `make test-vulkan`) never reconfigures the CPU
+    build's tree nor rewrites its sources while it compiles (cmake binds a build dir to one source dir)."""
+    if args == full_cmake_args(""):
+        return bdir / "src", bdir / "cmake"
+    tag = hashlib.sha256(args.encode()).hexdigest()[:12]
+    return bdir / f"src-{tag}", bdir / f"cmake-{tag}"
 
 
 def wheel_version(key: str) -> str:
@@ -156,9 +167,9 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
     else:
         sdist = fetch_sdist(bdir / "sdist")
         pristine = extract_pristine(sdist, bdir)
-        stage = bdir / "stage"
+        stage = bdir / f"stage-{key[:12]}"
         _stage(root, pristine, stage, version)
-        src = bdir / "src"
+        src, cmake_dir = variant_dirs(bdir, args)
         changed = _sync_tree(stage, src)
         shutil.rmtree(stage, ignore_errors=True)
         say(f"building patched llama-cpp-python {version} ({changed} source files changed; "
@@ -167,10 +178,10 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
         env = dict(os.environ)
         env["CMAKE_ARGS"] = f"{args} -DKVPOT_VERSION_STR={kvpot.__version__} -DKVPOT_LLAMA_COMMIT={LLAMA_CPP_COMMIT}"
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs or os.cpu_count() or 2)
-        out = bdir / "wheel-out"
+        out = bdir / f"wheel-out-{key[:12]}"  # per key: two backends may build side by side
         shutil.rmtree(out, ignore_errors=True)
         cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out),
-               "--config-settings=build-dir=" + str(bdir / "cmake"), str(src)]
+               "--config-settings=build-dir=" + str(cmake_dir), str(src)]
         _run_logged(cmd, env, bdir / "logs" / f"{key[:12]}.log", say)
         built = sorted(out.glob("*.whl"))
         if not built:
@@ -179,6 +190,7 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
         wheel_dir.mkdir(parents=True)
         wheel = wheel_dir / built[0].name
         shutil.move(str(built[0]), wheel)
+        shutil.rmtree(out, ignore_errors=True)
     did_install = install_wheel(wheel, version, say) if install else False
     return BuildResult(key=key, wheel=wheel, version=version, cached=cached, installed=did_install,
                        seconds=time.monotonic() - t0)

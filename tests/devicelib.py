@@ -1,0 +1,97 @@
+"""Run the pot tests on a ggml device other than the CPU, and prove that they did.
+
+KVPOT_TEST_DEVICE=vulkan (set by `make test-vulkan`) makes every model the tests load put its layers and
+its KV cache (the pot) on the first Vulkan device. kvpot already asks llama.cpp for every layer on the
+devices it has (runtime/llama.py, N_GPU_LAYERS_ALL); what the tests add is the proof: llama.cpp's load
+log says, for each model and each context, which buffer holds the weights and the KV cache, and
+`check_used` fails a test whose models or pot stayed on the CPU. Without it a Vulkan build that found no
+device would run every test on the CPU and pass, proving nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+
+DEVICE = os.environ.get("KVPOT_TEST_DEVICE", "")
+# ggml backend device names start with these (ggml_backend_dev_name: "Vulkan0", "CUDA0", ...)
+PREFIXES = {"vulkan": "Vulkan"}
+
+if DEVICE == "vulkan":
+    # ggml-vulkan passes over Vulkan devices of type CPU (Mesa's lavapipe, llvmpipe) unless named here;
+    # set before libllama loads. A machine with a real GPU may override it.
+    os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+
+# the load-log lines that name a buffer's device: weights, KV cache, compute buffers
+KEYS = ("model buffer size", "KV buffer size", "compute buffer size", "using device", "layers to GPU")
+
+
+def devices() -> list[tuple[str, str]]:
+    """(name, description) of every ggml device of the loaded runtime, in llama.cpp's order."""
+    from kvpot.runtime.library import load
+
+    ggml = ctypes.CDLL(load()._name)  # resolves in the very ggml libllama is linked against
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in (ggml.ggml_backend_dev_name, ggml.ggml_backend_dev_description):
+        fn.restype = ctypes.c_char_p
+        fn.argtypes = [ctypes.c_void_p]
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        d = ggml.ggml_backend_dev_get(i)
+        out.append((ggml.ggml_backend_dev_name(d).decode(), ggml.ggml_backend_dev_description(d).decode()))
+    return out
+
+
+class LoadLog:
+    """Records llama.cpp's buffer lines while kvpot's own log filter keeps doing its job."""
+
+    def __init__(self):
+        import llama_cpp
+
+        from kvpot.runtime import logs
+        from kvpot.runtime.library import load
+
+        load()
+        logs.install()
+        forward = logs._callback  # kvpot's filter: errors to stderr, the rest dropped
+        self.lines: list[str] = []
+
+        @llama_cpp.llama_log_callback
+        def on_log(level, text, user_data):
+            msg = text.decode("utf-8", errors="replace")
+            if any(k in msg for k in KEYS):
+                self.lines.append(msg.strip())
+            forward(level, text, user_data)
+
+        self._keep = (on_log, forward)  # both ctypes callbacks live as long as the process
+        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+
+
+_log: LoadLog | None = None
+
+
+def load_log() -> LoadLog:
+    global _log
+    if _log is None:
+        _log = LoadLog()
+    return _log
+
+
+def check_used(lines: list[str], prefix: str, need_model: bool = False) -> None:
+    """Every model loaded so far chose the device and every KV cache (the pot) lives there. (llama.cpp
+    keeps the token embeddings in host memory on every backend: a CPU model buffer beside it is normal.)
+    need_model: the test used a model, so its load log must be there (a lost log would pass vacuously)."""
+    if need_model:
+        assert any("KV buffer size" in ln for ln in lines), "a test used a model but no KV cache was logged"
+    bad = [ln for ln in lines if ": using device" in ln and f"using device {prefix}" not in ln]
+    assert not bad, f"a model loaded on another device than {prefix}: {bad}"
+    bad = [ln for ln in lines if "KV buffer size" in ln and f" {prefix}" not in ln.split("KV buffer size")[0]]
+    assert not bad, f"a KV cache (the pot) was not on the {prefix} device: {bad}"
+    # load_tensors: "offloaded 31/31 layers to GPU" (every repeating layer and the output layer)
+    offload = [(ln, re.search(r"offloaded (\d+)/(\d+) layers", ln)) for ln in lines if "offloaded" in ln and "layers to GPU" in ln]
+    bad = [ln for ln, m in offload if m is None or m.group(1) != m.group(2)]
+    assert not bad, f"a model kept layers off the {prefix} device: {bad}"
+
