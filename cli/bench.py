@@ -13,7 +13,7 @@ from kvpot.errors import KvpotError
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
-from kvpot.session.checks import check_budget
+from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
 from ._common import err, user_errors
@@ -39,6 +39,7 @@ def throughput(
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill."""
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
+    check_adapters(policy, facts.path)
     if budget + chunk > 1 << 20:
         raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
@@ -82,6 +83,8 @@ def niah(
     for spec in policy:  # a bad spec or an impossible budget, before any haystack is read
         check_budget(spec, budget, chunk, expected_tokens=max(lengths))
     facts, _ = resolve_model(model)
+    for spec in policy:
+        check_adapters(spec, facts.path)
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
@@ -145,6 +148,8 @@ def ppl(
     for spec in policy:
         check_budget(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
     facts, _ = resolve_model(model)
+    for spec in policy:  # a missing or foreign adapter, before the first policy's run
+        check_adapters(spec, facts.path)
     text = read_document(file)
     lm = LlamaModel(str(facts.path))
     tokens = lm.tokenize(text)[: max_tokens or None]

@@ -9,6 +9,7 @@ the model a path that does not exist, so any reading or loading would hang or fa
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import re
 
 import numpy as np
@@ -168,3 +169,22 @@ def test_bench_refuses_an_impossible_budget_before_any_run(bench, silent_fifo, t
                   env={"KVPOT_HOME": str(tmp_path)}, timeout=60)
     assert res.returncode == 1
     assert_one_line_error(res.stderr, "raise --budget to at least 33")
+
+
+ADAPTERS = Path(__file__).resolve().parents[1] / "models"
+
+
+@pytest.mark.parametrize(("model", "spec", "needle"), [
+    ("smollm2", "edgeinfinite", "edgeinfinite needs a memory gate"),
+    ("smollm2", f"locret:heads={ADAPTERS / 'gemma3-270m.locret.gguf'}", "was made for"),
+    ("gemma", f"edgeinfinite:gate={ADAPTERS / 'smollm2-135m.edgeinfinite.gguf'}", "was made for"),
+])
+def test_bench_refuses_a_missing_or_foreign_adapter_before_any_run(model, spec, needle, silent_fifo, tmp_path,
+                                                                    request):
+    """The adapter is checked against the model before the benchmark reads its file (a FIFO nobody writes
+    to: reading it would block until the timeout) or measures stock llama.cpp."""
+    model_path = request.getfixturevalue(f"{'smollm2' if model == 'smollm2' else 'gemma'}_path")
+    res = run_cli("bench", "ppl", "-f", silent_fifo, "-m", str(model_path), "-P", "streaming", "-P", spec,
+                  "--budget", "1024", env={"KVPOT_HOME": str(tmp_path)}, timeout=120)
+    assert res.returncode == 1
+    assert_one_line_error(res.stderr, needle)

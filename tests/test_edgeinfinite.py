@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvpot.errors import KvpotError
 from kvpot.policies import EdgeInfinite, make_policy
 from kvpot.policies.base import BudgetTooSmall, PotView
 
@@ -87,5 +88,6 @@ def test_a_budget_that_cannot_hold_a_segment_is_refused():
 def test_spec_and_missing_gate():
     p = make_policy("edgeinfinite:gate=x.gguf,L_sink=3,L_window=5,L_seg=none")
     assert (p.L_sink, p.L_window, p.L_seg) == (3, 5, None)
-    with pytest.raises(Exception, match="needs a memory gate"):
-        EdgeInfinite().memory_gate("model.gguf")
+    for bare in ("edgeinfinite", "edgeinfinite:L_sink=3"):
+        with pytest.raises(KvpotError, match="needs a memory gate"):
+            make_policy(bare)

@@ -66,6 +66,12 @@ class EdgeInfinite(Policy):
     _has_memory: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        if not self.gate:
+            # refused when the spec is parsed, so every command (ask, bench, train) says it before any work;
+            # no default gate: the one shipped for SmolLM2 (models/) is measured worse than the untrained
+            # one (docs/benchmarks.md), so kvpot does not pick a gate for the user
+            raise KvpotError("edgeinfinite needs a memory gate: --policy edgeinfinite:gate=GATE.gguf "
+                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
         for name in ("L_sink", "L_window"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -125,11 +131,6 @@ class EdgeInfinite(Policy):
         """The gate to run in llama.cpp, checked against the model (before the engine sizes the cache)."""
         from kvpot.converters.adapter import BaseIdentity, initial_memory_gate, read_memory_gate
 
-        if not self.gate:
-            # no default: the gate shipped for SmolLM2 (models/) is measured worse than the untrained one
-            # (docs/benchmarks.md), so kvpot does not pick a gate for the user
-            raise KvpotError("edgeinfinite needs a memory gate: --policy edgeinfinite:gate=GATE.gguf "
-                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
         if self.gate == "init":
             gate = initial_memory_gate(model_path)
         else:

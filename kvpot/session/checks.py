@@ -66,6 +66,17 @@ def check_budget(policy_spec: str, budget: int, chunk: int, option: str = "--bud
         raise BudgetTooSmall(f"{e}; raise {option} to at least {e.least}", least=e.least) from None
 
 
+def check_adapters(policy_spec: str, model_path) -> None:
+    """The trained parts a policy runs in llama.cpp (Locret's retaining heads, EdgeInfinite's memory
+    gate), read and checked against the model: for commands that do work before they build the engine
+    (a benchmark measures stock llama.cpp first), so a wrong or missing adapter is said first."""
+    from kvpot.policies import make_policy
+
+    policy = make_policy(policy_spec)
+    policy.retaining_heads(model_path)
+    policy.memory_gate(model_path)
+
+
 # -- memory ---------------------------------------------------------------------------------------
 
 def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int) -> ContextCost:
