@@ -9,8 +9,8 @@ the model a path that does not exist, so any reading or loading would hang or fa
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
