@@ -177,7 +177,7 @@ int32_t kvpot_heads_take(llama_context * ctx, int32_t il, float * out, int32_t n
         if (!st || !st->heads) {
             return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
         }
-        if (n_head_kv != st->heads->n_head_kv || il < 0 || il >= (int32_t) st->heads->fc1.size()) {
+        if (n_head_kv != st->heads->n_head_kv || il < 0 || il >= (int32_t) st->heads->fc2.size()) {
             return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: bad layer or KV-head count");
         }
         if (il >= (int32_t) st->head_scores.size()) {

@@ -15,7 +15,11 @@ struct llama_model;
 
 struct kvpot_heads {
     kvpot_weights              weights; // fc1, fc2 beside their layer's device
-    std::vector<ggml_tensor *> fc1;  // per model layer, [width, hidden] (ggml order: ne0 first)
+    // fc1 per model layer, split by the input it multiplies (fc1 · [Q; K; V] = fc1_q·Q + fc1_k·K + fc1_v·V),
+    // so the graph reads Q, K and V where they are instead of copying them into one [width, n_tokens]
+    std::vector<ggml_tensor *> fc1_q; // [n_head*d_k, hidden] (ggml order: ne0 first)
+    std::vector<ggml_tensor *> fc1_k; // [n_head_kv*d_k, hidden]
+    std::vector<ggml_tensor *> fc1_v; // [n_head_kv*d_v, hidden]
     std::vector<ggml_tensor *> fc2;  // per model layer, [hidden, n_head_kv]
     int32_t act       = 0;           // 0 silu, 1 gelu (tanh form)
     int32_t n_head_kv = 0;
@@ -28,10 +32,14 @@ std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t
                                               int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
                                               std::string & err);
 
+// [d, n_h, n_tokens] (possibly a view of a fused QKV) -> [d*n_h, n_tokens], copied only when not contiguous
+ggml_tensor * kvpot_heads_flat(ggml_context * ctx0, ggml_tensor * t);
+
 // the heads' input for one layer: q [d_k, n_head, n_tokens], k [d_k, n_head_kv, n_tokens],
-// v [d_v, n_head_kv, n_tokens] (views allowed) -> x = [Q; K; V] [width, n_tokens]; also what the
-// training capture returns, so trained features are the inference features by construction
+// v [d_v, n_head_kv, n_tokens] (views allowed) -> x = [Q; K; V] [width, n_tokens]: what the training
+// capture returns (the features the heads read, in the adapter's column order)
 ggml_tensor * kvpot_heads_input(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
 
-// the graph piece for layer il on x from kvpot_heads_input; returns scores [n_head_kv, n_tokens]
-ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * x, int32_t il);
+// the graph piece for layer il on the same q, k, v; returns scores [n_head_kv, n_tokens]
+ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
+                                ggml_tensor * v, int32_t il);

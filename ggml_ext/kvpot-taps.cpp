@@ -157,20 +157,20 @@ void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml
     }
     // scored for the pot's layers only: the engine reads no other (Gemma-3's sliding-window layers keep
     // their window whatever the policy says, and their heads would be computed for nothing)
-    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc1.size() &&
+    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc2.size() &&
                        g_build.pot && pot_index_of(*g_build.pot, il) >= 0;
     if (!score && !st->capture_on) {
         return;
     }
-    ggml_tensor * x = kvpot_heads_input(ctx0, q, k, v); // [width, n_tokens]
     if (st->capture_on) {
-        // training reads the very tensor the heads read
+        // training reads [Q; K; V] of the very tensors the heads read
+        ggml_tensor * x = kvpot_heads_input(ctx0, q, k, v); // [width, n_tokens]
         ggml_set_output(x);
         ggml_build_forward_expand(gf, x);
         st->pending_qkv.push_back({il, x});
     }
     if (score) {
-        ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, x, il); // [n_head_kv, n_tokens]
+        ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, q, k, v, il); // [n_head_kv, n_tokens]
         ggml_set_output(s);
         ggml_build_forward_expand(gf, s);
         st->pending_heads.push_back({il, s});
