@@ -51,10 +51,13 @@ def new_session(inputs: list[str], glob: str, model: str, question: str | None, 
     """A session for new inputs, with everything that can be refused refused before the model loads
     (options, inputs, the budget, the memory), and the question set when it is known (CaP-Q)."""
     settings = run_settings(model, **opts)  # options first: they are cheap to check
-    sources = collect_sources(inputs, glob, notice=lambda msg: err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True))
+    def notice(msg: str) -> None:
+        err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
+
+    sources = collect_sources(inputs, glob, notice=notice)
     facts, known = resolve_model(model)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
-                        reserve=answer_reserve(settings))
+                        reserve=answer_reserve(settings), notice=notice)
     if plan.note:
         err.print(plan.note, soft_wrap=True)
     settings = plan.settings

@@ -1,10 +1,12 @@
 """`--budget auto` reads with full attention every input that full attention can read: the document
 plus the answer's room, with no chunk of reading room on top (full attention never distills). Before,
 inputs within a chunk of the limit (SmolLM2: 7,233-7,744 tokens of its 8K) went through the pot and
-were distilled, although stock llama.cpp reads them whole (issue 17, point 4)."""
+were distilled, although stock llama.cpp reads them whole (issue 17, point 4); on stdin, whose length
+is unknown until it ends, they went to the pot until stdin was read ahead."""
 
 from __future__ import annotations
 
+import pytest
 from test_auto_budget import OPTS, stock_answer
 from typer.testing import CliRunner
 
@@ -35,7 +37,8 @@ def free_bytes_for(facts, cells: int) -> int:
     return MARGIN_MIN + facts.file_bytes + fixed + cells * per_cell
 
 
-def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(tmp_path, smollm2_path, monkeypatch):
+@pytest.mark.parametrize("via", ["file", "stdin"])
+def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(via, tmp_path, smollm2_path, monkeypatch):
     text, question, _ = logbook(n_entries=24)  # about 1K tokens
     path = tmp_path / "logbook.txt"
     path.write_text(text)
@@ -46,7 +49,9 @@ def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(tmp_path, s
     free = free_bytes_for(facts, cells)
     assert free < 2 << 30 and plan_cells(facts, DeviceMemory(free, MEMORY_ENV), CHUNK, CHUNK).cells == cells
     monkeypatch.setenv(MEMORY_ENV, str(free))
-    res = runner.invoke(app, ["ask", str(path), question, *OPTS])
+    # stdin has no size: it is read ahead to its end (it is within the limit) and counted as the file is
+    res = (runner.invoke(app, ["ask", str(path), question, *OPTS]) if via == "file" else
+           runner.invoke(app, ["ask", "-", question, *OPTS], input=text))
     assert res.exit_code == 0, res.output
     assert f"the input's {doc:,} tokens fit the {cells:,} cells" in res.stderr
     assert "full attention, as stock llama.cpp" in res.stderr

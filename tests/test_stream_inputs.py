@@ -107,3 +107,50 @@ def test_a_lone_input_is_not_taken_for_the_question(tmp_path):
     f.write_text("x")
     assert looks_like_input(str(f)) and looks_like_input("-")
     assert not looks_like_input("Who is the captain?") and not looks_like_input("")
+
+
+# -- reading ahead (--budget auto learns a stream's length when it ends within what could fit) --
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(4000))  # ~200 KB
+
+
+@pytest.mark.parametrize("max_bytes", [10 * len(TEXT), len(TEXT) - 1, 1000])
+def test_stdin_read_ahead_ends_or_stops_and_loses_nothing(max_bytes):
+    stdin = io.BytesIO(TEXT.encode())
+    sources = collect_sources(["-"], stdin=stdin)
+    sources.read_ahead(max_bytes, stdin=stdin)
+    src = sources.sources[0]
+    ended = len(TEXT) <= max_bytes
+    assert src.complete is ended
+    assert sources.total_bytes == (len(TEXT) if ended else None)
+    assert len(src.head) <= max_bytes + (1 << 16) + 4096  # held: the limit, one piece past it at most
+    assert "".join(sources.pieces(stdin=stdin)) == TEXT  # what was read ahead is read once, in order
+
+
+def test_fifo_read_ahead_holds_it_whole_and_closes_it(tmp_path):
+    fifo = tmp_path / "doc.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(TEXT))
+    writer.start()
+    sources = collect_sources([str(fifo)])
+    sources.read_ahead(10 * len(TEXT))
+    writer.join()
+    src = sources.sources[0]
+    assert src.complete and src.stream is None and sources.total_bytes == len(TEXT)
+    assert "".join(sources.pieces()) == TEXT
+    assert "".join(sources.pieces()) == TEXT  # held in memory: read again, the same text
+
+
+def test_two_streams_share_the_read_ahead_limit(tmp_path):
+    fifo = tmp_path / "doc.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(TEXT))
+    writer.start()
+    stdin = io.BytesIO(TEXT.encode())
+    sources = collect_sources([str(fifo), "-"], stdin=stdin)
+    sources.read_ahead(len(TEXT) + 70_000, stdin=stdin)  # the first ends within it (heads count), the second cannot
+    a, b = sources.sources
+    assert a.complete and not b.complete and sources.total_bytes is None
+    text = "".join(sources.pieces(stdin=stdin))
+    writer.join()
+    assert text.count(TEXT) == 2 and len(text) > 2 * len(TEXT)  # both, whole, with their headers

@@ -8,12 +8,13 @@ Invalid UTF-8 is replaced with U+FFFD and counted; binary files are skipped with
 from __future__ import annotations
 
 import codecs
+import io
 import os
 import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -31,6 +32,7 @@ class Source:
     size: int | None        # bytes; None for streams (stdin, pipes, /proc files: unknown until read)
     head: bytes = b""       # streams only: the first bytes, read up front to refuse an empty or binary stream
     stream: BinaryIO | None = None  # a pipe or pseudo-file opened once (reading it again would lose data)
+    complete: bool = False  # streams only: `head` holds all of it (read ahead to its end; see read_ahead)
 
 
 def header(name: str) -> str:
@@ -51,13 +53,46 @@ class SourceSet:
             return None
         return sum(s.size for s in self.sources)
 
+    def read_ahead(self, max_bytes: int, stdin: BinaryIO | None = None,
+                   notice: Callable[[str], None] = lambda msg: None) -> None:
+        """Read the streams (stdin, pipes) ahead, at most `max_bytes` of them in all: a stream that ends
+        within that is held in memory and gets a size, so an input of unknown length can be counted
+        (`--budget auto` then reads a short one with full attention, as it does a file). A longer
+        stream keeps what was read in its head and is read on from there; memory stays at max_bytes."""
+        held = sum(len(s.head) for s in self.sources if s.size is None)
+        for i, src in enumerate(self.sources):
+            if src.size is not None or src.complete:
+                continue
+            stream = src.stream if src.path is not None else (stdin or sys.stdin.buffer)
+            read = getattr(stream, "read1", None) or stream.read
+            head, ended = bytearray(src.head), False
+            with _SayIfBlocked(notice, f"reading {src.name} ahead (up to {max_bytes:,} bytes) to learn its length"):
+                while held <= max_bytes:
+                    try:
+                        raw = read(PIECE_BYTES)
+                    except OSError as e:
+                        raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+                    if not raw:
+                        ended = True
+                        break
+                    head += raw
+                    held += len(raw)
+            if ended and src.stream is not None:
+                src.stream.close()
+            self.sources[i] = replace(src, head=bytes(head), complete=ended, size=len(head) if ended else None,
+                                      stream=None if ended else src.stream)
+            if not ended:
+                return  # past max_bytes: the rest is read when the document is
+
     def pieces(self, piece_bytes: int = PIECE_BYTES, stdin: BinaryIO | None = None) -> Iterator[str]:
         """Decoded text, piece by piece; headers between sources when there are several."""
         multi = len(self.sources) > 1
         for i, src in enumerate(self.sources):
             if multi:
                 yield header(src.name).lstrip("\n") if i == 0 else header(src.name)
-            if src.path is None:
+            if src.complete:  # a stream read ahead to its end
+                yield from self._decode(io.BytesIO(src.head), piece_bytes, src.name)
+            elif src.path is None:
                 yield from self._decode(_Prefixed(src.head, stdin or sys.stdin.buffer), piece_bytes, src.name)
             elif src.stream is not None:
                 try:

@@ -12,6 +12,7 @@ to the most that could fit, so a huge file costs no more than the limit's worth 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvpot.ingest import IncrementalTokenizer, SourceSet
@@ -57,9 +58,11 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int)
 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
-                 reserve: int, memory: device_budget.DeviceMemory | None = None) -> ReadingPlan:
+                 reserve: int, memory: device_budget.DeviceMemory | None = None,
+                 notice: Callable[[str], None] = lambda msg: None) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
-    replaces it); `reserve`: cells the session keeps for the question and the answer."""
+    replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
+    when reading a stream ahead waits."""
     full = settings.policy.partition(":")[0].strip().lower() == "full"
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, None)
@@ -72,6 +75,9 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1)
         limit, why = plan.cells, plan.reason
     n_ctx_train = facts.n_ctx_train or limit
+    # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that
+    # ends within it is counted (and read whole, as a file of that size would be), not sent to the pot
+    sources.read_ahead(min(limit, n_ctx_train) * MAX_BYTES_PER_TOKEN, notice=notice)
     tokens = count_tokens(facts, settings.prompt, sources, min(limit, n_ctx_train))
     if full:
         exact = tokens is None or tokens <= min(limit, n_ctx_train)
