@@ -13,6 +13,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.runtime.library import load as load_runtime
+from kvpot.runtime.owned import Owned
 
 # more than any model has: llama.cpp offloads min(this, n_layer + 1) layers
 N_GPU_LAYERS_ALL = 999
@@ -32,7 +33,7 @@ class ContextParams:
     seed: int = 0
 
 
-class LlamaModel:
+class LlamaModel(Owned):
     """A loaded GGUF model; the file must have been checked by kvpot.models.gguf_file first."""
 
     def __init__(self, path: str, vocab_only: bool = False):
@@ -117,17 +118,8 @@ class LlamaModel:
             self._L.llama_model_free(self.ptr)
             self.ptr = None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-
-class LlamaContext:
+class LlamaContext(Owned):
     """A llama_context with one sequence (0); owns its batch buffer."""
 
     def __init__(self, model: LlamaModel, p: ContextParams, cb_eval=None):
@@ -220,12 +212,3 @@ class LlamaContext:
             self._L.llama_batch_free(self._batch)
             self._L.llama_free(self.ptr)
             self.ptr = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
