@@ -225,6 +225,21 @@ int32_t kvpot_tap_request(llama_context * ctx, const llama_pos * pos, int32_t n_
     });
 }
 
+int32_t kvpot_tap_mode(llama_context * ctx, int32_t mode) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+        GGML_UNUSED(pot);
+        GGML_UNUSED(n_head_kv);
+        if (mode != KVPOT_TAP_ATTENTION && mode != KVPOT_TAP_QK) {
+            return kvpot_fail(KVPOT_ERR_ARG, "tap mode must be KVPOT_TAP_ATTENTION (0) or KVPOT_TAP_QK (1), got " +
+                                             std::to_string(mode));
+        }
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.force_rebuild = st.force_rebuild || st.tap_mode != mode;
+        st.tap_mode = mode;
+        return 0;
+    });
+}
+
 int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
         kvpot_state & st = kvpot_state_get(ctx);

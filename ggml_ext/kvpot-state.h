@@ -25,6 +25,7 @@ struct kvpot_state {
     // score taps: positions (llama_pos) of the query rows to tap; results summed over those rows
     std::vector<llama_pos>          tap_pos;
     std::vector<std::vector<float>> tap_acc;   // [n_pot_layer][n_head_kv * kv_size]
+    int32_t                         tap_mode = 0; // KVPOT_TAP_ATTENTION or KVPOT_TAP_QK (kvpot_tap_mode)
     int32_t                         tap_rows_seen = 0;
 
     // log-probs: target token for the row at position lp_pos0 + i

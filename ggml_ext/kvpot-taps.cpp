@@ -6,6 +6,7 @@
 #include "kvpot-memory.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
+#include "kvpot.h"
 
 #include "llama-batch.h"
 #include "llama-context.h"
@@ -104,6 +105,8 @@ void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, gg
                int32_t ipot, int32_t il);
 void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot);
+void tap_logits(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, ggml_tensor * k,
+                float kq_scale, int32_t ipot);
 
 } // namespace
 
@@ -188,7 +191,11 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     }
     kq_mask = mask_dead_cells(ctx0, res, *g_build.st, kq_mask, ipot);
     if (!g_build.rows.empty()) {
-        tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
+        if (g_build.st->tap_mode == KVPOT_TAP_QK && !g_build.st->capture_on) {
+            tap_logits(ctx0, gf, res, q, k, kq_scale, ipot);
+        } else {
+            tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
+        }
     }
     if (g_build.st->q_on) {
         query_sum(ctx0, gf, res, q, (int32_t) k->ne[1], ipot, il);
@@ -238,23 +245,66 @@ void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, gg
     g_build.st->pending_lookup_q.push_back({ipot, t});
 }
 
-// score taps: the attention probability each cell receives from the tapped rows, per KV head
-void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
-                ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot) {
+// the K of a pot layer as [d, n_kv, n_head_kv] for mul_mat (src0), from the cache view k [d, n_head_kv, n_kv]
+ggml_tensor * keys_by_head(ggml_context * ctx0, ggml_tensor * k) {
+    const int64_t d = k->ne[0], n_head_kv = k->ne[1], n_kv = k->ne[2];
+    ggml_tensor * kv3 = ggml_view_3d(ctx0, k, d, n_head_kv, n_kv, k->nb[1], k->nb[2], 0);
+    if (ggml_is_quantized(k->type) && ggml_is_contiguous(kv3)) {
+        // a permuted quantized src0 is not one Vulkan's MUL_MAT takes (it wants dims 0-1 contiguous) and the
+        // tap would run on the CPU; dequantize the contiguous view first (CPY q -> F32 is supported everywhere)
+        kv3 = ggml_cast(ctx0, kv3, GGML_TYPE_F32);
+    }
+    return ggml_permute(ctx0, kv3, 0, 2, 1, 3);
+}
+
+// the tapped query rows of q [d, n_head, n_tokens] as [d*n_head, n_tap] in F32
+ggml_tensor * tapped_rows(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q) {
     if (!g_build.rows_t) {
         g_build.rows_t = add_i32_input(res, ctx0, g_build.rows);
     }
+    ggml_tensor * qc = ggml_is_contiguous(q) ? q : ggml_cont(ctx0, q);
+    return ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, qc, q->ne[0]*q->ne[1], q->ne[2]), g_build.rows_t);
+}
+
+// logit taps (KVPOT_TAP_QK): the attention logit each cell receives from the tapped rows, summed over
+// them and over the query heads of each KV group: (sum of the rows' queries) · k · kq_scale. Linear in q,
+// so one product per cell instead of tap_scores' [n_kv x n_tap] softmax. No mask: the caller counts a
+// cell only for rows that come after it (InfLLM scores a chunk's own cells from later chunks)
+void tap_logits(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, ggml_tensor * k,
+                float kq_scale, int32_t ipot) {
+    const int64_t d         = q->ne[0];
+    const int64_t n_head    = q->ne[1];
+    const int64_t n_head_kv = k->ne[1];
+    const int64_t n_kv      = k->ne[2];
+    const int64_t n_group   = n_head / n_head_kv;
+    const int64_t n_tap     = (int64_t) g_build.rows.size();
+
+    ggml_tensor * qr = tapped_rows(ctx0, res, q);                                   // [d*n_head, n_tap]
+    ggml_tensor * t  = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_transpose(ctx0, qr))); // [1, d*n_head]
+    t = ggml_reshape_3d(ctx0, t, d, n_group, n_head_kv);                           // query head h -> KV head h / n_group
+    t = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3)));   // [1, d, n_head_kv]
+    t = ggml_reshape_3d(ctx0, t, d, 1, n_head_kv);
+    ggml_tensor * out = ggml_mul_mat(ctx0, keys_by_head(ctx0, k), t);             // [n_kv, 1, n_head_kv]
+    ggml_mul_mat_set_prec(out, GGML_PREC_F32);
+    out = ggml_reshape_3d(ctx0, ggml_scale(ctx0, out, kq_scale), 1, n_kv, n_head_kv); // as tap_scores' output
+    GGML_UNUSED(n_tap);
+    ggml_set_output(out);
+    ggml_build_forward_expand(gf, out);
+    g_build.st->pending_taps.push_back({ipot, out, n_kv});
+}
+
+// score taps: the attention probability each cell receives from the tapped rows, per KV head
+void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
+                ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot) {
     const int64_t n_tap     = (int64_t) g_build.rows.size();
     const int64_t d         = q->ne[0];
     const int64_t n_head    = q->ne[1];
-    const int64_t n_tokens  = q->ne[2];
     const int64_t n_head_kv = k->ne[1];
     const int64_t n_kv      = k->ne[2];
     const int64_t n_group   = n_head / n_head_kv;
 
     // the tapped query rows: [d, n_head, n_tap] -> [d, n_tap, n_head]
-    ggml_tensor * qc = ggml_is_contiguous(q) ? q : ggml_cont(ctx0, q);
-    ggml_tensor * qr = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, qc, d*n_head, n_tokens), g_build.rows_t);
+    ggml_tensor * qr = tapped_rows(ctx0, res, q);
     if (g_build.st->capture_on) {
         // Locret's labels: q·k of these rows is the pre-softmax score once q carries kq_scale
         ggml_tensor * qs = ggml_scale(ctx0, qr, kq_scale); // [d*n_head, n_tap]
@@ -265,13 +315,7 @@ void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, c
     qr = ggml_permute(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tap), 0, 2, 1, 3);
 
     // [d, n_kv, n_head_kv]; query head h reads KV head h / n_group (ggml's mul_mat broadcast, as in llama.cpp)
-    ggml_tensor * kv3 = ggml_view_3d(ctx0, k, d, n_head_kv, n_kv, k->nb[1], k->nb[2], 0);
-    if (ggml_is_quantized(k->type) && ggml_is_contiguous(kv3)) {
-        // a permuted quantized src0 is not one Vulkan's MUL_MAT takes (it wants dims 0-1 contiguous) and the
-        // tap would run on the CPU; dequantize the contiguous view first (CPY q -> F32 is supported everywhere)
-        kv3 = ggml_cast(ctx0, kv3, GGML_TYPE_F32);
-    }
-    ggml_tensor * kp = ggml_permute(ctx0, kv3, 0, 2, 1, 3);
+    ggml_tensor * kp = keys_by_head(ctx0, k);
 
     ggml_tensor * kq = ggml_mul_mat(ctx0, kp, qr); // [n_kv, n_tap, n_head]
     ggml_mul_mat_set_prec(kq, GGML_PREC_F32);

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 7
+#define KVPOT_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -276,6 +276,13 @@ KVPOT_API int32_t kvpot_query_request(struct llama_context * ctx, bool on, llama
 // the query of pot layer ipot accumulated since the request or the last take: out [n_head_kv][d_k];
 // returns n_out, or 0 when nothing was captured, and forgets it
 KVPOT_API int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
+
+// what the score taps (kvpot_tap_request) measure from the next request on:
+#define KVPOT_TAP_ATTENTION 0 // the attention probability each cell receives (softmax rows; the default)
+#define KVPOT_TAP_QK        1 // the attention logit q·k·kq_scale each cell receives, before softmax (InfLLM's
+                              // r_m, unnormalised): one [n_kv] product with the rows' summed query per
+                              // KV head, no [n_kv x n_rows] matrix
+KVPOT_API int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -209,11 +209,11 @@ class Engine:
         n = len(piece)
         req: TapRequest = self.policy.before_chunk(n)
         if self.config.measure_nll and not req.logprobs:
-            req = TapRequest(tap_last=req.tap_last, logprobs=True)
+            req = replace(req, logprobs=True)
         pos0 = self.pos_next
         if req.tap_last:
             k = n if req.tap_last < 0 else min(req.tap_last, n)
-            self.pot.tap_request(np.arange(pos0 + n - k, pos0 + n))
+            self.pot.tap_request(np.arange(pos0 + n - k, pos0 + n), req.tap_what)
         if req.logprobs:
             self.pot.logprobs_request(pos0, piece[1:] + [next_token])
         if req.head_scores:

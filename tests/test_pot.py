@@ -190,6 +190,40 @@ def test_score_taps_equal_kq_soft_max_rows(smol, doc_tokens):
     ctx.close()
 
 
+def test_logit_taps_equal_kq_rows(smol, doc_tokens):
+    """Logit taps (InfLLM's r_m: the pre-softmax q·k·kq_scale each cell receives) equal the kq rows
+    captured with cb_eval, scaled and summed over the tapped rows and each KV group's query heads; a
+    later attention tap on the same context is attention again (the mode is per request)."""
+    pot_layers = [0, 7, 29]
+    catcher = TensorCatcher({f"kq-{il}" for il in pot_layers} | {f"kq_soft_max-{il}" for il in pot_layers})
+    from kvpot.runtime.llama import ContextParams, LlamaContext
+
+    ctx = LlamaContext(smol, ContextParams(n_ctx=N_CTX, n_batch=CHUNK, n_threads=2), cb_eval=catcher.callback)
+    pot = Pot(ctx)
+    decode_chunks(ctx, doc_tokens[:150], CHUNK)  # doc_tokens holds 300: room for two more chunks
+    rows = [0, 9, 33, CHUNK - 1]
+    n_cells = 150 + CHUNK
+    n_head, n_head_kv, d = 9, pot.n_head_kv, 64
+    group = n_head // n_head_kv
+    pot.tap_request([150 + r for r in rows], "logits")
+    catcher.caught.clear()
+    ctx.decode(doc_tokens[150:150 + CHUNK], 150, logits="last")
+    got = pot.tap_get(n_cells)
+    for il in pot_layers:
+        kq = catcher.caught[f"kq-{il}"][0]  # [n_head, n_tokens, n_kv], q·k before scale, mask and softmax
+        want = (kq[:, rows, :n_cells].astype(np.float64) / np.sqrt(d)).sum(axis=1)
+        want = want.reshape(n_head_kv, group, n_cells).sum(axis=1)
+        np.testing.assert_allclose(got[pot.layer_ids.index(il)], want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    pot.tap_request([n_cells + r for r in rows])  # the default again: attention probabilities
+    catcher.caught.clear()
+    ctx.decode(doc_tokens[n_cells:n_cells + CHUNK], n_cells, logits="last")
+    mass = pot.tap_get(n_cells + CHUNK)
+    assert np.allclose(mass.sum(axis=2), len(rows) * group, atol=1e-3)  # softmax rows sum to 1
+    with pytest.raises(PotCallError, match="tap what"):
+        pot.tap_request([1], "bogus")
+    ctx.close()
+
+
 def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens):
     """Per-token log p(next) from the graph equals log_softmax of the logits llama.cpp returns."""
     import llama_cpp as L

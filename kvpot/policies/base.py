@@ -30,6 +30,9 @@ class TapRequest:
     """What the engine should measure while decoding the next chunk.
 
     tap_last: score-tap the last `tap_last` rows of the chunk (0: none; -1: every row).
+    tap_what: what the tap sums over those rows, per cell and KV head: "attention" (the probability the
+              cell receives) or "logits" (the attention logit q·k it receives, before softmax: one
+              product per cell, no [cells x rows] matrix; InfLLM's r_m).
     logprobs: return log p(next token) for every row of the chunk (InfiniPot's NuC).
     head_scores: return the retaining heads' score of every token of the chunk (Locret); the
                  policy brings the heads through its `retaining_heads` hook.
@@ -38,6 +41,7 @@ class TapRequest:
     """
 
     tap_last: int = 0
+    tap_what: str = "attention"
     logprobs: bool = False
     head_scores: bool = False
     query_angle: int | None = None

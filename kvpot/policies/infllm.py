@@ -56,9 +56,13 @@ class InfLLM(Policy):
     `--budget` (cells in RAM) is n_init + n_local + topk * block_size; `fit(budget, chunk)` fills the
     parameters left unset (default_split above) and refuses a budget that cannot work.
 
-    Representative keys: by attention received while local (the public code's choice), i.e. the
-    score taps of every row of every chunk summed while the token is in the local window; the
-    paper's r_m (mean q.k over the following local queries) is the unnormalised form of the same.
+    Representative keys: the paper's r_m, the mean attention logit q.k a token receives from the
+    queries that follow it while it is local (eq. in section 3.2), summed in the graph as a logit tap
+    (TapRequest.tap_what = "logits": the rows' summed query times each key, one product per cell) and
+    divided by the rows counted. A chunk's own cells are scored from later chunks only, so every
+    query counted comes after the token (causal). The public code ranks by attention probability
+    received instead; that needs an [n_cells x n_rows] softmax per layer in every chunk and read
+    SmolLM2-135M at half StreamingLLM's speed (docs/benchmarks.md).
     A block's representative per KV head is the mean of the keys of its repr_topk best tokens for
     that head (query heads of a group summed); relevance is the dot product of the chunk's summed
     queries with it, summed over heads: one selection per layer, shared by all heads.
@@ -87,6 +91,7 @@ class InfLLM(Policy):
     _fit: dict | None = field(default=None, init=False, repr=False, compare=False)
     _local_start: int = field(default=-1, init=False, repr=False, compare=False)   # stream pos of the oldest local token
     _local_score: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, n] float64
+    _local_rows: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)   # [n]: queries summed
     _init_k: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, n_init, d_k] at RoPE 0
     _init_v: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
     _queries: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # [L, H, d_k]
@@ -149,7 +154,7 @@ class InfLLM(Policy):
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
         # every row taps (attention received while local); the queries are looked up at angle n_local
-        return TapRequest(tap_last=-1, query_angle=self._p("n_local") if self._fit else None)
+        return TapRequest(tap_last=-1, tap_what="logits", query_angle=self._p("n_local") if self._fit else None)
 
     def before_prompt(self, n_tokens: int) -> TapRequest:
         if self._fit is None or not self._store_blocks:
@@ -166,8 +171,11 @@ class InfLLM(Policy):
         if view.scores is None:
             return
         pos = view.positions[0, 0]
-        cells = np.flatnonzero(pos >= self._local_start)
+        # the chunk's own cells wait for later chunks: every query counted for a token comes after it
+        start = int(view.chunk_positions.min()) if view.chunk_positions.size else view.tokens_seen
+        cells = np.flatnonzero((pos >= self._local_start) & (pos < start))
         self._local_score[..., pos[cells] - self._local_start] += view.scores[..., cells]
+        self._local_rows[pos[cells] - self._local_start] += view.chunk_positions.size
 
     def _grow_scores(self, view: PotView) -> None:
         """Attention received while local, one slot per stream position from the oldest local token
@@ -177,9 +185,11 @@ class InfLLM(Policy):
         L, H = view.n_layer, view.n_head_kv
         n_span = max(0, view.tokens_seen - self._local_start)
         acc = self._local_score if self._local_score is not None else np.zeros((L, H, 0))
+        rows = self._local_rows if self._local_rows is not None else np.zeros(acc.shape[2])
         if acc.shape[2] < n_span:
             acc = np.concatenate([acc, np.zeros((L, H, n_span - acc.shape[2]))], axis=-1)
-        self._local_score = acc
+            rows = np.concatenate([rows, np.zeros(n_span - rows.shape[0])])
+        self._local_score, self._local_rows = acc, rows
 
     def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
         if not self._runtime or self._fit is None:
@@ -240,11 +250,12 @@ class InfLLM(Policy):
         store = self._open_store(view.n_layer, view.n_head_kv, k.shape[3], v.shape[3])
         bs, r = self._p("block_size"), self.repr_topk
         stream = pos[cells]
-        score = self._local_score[..., stream - self._local_start]  # [L, H, n]
+        idx = stream - self._local_start
+        score = self._local_score[..., idx] / np.maximum(self._local_rows[idx], 1)  # r_m: mean logit, [L, H, n]
         for b in range(cells.size // bs):
             sl = slice(b * bs, (b + 1) * bs)
             kb = k[:, :, sl]
-            # per (layer, head): the repr_topk tokens that received the most attention while local (ties: earlier)
+            # per (layer, head): the repr_topk tokens with the highest r_m (ties: earlier)
             top = np.argsort(-score[..., sl], axis=-1, kind="stable")[..., :r]
             reps = np.take_along_axis(kb, top[..., None], axis=2).mean(axis=2)
             store.append(stream[sl].astype(np.int32), reps, kb, v[:, :, sl])
@@ -252,6 +263,7 @@ class InfLLM(Policy):
         self._store_hash = None
         drop = int(stream[-1]) + 1 - self._local_start
         self._local_score = self._local_score[..., drop:]
+        self._local_rows = self._local_rows[drop:]
         self._local_start += drop
 
     def _open_store(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int):
@@ -325,7 +337,7 @@ class InfLLM(Policy):
 
     def state_dict(self) -> dict:
         out = {name: getattr(self, name) for name in
-               ("_local_start", "_local_score", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
+               ("_local_start", "_local_score", "_local_rows", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
         out["_fit"] = dict(self._fit) if self._fit else None
         out["_store_hash"] = self.store_digest() if self._blocks is not None else None
         self._store_owned = False  # a saved context now references the store: never delete it
@@ -333,7 +345,7 @@ class InfLLM(Policy):
 
     def load_state_dict(self, state: dict) -> None:
         self.reset()
-        known = {"_fit", "_local_start", "_local_score", "_init_k", "_init_v", "_queries", "_runtime", "_store_path",
+        known = {"_fit", "_local_start", "_local_score", "_local_rows", "_init_k", "_init_v", "_queries", "_runtime", "_store_path",
                  "_store_blocks", "_store_hash"}
         for name, value in state.items():
             if name not in known:
@@ -366,6 +378,7 @@ class InfLLM(Policy):
         self._store_owned = False
         self._local_start = -1
         self._local_score = None
+        self._local_rows = None
         self._init_k = self._init_v = None
         self._queries = None
         self._runtime = False

@@ -169,6 +169,8 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_query_request", ctypes.c_int32, [c_ctx_p, ctypes.c_bool, ctypes.c_int32]),
     # int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
     ("kvpot_query_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32]),
+    # int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
+    ("kvpot_tap_mode", ctypes.c_int32, [c_ctx_p, ctypes.c_int32]),
 ]
 
 

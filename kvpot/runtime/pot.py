@@ -12,6 +12,10 @@ from kvpot.runtime import api
 from kvpot.runtime.library import load as load_runtime
 
 
+# kvpot.h: KVPOT_TAP_ATTENTION, KVPOT_TAP_QK
+TAP_MODES = {"attention": 0, "logits": 1}
+
+
 class PotCallError(KvpotError):
     """A kvpot_* call refused its arguments or failed; carries the C error code."""
 
@@ -89,7 +93,12 @@ class Pot:
         L, H, n = arr.shape
         self._check("kvpot_pot_compact", self.lib.kvpot_pot_compact(self.ctx, ptr, L, H, n, cr_rope))
 
-    def tap_request(self, positions) -> None:
+    def tap_request(self, positions, what: str = "attention") -> None:
+        """Tap the query rows at these positions in the next decodes. what: "attention" (the probability
+        each cell receives) or "logits" (the pre-softmax q·k·kq_scale it receives, InfLLM's r_m)."""
+        if what not in TAP_MODES:
+            raise PotCallError("kvpot_tap_mode", api.KVPOT_ERR_ARG, f"tap what must be one of {', '.join(TAP_MODES)}")
+        self._check("kvpot_tap_mode", self.lib.kvpot_tap_mode(self.ctx, TAP_MODES[what]))
         arr, ptr = _i32(positions)
         self._check("kvpot_tap_request", self.lib.kvpot_tap_request(self.ctx, ptr, arr.size))
 
