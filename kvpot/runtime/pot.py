@@ -11,7 +11,6 @@ from kvpot.errors import KvpotError
 from kvpot.runtime import api
 from kvpot.runtime.library import load as load_runtime
 
-
 # kvpot.h: KVPOT_TAP_ATTENTION, KVPOT_TAP_QK
 TAP_MODES = {"attention": 0, "logits": 1}
 
