@@ -23,10 +23,24 @@ class _Rate(ProgressColumn):
 
 
 def _describe(sources: SourceSet) -> str:
-    total = sources.total_bytes
-    size = f"{total / 2**20:,.1f} MiB" if total is not None else "size unknown (a stream)"
-    n = len(sources.sources)
-    return f"{n} file{'s' if n != 1 else ''}, {size}"
+    """What is read, as a user names it: "notes.txt, 1.2 MiB", "stdin, 3.0 KiB", "3 files and stdin, ..."."""
+    srcs = sources.sources
+    streams = [s for s in srcs if s.size is None]
+    # a stream read ahead to its end has a known size: what was read
+    sizes = [s.size if s.size is not None else (len(s.head) if s.complete else None) for s in srcs]
+    if len(srcs) == 1:
+        what = "stdin" if srcs[0].path is None else srcs[0].name
+    else:
+        n_files = len(srcs) - len(streams)
+        parts = [f"{n_files} file{'s' if n_files != 1 else ''}"] if n_files else []
+        parts += ["stdin" if s.path is None else s.name for s in streams]
+        what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    if None in sizes:
+        return f"{what}, size unknown (a stream)"
+    total = sum(sizes)
+    size = (f"{total / 2**20:,.1f} MiB" if total >= 2**20 else f"{total / 2**10:,.1f} KiB" if total >= 2**10
+            else f"{total} bytes")
+    return f"{what}, {size}"
 
 
 def read_with_progress(session: Session, sources: SourceSet) -> bool:

@@ -20,6 +20,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api-blocks.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-snapshot.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-crash.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-log.cpp
 )
 
 target_sources(llama PRIVATE ${KVPOT_EXT_SOURCES} ${CMAKE_CURRENT_LIST_DIR}/kvpot.h)

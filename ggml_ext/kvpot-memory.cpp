@@ -13,15 +13,6 @@
 #include <cmath>
 #include <cstdio>
 
-kvpot_memory::~kvpot_memory() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
-    }
-    if (ctx) {
-        ggml_free(ctx);
-    }
-}
-
 namespace {
 
 struct head_dims {
@@ -129,23 +120,24 @@ std::shared_ptr<kvpot_memory> kvpot_memory_make(const kvpot_pot & pot, std::stri
     }
     const int32_t n_pot = (int32_t) kvpot_kv_access::n_layers(*pot.kv);
     auto mem = std::make_shared<kvpot_memory>();
-    ggml_init_params params = { ggml_tensor_overhead()*(size_t) (2*n_pot + 1), nullptr, true };
-    mem->ctx = ggml_init(params);
     mem->d_k = dims.d_k;
     mem->d_v = dims.d_v;
     mem->n_head_kv = dims.n_head_kv;
     for (int32_t l = 0; l < n_pot; ++l) {
-        mem->m.push_back(ggml_new_tensor_3d(mem->ctx, GGML_TYPE_F32, dims.d_k, dims.d_v, dims.n_head_kv));
-        mem->z.push_back(ggml_new_tensor_3d(mem->ctx, GGML_TYPE_F32, dims.d_k, 1, dims.n_head_kv));
+        // beside the layer's KV cache: the buffer type of its K (a GPU's memory when the layer is there),
+        // so a model split over devices (GPUs, RPC servers) reads each layer's M, z where its attention runs
+        ggml_context * ctx = mem->tensors.ctx_for(ggml_backend_buffer_get_type(kvpot_kv_access::k(*pot.kv, l)->buffer),
+                                                  2*(size_t) n_pot);
+        mem->m.push_back(ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dims.d_k, dims.d_v, dims.n_head_kv));
+        mem->z.push_back(ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dims.d_k, 1, dims.n_head_kv));
     }
-    // beside the KV cache: the buffer type of the first pot layer's K (a GPU's memory when the cache is there)
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(kvpot_kv_access::k(*pot.kv, 0)->buffer);
-    mem->buf = ggml_backend_alloc_ctx_tensors_from_buft(mem->ctx, buft);
-    if (!mem->buf) {
+    if (!mem->tensors.alloc()) {
         err = "could not allocate the gated memory";
         return nullptr;
     }
-    ggml_backend_buffer_clear(mem->buf, 0);
+    for (auto * buf : mem->tensors.bufs) {
+        ggml_backend_buffer_clear(buf, 0);
+    }
     return mem;
 }
 

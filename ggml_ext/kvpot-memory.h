@@ -37,16 +37,13 @@ struct kvpot_gate {
     int32_t d_v = 0, d_h = 0, n_head = 0;
 };
 
-// the memory of one context, per pot layer (in the KV cache's buffer type)
+// the memory of one context, per pot layer (each in its layer's KV cache buffer type)
 struct kvpot_memory {
-    ggml_context *               ctx = nullptr;
-    struct ggml_backend_buffer * buf = nullptr;
+    kvpot_weights              tensors; // M and z of every layer, grouped by buffer type
     std::vector<ggml_tensor *> m; // [d_k, d_v, n_head_kv] f32: element (k, v, h) is M_h[k][v]
     std::vector<ggml_tensor *> z; // [d_k, 1, n_head_kv] f32
     int32_t d_k = 0, d_v = 0, n_head_kv = 0;
     int64_t n_folded = 0;         // tokens folded so far; 0: no memory yet (A_dot passes unchanged)
-
-    ~kvpot_memory();
 };
 
 // weights row-major, concatenated over the n_pot pot layers: w1 [n_pot][d_h][d_v], b1 [n_pot][d_h],

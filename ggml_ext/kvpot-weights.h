@@ -1,6 +1,6 @@
-// Weights of kvpot's trained parts (retaining heads, memory gate), each placed in the buffer type of
-// the device that holds the layer using it: a GPU's memory when the model is offloaded, host memory
-// on the CPU. Host weights under a GPU layer would be copied into every graph as a split input
+// Tensors kvpot keeps per layer (retaining heads, the memory gate, EdgeInfinite's M and z), each in
+// the buffer type of the device that holds the layer using it: a GPU's memory when the model is
+// offloaded, host memory on the CPU. Host weights under a GPU layer would be copied into every graph as a split input
 // (GGML_SCHED_MAX_SPLIT_INPUTS of them per split), and cut the layer's graph into more splits.
 #pragma once
 

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 8
+#define KVPOT_ABI_VERSION 9
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +55,16 @@ KVPOT_API const char * kvpot_cpu_features(void);
 // before passing the signal on to the handler installed before this call (e.g. Python's
 // faulthandler), so a native crash names the kvpot version and runtime to report. Returns 0.
 KVPOT_API int32_t kvpot_crash_banner_install(const char * text);
+
+// route llama.cpp's and ggml's log through kvpot_log_filter: errors reach stderr unless they are
+// known to be harmless for kvpot (kvpot-log.cpp names them and why); info, warnings and debug text do
+// not. With a path, every message of every level is also appended to that file (NULL or "": none; a
+// later call replaces the file). The filter is C: no message ever calls back into Python, whatever
+// thread logs it. Returns 0, or KVPOT_ERR_ARG when the file cannot be opened.
+KVPOT_API int32_t kvpot_log_setup(const char * path);
+
+// the filter itself, a ggml_log_callback (exported so a caller can check it is the one installed)
+KVPOT_API void kvpot_log_filter(enum ggml_log_level level, const char * text, void * user_data);
 
 //
 // the pot: the KV cache of a context (for iSWA models, its non-SWA layers), bounded and compacted

@@ -46,28 +46,25 @@ def devices() -> list[tuple[str, str]]:
 
 
 class LoadLog:
-    """Records llama.cpp's buffer lines while kvpot's own log filter keeps doing its job."""
+    """llama.cpp's buffer lines, read from the file kvpot's C log filter appends every message to
+    (the filter keeps doing its job: errors to stderr, the rest dropped)."""
 
     def __init__(self):
-        import llama_cpp
+        import tempfile
+        from pathlib import Path
 
         from kvpot.runtime import logs
         from kvpot.runtime.library import load
 
         load()
-        logs.install()
-        forward = logs._callback  # kvpot's filter: errors to stderr, the rest dropped
-        self.lines: list[str] = []
+        self.path = Path(tempfile.mkdtemp(prefix="kvpot-device-log-")) / "llama.log"
+        logs.install(self.path)
+        self.extra: list[str] = []  # lines of child processes (vulkan_checks' placement run)
 
-        @llama_cpp.llama_log_callback
-        def on_log(level, text, user_data):
-            msg = text.decode("utf-8", errors="replace")
-            if any(k in msg for k in KEYS):
-                self.lines.append(msg.strip())
-            forward(level, text, user_data)
-
-        self._keep = (on_log, forward)  # both ctypes callbacks live as long as the process
-        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    @property
+    def lines(self) -> list[str]:
+        text = self.path.read_text(errors="replace") if self.path.exists() else ""
+        return [ln.strip() for ln in text.splitlines() if any(k in ln for k in KEYS)] + self.extra
 
 
 _log: LoadLog | None = None

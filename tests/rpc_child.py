@@ -7,7 +7,6 @@ run each get a fresh process: `python rpc_child.py MODEL OUT.npz [--rpc HOST:POR
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 from pathlib import Path
 
@@ -23,23 +22,16 @@ READ_LAYERS = (0, 15, 29)
 N_THREADS = 1
 
 
-def _capture_buffer_logs() -> list[str]:
-    """llama.cpp's load log lines that say which device holds weights and KV cache."""
-    import llama_cpp
-
+def _log_to(path: Path) -> None:
+    """llama.cpp's whole log to a file, through kvpot's C filter (errors still reach stderr)."""
     from kvpot.runtime import logs
 
-    lines: list[str] = []
+    logs.install(path)
 
-    @llama_cpp.llama_log_callback
-    def on_log(level, text, user_data):
-        msg = text.decode("utf-8", errors="replace")
-        if "buffer size" in msg:
-            lines.append(msg.strip())
 
-    logs._callback = on_log  # kvpot's own filter stays out of this process
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
-    return lines
+def _buffer_lines(path: Path) -> list[str]:
+    """llama.cpp's load log lines that say which device holds weights and KV cache."""
+    return [ln.strip() for ln in path.read_text(errors="replace").splitlines() if "buffer size" in ln]
 
 
 def main() -> None:
@@ -53,7 +45,9 @@ def main() -> None:
     from kvpot.runtime.library import load
 
     load()
-    buffer_lines = _capture_buffer_logs()
+    log_path = Path(a.out).with_suffix(".log")
+    log_path.unlink(missing_ok=True)
+    _log_to(log_path)
     devices: list[str] = []
     if a.rpc:
         from kvpot.runtime.rpc import parse_endpoints, use_servers
@@ -114,7 +108,7 @@ def main() -> None:
                                   dtype=np.uint8)
     eng.close()
     model.close()
-    np.savez(a.out, **out, devices=np.array(devices), buffer_lines=np.array(buffer_lines))
+    np.savez(a.out, **out, devices=np.array(devices), buffer_lines=np.array(_buffer_lines(log_path)))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v aarch64-linux-gnu-g++ >/dev/null || need+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
 command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
-    else
-        echo "error: install ${need[*]} (Debian/Ubuntu package names) and run again" >&2
-        exit 1
-    fi
-fi
+. tests/debian_packages.sh
+need_debian_packages "make test-aarch64" ${need[@]+"${need[@]}"}
 
 home=$("$PY" -c "from kvpot import paths; print(paths.home())")
 out="$home/build/pot-check"

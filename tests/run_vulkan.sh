@@ -15,14 +15,8 @@ need=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
-    else
-        echo "error: make test-vulkan needs the Debian packages ${need[*]}; install them (apt-get install ${need[*]}) and run again" >&2
-        exit 1
-    fi
-fi
+. tests/debian_packages.sh
+need_debian_packages "make test-vulkan" ${need[@]+"${need[@]}"}
 
 t0=$(date +%s)
 CMAKE_ARGS="-DGGML_VULKAN=ON" make --no-print-directory install VENV="$VENV"

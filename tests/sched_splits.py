@@ -9,7 +9,6 @@ the splits (backend, inputs copied in) and every non-view node as (op, name, bac
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import sys
@@ -29,29 +28,27 @@ _NODE = re.compile(r"node #\s*(\d+) \(\s*([^)]*?)\):\s+(\S*) \(\s*[^)]*\) \[\s*(
 
 
 class SchedLog:
-    """llama.cpp's log text, cut into steps by mark()."""
+    """llama.cpp's log text, written to a file by kvpot's C filter and cut into steps by mark()."""
 
-    def __init__(self):
-        import llama_cpp
-
+    def __init__(self, path: Path):
         from kvpot.runtime import logs
         from kvpot.runtime.library import load
 
         load()
-        self.steps: list[tuple[str, list[str]]] = [("load", [])]
-        self._partial = ""
-
-        @llama_cpp.llama_log_callback
-        def on_log(level, text, user_data):
-            self._partial += text.decode("utf-8", errors="replace")
-            *done, self._partial = self._partial.split("\n")
-            self.steps[-1][1].extend(done)
-
-        logs._callback = on_log  # kvpot's own filter stays out of this process
-        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+        self.path = path
+        path.unlink(missing_ok=True)
+        logs.install(path)  # every message is flushed as it is written, so the size marks a step
+        self.marks: list[tuple[str, int]] = [("load", 0)]
 
     def mark(self, name: str) -> None:
-        self.steps.append((name, []))
+        self.marks.append((name, self.path.stat().st_size if self.path.exists() else 0))
+
+    @property
+    def steps(self) -> list[tuple[str, list[str]]]:
+        data = self.path.read_bytes() if self.path.exists() else b""
+        ends = [off for _, off in self.marks[1:]] + [len(data)]
+        return [(name, data[off:end].decode("utf-8", errors="replace").splitlines())
+                for (name, off), end in zip(self.marks, ends)]
 
     def parsed(self) -> dict:
         out = {}
@@ -98,7 +95,7 @@ def main() -> None:
         print(summary(json.loads(Path(sys.argv[2]).read_text())))
         return
     model_path, out_path = sys.argv[1], sys.argv[2]
-    log = SchedLog()
+    log = SchedLog(Path(out_path).with_suffix(".log"))
 
     from potlib import decode_chunks, new_ctx
     from test_memory_gate import random_gate

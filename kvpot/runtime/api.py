@@ -70,6 +70,10 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_cpu_features", ctypes.c_char_p, []),
     # int32_t kvpot_crash_banner_install(const char * text);
     ("kvpot_crash_banner_install", ctypes.c_int32, [ctypes.c_char_p]),
+    # int32_t kvpot_log_setup(const char * path);
+    ("kvpot_log_setup", ctypes.c_int32, [ctypes.c_char_p]),
+    # void kvpot_log_filter(enum ggml_log_level level, const char * text, void * user_data);
+    ("kvpot_log_filter", None, [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p]),
     # const char * kvpot_last_error(void);
     ("kvpot_last_error", ctypes.c_char_p, []),
     # int32_t kvpot_pot_stats_get(struct llama_context * ctx, struct kvpot_pot_stats * out);

@@ -12,6 +12,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.runtime import api
 from kvpot.runtime.library import load as load_runtime
+from kvpot.runtime.owned import Owned
 
 
 class BlockStoreError(KvpotError):
@@ -38,7 +39,7 @@ def _f32(a: np.ndarray):
     return a.ctypes.data_as(api.c_f32_p)
 
 
-class BlockStore:
+class BlockStore(Owned):
     """An open store; close() (or the context manager) frees it. Shapes: L pot layers, H KV heads."""
 
     def __init__(self, path: str | os.PathLike, *, n_layer: int = 0, n_head_kv: int = 0, d_k: int = 0, d_v: int = 0,
@@ -62,15 +63,6 @@ class BlockStore:
         if getattr(self, "_ptr", None):
             self.lib.kvpot_blocks_free(self._ptr)
             self._ptr = None
-
-    def __enter__(self) -> BlockStore:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def _check(self, fn: str, rc: int) -> int:
         if rc < 0:

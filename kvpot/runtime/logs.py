@@ -1,44 +1,37 @@
 """llama.cpp's log: errors reach stderr, info and warnings do not (they would break the progress
-bar), and two messages that are harmless for kvpot are dropped, each with its reason."""
+bar). The filter is C (ggml_ext/kvpot-log.cpp, which also names the harmless errors it drops):
+a Python callback would need the interpreter lock for every message, from backend threads and
+during interpreter exit too, where taking it can crash the process."""
 
 from __future__ import annotations
 
-import ctypes
-import sys
+import os
 
-# ggml_log_level
-_ERROR, _CONT = 3, 5
+from kvpot.errors import KvpotError
 
-HARMLESS = (
-    # Gemma-3 GGUFs mark '</s>' as a normal token; llama.cpp fixes the type at load and says so
-    "was not control-type; this is probably a bug in the model",
-    # kvpot's tap and log-prob graphs are larger than the graph llama.cpp reserved its compute
-    # buffer for; the scheduler grew the buffer, and the destructor reports the difference
-    "does not match expectation of",
-)
+ENV = "KVPOT_LLAMA_LOG"  # a file for llama.cpp's whole log (load, placement, warnings), as llama.cpp's --log-file
 
-_state = {"forwarding": False}
-_callback = None
+_state: dict = {"installed": False, "path": None}
 
 
-def install() -> None:
-    """Route llama.cpp's log through the filter (once per process)."""
-    global _callback
-    if _callback is not None:
+def install(path: str | os.PathLike | None = None) -> None:
+    """Route llama.cpp's and ggml's log through kvpot's C filter. With `path`, every message of
+    every level is also appended to that file (tests read llama.cpp's load log from it; users set
+    KVPOT_LLAMA_LOG=FILE for the same); a later call with another path replaces the file, "" stops
+    it, and a call without a path keeps the current one."""
+    if _state["installed"] and (path is None or str(path) == _state["path"]):
         return
-    import llama_cpp
+    if path is None and not _state["installed"]:
+        path = os.environ.get(ENV) or None
+    from kvpot.runtime.library import load
 
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, user_data) -> None:
-        if level == _CONT:
-            forward = _state["forwarding"]
-        else:
-            msg = text.decode("utf-8", errors="replace")
-            forward = level == _ERROR and not any(h in msg for h in HARMLESS)
-            _state["forwarding"] = forward
-        if forward:
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
-            sys.stderr.flush()
+    lib = load()
+    target = str(path) if path is not None else _state["path"]
+    if lib.kvpot_log_setup(target.encode() if target else None) < 0:
+        raise KvpotError(lib.kvpot_last_error().decode(errors="replace"))
+    _state.update(installed=True, path=target)
 
-    _callback = on_log  # keep the ctypes callback alive for the life of the process
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+
+def path() -> str | None:
+    """The file every message is appended to, if one was given."""
+    return _state["path"]
