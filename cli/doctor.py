@@ -42,6 +42,27 @@ def _cpu_rows(table: Table) -> list[str]:
     return warnings
 
 
+def _device_rows(table: Table, backends: list[str]) -> list[str]:
+    """ggml's devices with their free memory, and where a model's layers and the pot would go."""
+    import os
+
+    from kvpot.runtime.devices import devices, layer_devices
+
+    devs = devices()
+    gib = lambda b: f"{b / 2**30:,.1f} GiB"  # noqa: E731
+    table.add_row("devices", "; ".join(f"{d.name} ({d.description}, {d.kind}, {gib(d.free_bytes)} free of "
+                                       f"{gib(d.total_bytes)})" for d in devs))
+    on = layer_devices(devs)
+    table.add_row("layers and pot on", " + ".join(d.name for d in on) if on else "CPU (RAM)")
+    warnings = []
+    if "Vulkan" in backends and not any(d.backend == "Vulkan" for d in devs) \
+            and "GGML_VK_VISIBLE_DEVICES" not in os.environ:
+        # ggml-vulkan passes over CPU-type Vulkan devices (Mesa's lavapipe/llvmpipe) unless they are named
+        warnings.append("this runtime has Vulkan but no Vulkan device is in use; a software driver such as "
+                        "lavapipe is used only when named: GGML_VK_VISIBLE_DEVICES=0")
+    return warnings
+
+
 @user_errors
 def doctor() -> None:
     """Show the kvpot runtime (llama.cpp commit, kvpot ABI, backends, CPU features) and cache paths."""
@@ -62,6 +83,7 @@ def doctor() -> None:
         table.add_row("kvpot ABI", f"library {info.abi}, python {kvpot.ABI_VERSION}")
         table.add_row("backends", ", ".join(info.backends))
         warnings = _cpu_rows(table)
+        warnings += _device_rows(table, info.backends)
         table.add_row("libllama", info.library_path)
     except KvpotError as e:
         problem = e

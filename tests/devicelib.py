@@ -10,7 +10,6 @@ device would run every test on the CPU and pass, proving nothing.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 
@@ -29,20 +28,9 @@ KEYS = ("model buffer size", "KV buffer size", "compute buffer size", "using dev
 
 def devices() -> list[tuple[str, str]]:
     """(name, description) of every ggml device of the loaded runtime, in llama.cpp's order."""
-    from kvpot.runtime.library import load
+    from kvpot.runtime.devices import devices as ggml_devices
 
-    ggml = ctypes.CDLL(load()._name)  # resolves in the very ggml libllama is linked against
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for fn in (ggml.ggml_backend_dev_name, ggml.ggml_backend_dev_description):
-        fn.restype = ctypes.c_char_p
-        fn.argtypes = [ctypes.c_void_p]
-    out = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        d = ggml.ggml_backend_dev_get(i)
-        out.append((ggml.ggml_backend_dev_name(d).decode(), ggml.ggml_backend_dev_description(d).decode()))
-    return out
+    return [(d.name, d.description) for d in ggml_devices()]
 
 
 class LoadLog:

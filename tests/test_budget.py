@@ -122,3 +122,42 @@ def test_policy_full_sizes_from_the_input_and_refuses_before_reading():
     with pytest.raises(KvpotError, match=r"more than the memory for 4,000 cells"):
         full_context(8192, 3600, 448, 512, limit=4000)
     assert full_context(8192, None, 448, 512, limit=10**6) == 8192 - 448  # stdin: the most it can take
+
+
+def _dev(name: str, kind: str, backend: str, free: int):
+    from kvpot.runtime.devices import Device
+
+    return Device(name=name, description=f"{name} test device", kind=kind, backend=backend,
+                  free_bytes=free, total_bytes=2 * free, handle=0)
+
+
+CPU = _dev("CPU", "CPU", "CPU", 1 << 40)
+
+
+@pytest.mark.parametrize("devs, want", [
+    ([CPU], []),                                                               # CPU only: RAM
+    ([CPU, _dev("CUDA0", "GPU", "CUDA", 8 << 30)], ["CUDA0"]),
+    ([CPU, _dev("CUDA0", "GPU", "CUDA", 8 << 30), _dev("CUDA1", "GPU", "CUDA", 4 << 30)], ["CUDA0", "CUDA1"]),
+    ([CPU, _dev("Vulkan0", "IGPU", "Vulkan", 2 << 30)], ["Vulkan0"]),             # an iGPU when no discrete GPU
+    ([CPU, _dev("Vulkan0", "IGPU", "Vulkan", 2 << 30), _dev("CUDA0", "GPU", "CUDA", 8 << 30)], ["CUDA0"]),
+    ([CPU, _dev("CUDA0", "GPU", "CUDA", 8 << 30), _dev("RPC0[h:1]", "GPU", "RPC", 3 << 30)],
+     ["RPC0[h:1]", "CUDA0"]),                                                  # RPC servers first, as llama.cpp
+    ([CPU, _dev("BLAS", "ACCEL", "BLAS", 0)], []),                            # an accelerator works beside the CPU
+])
+def test_layers_go_where_llama_cpp_puts_them(devs, want):
+    from kvpot.runtime.devices import layer_devices
+
+    assert [d.name for d in layer_devices(devs)] == want
+
+
+def test_budget_auto_plans_with_the_memory_of_the_devices_holding_the_layers(monkeypatch):
+    from kvpot.session.auto_budget import MEMORY_ENV, device_memory
+
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    gpus = [CPU, _dev("CUDA0", "GPU", "CUDA", 8 << 30), _dev("CUDA1", "GPU", "CUDA", 4 << 30)]
+    mem = device_memory(gpus)
+    assert mem.free_bytes == 12 << 30 and "CUDA0" in mem.where and "CUDA1" in mem.where and mem.holds_weights
+    ram = device_memory([CPU])
+    assert ram.where == "RAM" and ram.free_bytes != CPU.free_bytes  # the OS's figure, not the CPU device's
+    monkeypatch.setenv(MEMORY_ENV, str(3 << 30))  # the user's figure wins over any probe
+    assert device_memory(gpus).free_bytes == 3 << 30

@@ -37,7 +37,8 @@ def test_each_command_has_help(cmd):
 def test_doctor_reports_the_runtime():
     res = run_cli("doctor", env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
-    for needle in ("llama.cpp commit", "0c1e57098", "kvpot ABI", f"library {kvpot.ABI_VERSION}, python {kvpot.ABI_VERSION}", "backends", "CPU", "kvpot home"):
+    for needle in ("llama.cpp commit", "0c1e57098", "kvpot ABI", f"library {kvpot.ABI_VERSION}, python {kvpot.ABI_VERSION}", "backends", "CPU", "kvpot home",
+                   "devices", "layers and pot on"):
         assert needle in res.stderr, needle
 
 

@@ -4,6 +4,7 @@ the answer must equal a local run made in the same test."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -164,6 +165,29 @@ def test_cli_ask_rpc_answers_like_local(servers, smollm2_path, tmp_path):
     assert remote.returncode == 0, remote.stderr
     assert f"RPC: {servers.endpoints[0]}, {servers.endpoints[1]}" in remote.stderr
     assert remote.stdout == local.stdout and local.stdout.strip()
+
+
+def test_budget_auto_plans_with_the_rpc_devices_memory(servers):
+    """With RPC servers registered, the layers and the pot go to their devices, so `--budget auto`
+    plans with the memory those devices report (their ggml_backend_dev_memory), not this machine's RAM."""
+    code = ("import json, sys\n"
+            "from kvpot.runtime.rpc import parse_endpoints, use_servers\n"
+            "from kvpot.runtime import devices\n"
+            "from kvpot.session.auto_budget import device_memory\n"
+            "use_servers(parse_endpoints(sys.argv[1]))\n"
+            "rpc = [d for d in devices.devices() if d.backend == 'RPC']\n"
+            "m = device_memory()\n"
+            "print(json.dumps({'names': [d.name for d in rpc], 'free': [d.free_bytes for d in rpc],\n"
+            "                  'plan_free': m.free_bytes, 'where': m.where}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "KVPOT_DEVICE_MEMORY"}
+    res = subprocess.run([sys.executable, "-c", code, servers.spec], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert len(got["names"]) == 2 and all(n.startswith("RPC") for n in got["names"])
+    assert all(f > 0 for f in got["free"])
+    assert got["plan_free"] == sum(got["free"])
+    assert all(n in got["where"] for n in got["names"]) and "RAM" not in got["where"]
 
 
 def test_unreachable_rpc_server_is_one_line(smollm2_path, tmp_path):

@@ -15,6 +15,7 @@ import socket
 import struct
 
 from kvpot.errors import KvpotError
+from kvpot.runtime import devices
 from kvpot.runtime.library import HOW_TO_BUILD
 from kvpot.runtime.library import load as load_runtime
 
@@ -25,10 +26,6 @@ RPC_CONN_CAPS_SIZE = 24
 RPC_PROTO_MAJOR = 7
 RPC_PROTO_MINOR = 0
 CONNECT_TIMEOUT_S = 5.0
-
-# ggml-backend.h: enum ggml_backend_dev_type
-_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
-
 
 class RpcError(KvpotError):
     """An RPC endpoint that cannot be used, or a runtime built without RPC."""
@@ -85,24 +82,12 @@ def probe(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, int, 
 
 
 def _ggml_libs():
-    """(ggml, ggml-rpc) symbols, looked up through the libllama that llama_cpp loaded.
-
-    The wheel ships libggml.so and libggml.so.0 as two copies of one file; loading the first by
-    name would give a second ggml with its own device registry, which libllama never sees. A
-    lookup through libllama's own handle resolves in the very libraries it is linked against."""
+    """(ggml, ggml-rpc) symbols, looked up through the libllama that llama_cpp loaded (runtime.devices)."""
     lib = load_runtime()
     if "RPC" not in lib.kvpot_backends().decode().split(","):
         raise RpcError(f"this runtime was built without llama.cpp's RPC backend; {HOW_TO_BUILD} "
                        "(kvpot's build adds -DGGML_RPC=ON)")
-    ggml = rpc = ctypes.CDLL(lib._name)  # new function objects, same loaded libraries
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_dev_type.restype = ctypes.c_int
-    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    ggml = rpc = devices.ggml()
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
@@ -110,6 +95,7 @@ def _ggml_libs():
     return ggml, rpc
 
 
+# endpoints registered in this process (a device registry entry cannot be removed)
 _registered: list[str] = []
 
 
@@ -134,8 +120,7 @@ def use_servers(endpoints: list[str]) -> list[str]:
             raise RpcError(f"RPC server {ep} offers no device")
         ggml.ggml_backend_register(reg)
         _registered.append(ep)
-    return [ggml.ggml_backend_dev_name(ggml.ggml_backend_dev_get(i)).decode()
-            for i in range(ggml.ggml_backend_dev_count())]
+    return [d.name for d in devices.devices()]
 
 
 def serve(host: str, port: int, n_threads: int, device: str | None = None, say=print) -> None:
@@ -143,19 +128,15 @@ def serve(host: str, port: int, n_threads: int, device: str | None = None, say=p
 
     Ctrl-C or SIGTERM ends the process. One client is served at a time."""
     ggml, rpc = _ggml_libs()
-    devs = {}
-    for i in range(ggml.ggml_backend_dev_count()):
-        d = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(d) in (_DEV_CPU, _DEV_GPU, _DEV_IGPU):
-            devs[ggml.ggml_backend_dev_name(d).decode()] = d
+    devs = {d.name: d for d in devices.devices() if d.kind in ("CPU", "GPU", "IGPU")}
     if device is None:
-        gpus = [n for n, d in devs.items() if ggml.ggml_backend_dev_type(d) != _DEV_CPU]
-        device = gpus[0] if gpus else next(n for n, d in devs.items() if ggml.ggml_backend_dev_type(d) == _DEV_CPU)
+        gpus = [n for n, d in devs.items() if d.kind != "CPU"]
+        device = gpus[0] if gpus else next(n for n, d in devs.items() if d.kind == "CPU")
     if device not in devs:
         raise RpcError(f"no device {device!r} here; devices: {', '.join(devs)}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         say(f"warning: serving on {host}: the RPC protocol has no authentication; expose it only on a trusted network")
-    arr = (ctypes.c_void_p * 1)(devs[device])
+    arr = (ctypes.c_void_p * 1)(devs[device].handle)
     # the server loop is C and never returns to Python: let the default handlers end the process
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -182,17 +182,30 @@ def full_context(n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: 
     return doc_tokens
 
 
-def device_memory(gpu: bool = False) -> DeviceMemory:
-    """Free memory where the KV cache will live: RAM (MemAvailable on Linux, free + inactive pages
-    elsewhere). A GPU backend is not probed yet: RAM is reported, and the reason says so."""
+def device_memory(devs: list | None = None) -> DeviceMemory:
+    """Free memory where the KV cache will live. kvpot offloads every layer, so when llama.cpp has
+    devices for them (a GPU backend's, RPC servers', an integrated GPU when there is no discrete
+    one: runtime.devices.layer_devices) the cache is spread over those and their free memory, as
+    ggml reports it, is what counts; else RAM (MemAvailable on Linux, free + inactive pages
+    elsewhere). `devs`: the devices to plan with (default: the loaded runtime's)."""
     pretend = os.environ.get(MEMORY_ENV)
     if pretend:  # another device's memory (a phone's, a test's), weights included
         try:
             return DeviceMemory(free_bytes=int(pretend), where=f"{MEMORY_ENV}", holds_weights=True)
         except ValueError:
             raise KvpotError(f"{MEMORY_ENV} must be a number of bytes, got {pretend!r}") from None
-    where = "RAM" if not gpu else "RAM (GPU memory is not probed yet)"
-    return DeviceMemory(free_bytes=_available_ram(), where=where, holds_weights=True)
+    if devs is None:
+        from kvpot.runtime.devices import devices
+
+        devs = devices()
+    from kvpot.runtime.devices import layer_devices
+
+    offload = layer_devices(devs)
+    if offload:
+        # the weights go there too (llama.cpp splits the layers by free memory, so the sum is what they share)
+        return DeviceMemory(free_bytes=sum(d.free_bytes for d in offload),
+                            where=" + ".join(f"{d.name} ({d.description})" for d in offload), holds_weights=True)
+    return DeviceMemory(free_bytes=_available_ram(), where="RAM", holds_weights=True)
 
 
 def _available_ram() -> int:
