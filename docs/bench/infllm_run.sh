@@ -16,7 +16,7 @@ grid-8k)   $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --seed 1 --budget 
                -P infllm -t $T --json $D/niah-gemma3-8k-grid.json --resume ;;
 grid-32k)  $K bench niah -m gemma3-270m -n 32768 -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
                --task passkey -P infllm -t $T --json $D/niah-gemma3-32k.json --resume ;;
-grid-128k) $K bench niah -m gemma3-270m -n 131072 -d 0.1 -d 0.5 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
+grid-128k) $K bench niah -m gemma3-270m -n 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
                --task passkey -P infllm -t $T --json $D/niah-gemma3-128k.json --resume ;;
 # peak RSS and store growth: the same policy over 8K and 128K tokens, each in a fresh process
 rss)       $K bench throughput -m gemma3-270m -P infllm --budget 2048 --chunk 512 -n 8192 -n 131072 \
