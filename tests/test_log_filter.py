@@ -108,3 +108,10 @@ def test_kvpot_llama_log_names_the_file_for_users(smollm2_path, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "llama_model_loader" in path.read_text()
     assert res.stderr == ""
+
+
+def test_an_unwritable_kvpot_llama_log_names_the_variable(smollm2_path, tmp_path):
+    code = f"from kvpot.runtime.llama import LlamaModel\nLlamaModel({str(smollm2_path)!r}, vocab_only=True)\n"
+    env = {**os.environ, "KVPOT_LLAMA_LOG": str(tmp_path / "no" / "dir" / "x.log")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "KVPOT_LLAMA_LOG: cannot open log file" in res.stderr

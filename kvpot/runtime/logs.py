@@ -21,14 +21,16 @@ def install(path: str | os.PathLike | None = None) -> None:
     it, and a call without a path keeps the current one."""
     if _state["installed"] and (path is None or str(path) == _state["path"]):
         return
-    if path is None and not _state["installed"]:
-        path = os.environ.get(ENV) or None
+    from_env = path is None and not _state["installed"] and bool(os.environ.get(ENV))
+    if from_env:
+        path = os.environ[ENV]
     from kvpot.runtime.library import load
 
     lib = load()
     target = str(path) if path is not None else _state["path"]
     if lib.kvpot_log_setup(target.encode() if target else None) < 0:
-        raise KvpotError(lib.kvpot_last_error().decode(errors="replace"))
+        why = lib.kvpot_last_error().decode(errors="replace")
+        raise KvpotError(f"{ENV}: {why}" if from_env else why)
     _state.update(installed=True, path=target)
 
 
