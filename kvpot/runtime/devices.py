@@ -8,6 +8,7 @@ copies of one file, and loading one by name would give a second ggml with its ow
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 from kvpot.runtime.library import load as load_runtime
@@ -40,8 +41,9 @@ _SIGNATURES = [
 ]
 
 
+@functools.lru_cache(maxsize=1)
 def ggml() -> ctypes.CDLL:
-    """ggml's device API, declared, resolving in the very libraries libllama is linked against."""
+    """ggml's device API, declared once per process, resolving in the very libraries libllama is linked against."""
     lib = ctypes.CDLL(load_runtime()._name)  # new function objects, same loaded libraries
     for name, restype, argtypes in _SIGNATURES:
         fn = getattr(lib, name)
