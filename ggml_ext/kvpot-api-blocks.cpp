@@ -5,6 +5,7 @@
 #include "kvpot-blocks.h"
 #include "kvpot-cells.h"
 #include "kvpot-compact.h"
+#include "kvpot-lookup.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -20,7 +21,8 @@
 #include <vector>
 
 struct kvpot_blocks {
-    std::unique_ptr<kvpot_block_store> store;
+    // shared with a context whose graphs fetch from it (kvpot_lookup_set): freeing the handle first is safe
+    std::shared_ptr<kvpot_block_store> store;
 };
 
 namespace {
@@ -341,6 +343,7 @@ int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, 
                 }
             }
         }
+        st.lookup.reset(); // its cells moved; the caller sets the range again
         cells.reset();
         for (uint32_t j = 0; j < n_new; ++j) {
             cells.pos_set(j, p_next - (llama_pos) n_new + (llama_pos) j);
@@ -385,5 +388,79 @@ int32_t kvpot_query_take(llama_context * ctx, int32_t ipot, float * out, int32_t
         memcpy(out, acc.data(), acc.size()*sizeof(float));
         acc.clear();
         return n_out;
+    });
+}
+
+int32_t kvpot_lookup_set(llama_context * ctx, kvpot_blocks * bs, int32_t cell0, int32_t n_fetch, int32_t n_local) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (!bs) {
+            st.lookup.reset();
+            st.force_rebuild = true;
+            return 0;
+        }
+        if (std::string why = check_plain(pot, st); !why.empty()) {
+            return kvpot_fail(KVPOT_ERR_STATE, why);
+        }
+        const kvpot_block_store & store = *bs->store;
+        const auto & shp = store.shape();
+        const llama_kv_cache & kv = *pot.kv;
+        const int32_t n_layer = (int32_t) kvpot_kv_access::n_layers(kv);
+        const auto & hparams = kvpot_kv_access::hparams(kv);
+        if ((int32_t) shp.n_layer != n_layer || (int32_t) shp.n_head_kv != n_head_kv ||
+            (int64_t) shp.d_k != (int64_t) hparams.n_embd_head_k(kvpot_kv_access::il(kv, 0)) ||
+            (int64_t) shp.d_v != (int64_t) hparams.n_embd_head_v(kvpot_kv_access::il(kv, 0))) {
+            return kvpot_fail(KVPOT_ERR_ARG, "the block store's shape does not match the pot");
+        }
+        const int64_t m = (int64_t) n_fetch*shp.block_size;
+        if (n_fetch < 1 || (uint32_t) n_fetch > store.n_blocks() || n_local < 0 || cell0 < 0 ||
+            cell0 + m > (int64_t) st.n_compacted) {
+            return kvpot_fail(KVPOT_ERR_ARG, "lookup of " + std::to_string(n_fetch) + " of " + std::to_string(store.n_blocks())
+                              + " blocks into cells from " + std::to_string(cell0) + ": not within the pot's "
+                              + std::to_string(st.n_compacted) + " placed cells");
+        }
+        auto lk = std::make_shared<kvpot_lookup>();
+        lk->store   = bs->store;
+        lk->cell0   = cell0;
+        lk->n_fetch = n_fetch;
+        lk->n_local = n_local;
+        lk->layers.resize(n_layer);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            lk->layers[l].owner = lk.get();
+            lk->layers[l].layer = (uint32_t) l;
+        }
+        st.lookup = std::move(lk);
+        st.force_rebuild = true;
+        return 0;
+    });
+}
+
+int32_t kvpot_lookup_take(llama_context * ctx, int32_t ipot, int32_t * blocks, int32_t n_blocks, int32_t * pos, int32_t n_pos) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (!st.lookup) {
+            return kvpot_fail(KVPOT_ERR_STATE, "no lookup is set");
+        }
+        kvpot_lookup & lk = *st.lookup;
+        if (!lk.error.empty()) {
+            std::string why = std::move(lk.error);
+            lk.error.clear();
+            return kvpot_fail(KVPOT_ERR_COMPUTE, why);
+        }
+        if (ipot < 0 || ipot >= (int32_t) lk.layers.size() || !blocks || !pos) {
+            return kvpot_fail(KVPOT_ERR_ARG, "pot layer out of range or output NULL");
+        }
+        kvpot_lookup_layer & ly = lk.layers[ipot];
+        if (!ly.fresh) {
+            return 0;
+        }
+        if ((int32_t) ly.chosen.size() != n_blocks || (int32_t) ly.pos.size() != n_pos) {
+            return kvpot_fail(KVPOT_ERR_ARG, "lookup outputs must hold " + std::to_string(ly.chosen.size()) + " blocks and "
+                              + std::to_string(ly.pos.size()) + " positions");
+        }
+        memcpy(blocks, ly.chosen.data(), ly.chosen.size()*sizeof(int32_t));
+        memcpy(pos, ly.pos.data(), ly.pos.size()*sizeof(int32_t));
+        ly.fresh = false;
+        return n_blocks;
     });
 }

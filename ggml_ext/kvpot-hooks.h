@@ -11,6 +11,10 @@ struct llama_hparams;
 struct llama_ubatch;
 class  llm_graph_result;
 
+// llama_context::graph_max_nodes: graph nodes kvpot's pieces may add on top of llama.cpp's own count
+// (taps, the lookup and its query, retaining heads, the gated memory: a few dozen per layer)
+uint32_t kvpot_hook_graph_nodes(uint32_t n_layer);
+
 // llama_context::process_ubatch: true when the previous graph must not be reused
 // (taps or log-probs requested, or the pot was compacted since it was built)
 bool kvpot_hook_force_rebuild(const llama_context * lctx);

@@ -131,6 +131,7 @@ int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t siz
             std::memcpy(st.rope_pos.data(), src + SNAP_HEADER, n_pos*sizeof(llama_pos));
         }
         st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
+        st.lookup.reset(); // a restored context sets its InfLLM lookup again (kvpot_lookup_set)
         st.force_rebuild = true;
         return 0;
     });

@@ -14,6 +14,7 @@ struct ggml_tensor;
 struct kvpot_heads;
 struct kvpot_gate;
 struct kvpot_memory;
+struct kvpot_lookup;
 
 struct kvpot_tap_out {
     int32_t       ipot;   // index of the pot layer
@@ -72,7 +73,7 @@ struct kvpot_state {
     std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
 
     bool active() const {
-        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on;
+        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on || lookup != nullptr;
     }
 
     // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
@@ -88,6 +89,9 @@ struct kvpot_state {
     llama_pos                                      q_angle = 0;
     std::vector<std::vector<float>>                q_acc;     // [n_pot_layer][n_head_kv * d_k]
     std::vector<std::pair<int32_t, ggml_tensor *>> pending_lookup_q; // (pot layer, [1, d_k, n_head_kv])
+    // InfLLM's lookup inside the layer (kvpot-lookup.h): set after the cells are reserved, dropped by
+    // anything that moves cells (compaction, insert, reset, restore)
+    std::shared_ptr<kvpot_lookup>                  lookup;
 
     bool has_dead_cells() const {
         for (int32_t n : n_live) {

@@ -1,8 +1,10 @@
 // score taps and token log-probs: small extra graph pieces added while llama.cpp builds a ubatch graph,
 // read back after it computes
+#include "kvpot-blocks.h"
 #include "kvpot-compact.h"
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
+#include "kvpot-lookup.h"
 #include "kvpot-memory.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -16,6 +18,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -101,14 +104,21 @@ int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
 }
 
 // defined after the hooks
-void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
-               int32_t ipot, int32_t il);
+ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
+                        llama_pos angle, int32_t il);
 void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot);
 void tap_logits(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, ggml_tensor * k,
                 float kq_scale, int32_t ipot);
 
 } // namespace
+
+uint32_t kvpot_hook_graph_nodes(uint32_t n_layer) {
+    // per pot layer at most: InfLLM's in-graph lookup (~17 tensors) and its query (~11), the logit or
+    // score tap (~15), or EdgeInfinite's read-out and gate (~25), or Locret's heads (~10); with room to
+    // spare, as llama.cpp sizes its own count (the graph's tensor pool overflows with an abort otherwise)
+    return 96u*n_layer;
+}
 
 bool kvpot_hook_force_rebuild(const llama_context * lctx) {
     kvpot_state * st = kvpot_state_find(lctx);
@@ -190,15 +200,26 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
         return kq_mask;
     }
     kq_mask = mask_dead_cells(ctx0, res, *g_build.st, kq_mask, ipot);
+    // InfLLM's lookup first: the fetched blocks must be in their cells before anything reads the cache
+    kvpot_state & st = *g_build.st;
+    ggml_tensor * qs = nullptr;
+    if (st.lookup && ipot < (int32_t) st.lookup->layers.size()) {
+        qs = query_sum(ctx0, res, q, (int32_t) k->ne[1], st.lookup->n_local, il);
+        kvpot_lookup_build(ctx0, gf, res, g_build.lctx, *g_build.pot, st.lookup, qs, ipot, il, g_build.ub->pos[0]);
+    }
+    if (st.q_on) {
+        // captured for the host-side lookup, or to check the in-graph one (the same tensor at the same angle)
+        ggml_tensor * t = qs && st.q_angle == st.lookup->n_local ? qs : query_sum(ctx0, res, q, (int32_t) k->ne[1], st.q_angle, il);
+        ggml_set_output(t);
+        ggml_build_forward_expand(gf, t);
+        st.pending_lookup_q.push_back({ipot, t});
+    }
     if (!g_build.rows.empty()) {
         if (g_build.st->tap_mode == KVPOT_TAP_QK && !g_build.st->capture_on) {
             tap_logits(ctx0, gf, res, q, k, kq_scale, ipot);
         } else {
             tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
         }
-    }
-    if (g_build.st->q_on) {
-        query_sum(ctx0, gf, res, q, (int32_t) k->ne[1], ipot, il);
     }
     return kq_mask;
 }
@@ -218,9 +239,9 @@ ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_ten
 namespace {
 
 // InfLLM's lookup query: the ubatch's queries [d, n_head, n_tokens] (after RoPE at their own positions)
-// rotated to position q_angle, summed over the rows and over the query heads of each KV group
-void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
-               int32_t ipot, int32_t il) {
+// rotated to position `angle`, summed over the rows and over the query heads of each KV group: [1, d, n_head_kv]
+ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
+                        llama_pos angle, int32_t il) {
     const llama_ubatch & ub = *g_build.ub;
     const int64_t d        = q->ne[0];
     const int64_t n_head   = q->ne[1];
@@ -228,7 +249,7 @@ void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, gg
     const int64_t n_group  = n_head / n_head_kv;
     std::vector<int32_t> delta((size_t) n_tokens);
     for (int64_t i = 0; i < n_tokens; ++i) {
-        delta[i] = g_build.st->q_angle - ub.pos[i];
+        delta[i] = angle - ub.pos[i];
     }
     ggml_tensor * dt = add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
     ggml_tensor * qc = ggml_cont(ctx0, q);
@@ -239,10 +260,7 @@ void query_sum(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, gg
     ggml_tensor * t = ggml_cont(ctx0, ggml_permute(ctx0, qc, 1, 2, 0, 3));        // [n_tokens, d, n_head]
     t = ggml_sum_rows(ctx0, t);                                                   // [1, d, n_head]
     t = ggml_reshape_3d(ctx0, t, d, n_group, n_head_kv);                          // query head h -> KV head h / n_group
-    t = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
-    ggml_set_output(t);
-    ggml_build_forward_expand(gf, t);
-    g_build.st->pending_lookup_q.push_back({ipot, t});
+    return ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
 }
 
 // the K of a pot layer as [d, n_kv, n_head_kv] for mul_mat (src0), from the cache view k [d, n_head_kv, n_kv]
@@ -389,6 +407,18 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(res);
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
+    if (st && st->lookup) {
+        // the fetched keys now sit at the lookup's angle in every head of every pot layer
+        const kvpot_lookup & lk = *st->lookup;
+        const size_t n_pot = lk.layers.size();
+        const size_t m = (size_t) lk.n_fetch*lk.store->shape().block_size;
+        const size_t n_head_kv = n_pot ? st->rope_pos.size()/(n_pot*std::max<uint32_t>(1, st->n_compacted)) : 0;
+        if ((size_t) lk.cell0 + m <= st->n_compacted) {
+            for (size_t r = 0; r < n_pot*n_head_kv; ++r) {
+                std::fill_n(st->rope_pos.begin() + r*st->n_compacted + lk.cell0, m, lk.angle);
+            }
+        }
+    }
     if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty() &&
                 st->pending_qkv.empty() && st->pending_q.empty() &&
                 st->pending_lookup_q.empty())) {

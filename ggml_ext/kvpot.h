@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 9
+#define KVPOT_ABI_VERSION 10
 
 #ifdef __cplusplus
 extern "C" {
@@ -286,6 +286,22 @@ KVPOT_API int32_t kvpot_query_request(struct llama_context * ctx, bool on, llama
 // the query of pot layer ipot accumulated since the request or the last take: out [n_head_kv][d_k];
 // returns n_out, or 0 when nothing was captured, and forgets it
 KVPOT_API int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
+
+// InfLLM's lookup inside the layer (bs NULL: off). While set, every ubatch graph, in each pot layer
+// before its attention, scores the store's blocks of that layer against the ubatch's queries (rotated
+// to RoPE position n_local, summed over rows and over the query heads of each KV group; relevance
+// summed over KV heads), takes the top n_fetch, and writes their keys (rotated from RoPE 0 to
+// max(0, pos0 - n_local), pos0 the ubatch's first position) and values into cells
+// [cell0, cell0 + n_fetch * block_size), which must be placed cells (kvpot_pot_insert reserves them).
+// A compaction, insert, reset or restore drops it. The store stays open while the context uses it.
+KVPOT_API int32_t kvpot_lookup_set(struct llama_context * ctx, struct kvpot_blocks * bs, int32_t cell0, int32_t n_fetch,
+                                   int32_t n_local);
+
+// the blocks pot layer ipot fetched in the last graph (ascending) and the stream positions of their
+// tokens in cell order: blocks [n_fetch], pos [n_fetch * block_size]; returns n_fetch, 0 when nothing
+// was fetched since the last take, or an error (a fetch that failed in the graph reports here)
+KVPOT_API int32_t kvpot_lookup_take(struct llama_context * ctx, int32_t ipot, int32_t * blocks, int32_t n_blocks,
+                                    int32_t * pos, int32_t n_pos);
 
 // what the score taps (kvpot_tap_request) measure from the next request on:
 #define KVPOT_TAP_ATTENTION 0 // the attention probability each cell receives (softmax rows; the default)

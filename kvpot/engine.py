@@ -26,6 +26,9 @@ MIN_TURN_ROOM = 64
 # engine bookkeeping saved with a context (see export_state)
 _SAVED_SCALARS = ("tokens_seen", "pos_next", "n_compactions", "compact_seconds", "nll_sum", "nll_count",
                   "_carry_lp", "_bos_done", "step")
+# InfLLM's in-graph lookup (Recall.fetch): its cells, saved so a reopened context sets it again;
+# contexts saved before it existed have none
+_SAVED_FETCH = ("_fetch_cell0", "_fetch_n", "_fetch_bs", "_fetch_local")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class Engine:
         self.step = 0             # chunks read so far
         self._catalyst_cache: tuple[str | None, list[int]] = (None, [])
         self.stop_reason = ""     # why the last answer ended (for "the model produced no answer")
+        # cells [_fetch_cell0, + _fetch_n * _fetch_bs) the graph refills per ubatch (Recall.fetch); 0: none
+        self._fetch_cell0 = self._fetch_n = self._fetch_bs = self._fetch_local = 0
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -204,6 +209,7 @@ class Engine:
         nb = self.ctx.n_batch
         for s in range(0, len(tokens), nb):
             self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits)
+            self._book_fetched()
 
     def _feed_chunk(self, piece: list[int], next_token: int, next_size: int) -> tuple[bool, int]:
         n = len(piece)
@@ -321,8 +327,25 @@ class Engine:
         if rec.positions.shape != (L, H, m) or self.n_cells + m > self._capacity():
             raise KvpotError(f"internal: {self.policy.name} recalled {m} cells for a pot of {self.n_cells} "
                              f"and capacity {self._capacity()}")
+        cell0 = self.n_cells
         self.pot.insert(rec.k, rec.v, rec.rope_from, rec.rope_to)
         self.positions = np.concatenate([self.positions, rec.positions.astype(np.int64)], axis=2)
+        if rec.fetch is not None and rec.fetch.n_blocks:
+            f = rec.fetch
+            self._fetch_cell0, self._fetch_n, self._fetch_bs, self._fetch_local = cell0 + f.first, f.n_blocks, f.block_size, f.n_local
+            self._set_lookup()
+
+    def _set_lookup(self) -> None:
+        self.pot.lookup_set(self.policy.lookup_store(), self._fetch_cell0, self._fetch_n, self._fetch_local)
+
+    def _book_fetched(self) -> None:
+        """Which tokens the in-graph lookup just put into its cells (the stream positions of its blocks)."""
+        if not self._fetch_n:
+            return
+        got = self.pot.lookup_take(self._fetch_n, self._fetch_bs)
+        if got is not None:
+            pos = got[1]
+            self.positions[:, :, self._fetch_cell0:self._fetch_cell0 + pos.shape[1]] = pos[:, None, :]
 
     def _lookup_for_prompt(self, toks: list[int]) -> None:
         """A policy that looks its memory up by the question's queries (InfLLM) gets them: the question
@@ -375,6 +398,7 @@ class Engine:
         keep = np.asarray(keep, dtype=np.int64)
         check_keep(keep, self.positions, self.policy.name)
         self.pot.compact(keep, cr_rope)
+        self._fetch_n = 0  # the runtime dropped the lookup with the cells it filled
         held = keep != PAD
         kept = np.take_along_axis(self.positions, np.where(held, keep, 0), axis=2)
         self.positions = np.where(held, kept, DEAD)
@@ -447,6 +471,7 @@ class Engine:
                 self.stop_reason = "the room left in the context"
                 break
             self.ctx.decode([tok], self.pos_next, logits="last")
+            self._book_fetched()
             self._append_cells(1)
             logits = self.ctx.logits_last()
         if pending:
@@ -462,7 +487,7 @@ class Engine:
         """Everything needed to continue later: llama.cpp's sequence state, kvpot's per-head state,
         the engine's bookkeeping and the policy's per-document state."""
         self.pot.settle()
-        values = {name: getattr(self, name) for name in _SAVED_SCALARS}
+        values = {name: getattr(self, name) for name in _SAVED_SCALARS + _SAVED_FETCH}
         arrays = {"positions": np.ascontiguousarray(self.positions)}
         if self.gate is not None:  # EdgeInfinite's M, z (layout: kvpot.h, kvpot_memory_state_get)
             arrays["memory"] = np.frombuffer(self.pot.memory_bytes(), dtype=np.uint8)
@@ -485,4 +510,8 @@ class Engine:
             self.pot.set_memory_bytes(np.ascontiguousarray(state.arrays["memory"], dtype=np.uint8).tobytes())
         for name in _SAVED_SCALARS:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
+        for name in _SAVED_FETCH:
+            setattr(self, name, int(state.values.get(name, 0)))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))
+        if self._fetch_n:
+            self._set_lookup()

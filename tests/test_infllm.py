@@ -1,6 +1,6 @@
 """InfLLM in the runtime: cells read out and inserted at one RoPE angle, the lookup query captured in the
-graph, the lookup against NumPy on the queries and representatives of a real run, bounded cells and
-cache, and a reopened context that continues with the same logits."""
+graph, the host-side lookup against NumPy on the queries and representatives of a real run, bounded
+cells and cache, and a reopened context (in-graph lookup) that continues with the same logits."""
 
 from __future__ import annotations
 
@@ -122,15 +122,15 @@ def long_text():
     return text, question
 
 
-def make_engine(path, tmp_path, name="s.kvblk"):
-    policy = InfLLM(store=str(tmp_path / name))
+def make_engine(path, tmp_path, name="s.kvblk", lookup="graph"):
+    policy = InfLLM(store=str(tmp_path / name), lookup=lookup)
     return Engine(str(path), policy, EngineConfig(budget=512, chunk=128, n_threads=2))
 
 
 @pytest.mark.parametrize("model_fixture", ["smollm2_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
 def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixture, long_text, tmp_path):
     model_path = request.getfixturevalue(model_fixture)
-    eng = make_engine(model_path, tmp_path)
+    eng = make_engine(model_path, tmp_path, lookup="host")  # the in-graph lookup: test_infllm_lookup.py
     p = eng.policy
     assert p._fit == dict(n_init=16, block_size=64, topk=2, n_local=368, exc_block_size=128, max_cached_block=4)
     events = []

@@ -90,6 +90,21 @@ class Recall:
     rope_from: np.ndarray  # [m] int32
     rope_to: int
     positions: np.ndarray  # [L, H, m] int64 stream positions of the recalled tokens
+    fetch: Fetch | None = None  # recalled cells the graph refills for every ubatch, if any
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Recalled cells that every later ubatch's graph fills itself (InfLLM's lookup inside the layer):
+    per pot layer, the n_blocks blocks of the policy's `lookup_store()` most relevant to that ubatch's
+    own queries, written over recalled cells first .. first + n_blocks * block_size - 1 before the
+    layer's attention. Until a decode fills them they hold zeros (the recall's k/v there are
+    placeholders) and `positions` a guess; the engine books the tokens each decode fetched."""
+
+    first: int        # index, within the recalled cells, of the first cell the graph fills
+    n_blocks: int
+    block_size: int
+    n_local: int      # queries scored at RoPE angle n_local; keys placed n_local before the ubatch
 
 
 class Policy:
@@ -124,7 +139,9 @@ class Policy:
       memory_fold()              -> cells (the same in every layer and head) to fold into the gated
                                     memory before the compaction select just chose, or None
       after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
-      recall(pos_next)           -> a Recall: cells appended after the kept ones (InfLLM's memory), or None
+      recall(pos_next)           -> a Recall: cells appended after the kept ones (InfLLM's memory), or None;
+                                    with Recall.fetch, part of them the graph refills per ubatch from
+      lookup_store()             -> the open block store those fetches read (kvpot.runtime.blocks)
       before_prompt(n_tokens)    -> TapRequest for a question about to be decoded: with query_angle
                                     set, the engine decodes it once to capture its queries, takes it
                                     back out, lets the policy select (view.queries) and recall, then
@@ -195,6 +212,9 @@ class Policy:
         pass
 
     def recall(self, pos_next: int) -> Recall | None:
+        return None
+
+    def lookup_store(self):
         return None
 
     def before_prompt(self, n_tokens: int) -> TapRequest:
@@ -334,6 +354,9 @@ class Wrapping(Policy):
 
     def recall(self, pos_next: int) -> Recall | None:
         return self.wrapped.recall(pos_next)
+
+    def lookup_store(self):
+        return self.wrapped.lookup_store()
 
     def before_prompt(self, n_tokens: int) -> TapRequest:
         return self.wrapped.before_prompt(n_tokens)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, Recall, TapRequest, keep_ends
+from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Fetch, Policy, PotView, Recall, TapRequest, keep_ends
 
 # the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
@@ -52,6 +52,10 @@ class InfLLM(Policy):
     max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
     store:            block store file (default: a new file under KVPOT_HOME/blocks/)
+    lookup:           "graph" (default): each ubatch looks its blocks up inside every pot layer with its
+                      own queries, as the paper does; "host": the previous chunk's queries choose on the
+                      CPU between decodes, and a question is decoded twice (kvpot's first version,
+                      kept as the reference the in-graph lookup is tested against)
 
     `--budget` (cells in RAM) is n_init + n_local + topk * block_size; `fit(budget, chunk)` fills the
     parameters left unset (default_split above) and refuses a budget that cannot work.
@@ -72,10 +76,12 @@ class InfLLM(Policy):
     chunk that reads them (the paper's "as if at distance n_local"). Local tokens keep their own
     positions (no CR-RoPE).
 
-    Lookup timing (kvpot differs from the paper here): a chunk is decoded with the blocks its
-    predecessor's queries chose (neighbouring chunks need similar units, as the paper's LRU argument
-    says); a question is decoded once to capture its queries, taken out, and decoded again with the
-    blocks those chose. The paper looks up inside each layer with the chunk's own queries.
+    Lookup timing: with lookup="graph", after every compaction the recall puts the initial tokens
+    back and reserves min(topk, blocks stored) * block_size cells after them; each ubatch's graph then
+    chooses and fetches, per pot layer and before that layer's attention, the blocks most relevant to
+    its own queries (ggml_ext/kvpot-lookup.cpp), as the paper does. With lookup="host" a chunk is
+    decoded with the blocks its predecessor's queries chose, and a question is decoded once to
+    capture its queries, taken out, and decoded again with the blocks those chose.
     """
 
     name = "infllm"
@@ -87,6 +93,7 @@ class InfLLM(Policy):
     max_cached_block: int | None = None
     exc_block_size: int | None = None
     store: str | None = None
+    lookup: str = "graph"
 
     _fit: dict | None = field(default=None, init=False, repr=False, compare=False)
     _local_start: int = field(default=-1, init=False, repr=False, compare=False)   # stream pos of the oldest local token
@@ -107,6 +114,8 @@ class InfLLM(Policy):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "n_init" else 1):
                 raise KvpotError(f"infllm: {name} must be {'>= 0' if name == 'n_init' else 'positive'}, got {value}")
+        if self.lookup not in ("graph", "host"):
+            raise KvpotError(f"infllm: lookup must be graph or host, got {self.lookup!r}")
         if self.repr_topk < 1:
             raise KvpotError(f"infllm: repr_topk must be positive, got {self.repr_topk}")
         if self.block_size is not None and self.repr_topk > self.block_size:
@@ -154,10 +163,11 @@ class InfLLM(Policy):
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
         # every row taps (attention received while local); the queries are looked up at angle n_local
-        return TapRequest(tap_last=-1, tap_what="logits", query_angle=self._p("n_local") if self._fit else None)
+        angle = self._p("n_local") if self._fit and self.lookup == "host" else None
+        return TapRequest(tap_last=-1, tap_what="logits", query_angle=angle)
 
     def before_prompt(self, n_tokens: int) -> TapRequest:
-        if self._fit is None or not self._store_blocks:
+        if self._fit is None or not self._store_blocks or self.lookup == "graph":
             return NO_TAPS
         return TapRequest(query_angle=self._p("n_local"))
 
@@ -293,9 +303,14 @@ class InfLLM(Policy):
         rows = [np.sort(self._blocks.topk(layer, self._queries[layer], topk)[0]) for layer in range(n_layer)]
         return np.stack(rows).astype(np.int64)
 
+    def lookup_store(self):
+        return self._blocks if self.lookup == "graph" else None
+
     def recall(self, pos_next: int) -> Recall | None:
         if not self._runtime or self._fit is None or self._init_k is None:
             return None
+        if self.lookup == "graph":
+            return self._recall_for_graph(pos_next)
         L, H = self._init_k.shape[:2]
         chosen = self.choose_blocks(L) if self._store_blocks else np.zeros((L, 0), dtype=np.int64)
         ks, vs, ps = [], [], []
@@ -314,6 +329,27 @@ class InfLLM(Policy):
             return None
         return Recall(k=k, v=v, rope_from=np.zeros(k.shape[2], dtype=np.int32),
                       rope_to=max(0, pos_next - self._p("n_local")), positions=np.stack(ps).astype(np.int64))
+
+    def _recall_for_graph(self, pos_next: int) -> Recall | None:
+        """The initial tokens, and cells for min(topk, blocks stored) blocks that every ubatch's graph
+        fills with the blocks its own queries choose (zeros until then; positions: the newest blocks)."""
+        L, H, n_init, d_k = self._init_k.shape
+        d_v = self._init_v.shape[3]
+        bs = self._p("block_size")
+        n = min(self._p("topk"), self._store_blocks)
+        m = n_init + n * bs
+        if m == 0:
+            return None
+        if n:
+            d_k, d_v = self._blocks.shape[2:4]  # (no initial tokens: _init_k is [L, H, 0, 1])
+        k = np.zeros((L, H, m, d_k), dtype=np.float32)
+        v = np.zeros((L, H, m, d_v), dtype=np.float32)
+        k[:, :, :n_init], v[:, :, :n_init] = self._init_k, self._init_v
+        guess = [self._blocks.read(0, b)[0] for b in range(self._store_blocks - n, self._store_blocks)]
+        pos = np.concatenate([np.arange(n_init)] + guess).astype(np.int64)
+        return Recall(k=k, v=v, rope_from=np.zeros(m, dtype=np.int32), rope_to=max(0, pos_next - self._p("n_local")),
+                      positions=np.broadcast_to(pos, (L, H, m)).copy(),
+                      fetch=Fetch(first=n_init, n_blocks=n, block_size=bs, n_local=self._p("n_local")) if n else None)
 
     # -- saving ----------------------------------------------------------------------------------
 

@@ -173,6 +173,12 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_query_request", ctypes.c_int32, [c_ctx_p, ctypes.c_bool, ctypes.c_int32]),
     # int32_t kvpot_query_take(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_out);
     ("kvpot_query_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_f32_p, ctypes.c_int32]),
+    # int32_t kvpot_lookup_set(struct llama_context * ctx, struct kvpot_blocks * bs, int32_t cell0, int32_t n_fetch,
+    #                          int32_t n_local);
+    ("kvpot_lookup_set", ctypes.c_int32, [c_ctx_p, c_blocks_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    # int32_t kvpot_lookup_take(struct llama_context * ctx, int32_t ipot, int32_t * blocks, int32_t n_blocks,
+    #                           int32_t * pos, int32_t n_pos);
+    ("kvpot_lookup_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_i32_p, ctypes.c_int32, c_i32_p, ctypes.c_int32]),
     # int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
     ("kvpot_tap_mode", ctypes.c_int32, [c_ctx_p, ctypes.c_int32]),
 ]

@@ -181,6 +181,23 @@ class Pot:
             self.ctx, l, out[l].ctypes.data_as(api.c_f32_p), out[l].size)) for l in range(self.n_layers)]
         return out if all(got) else None
 
+    def lookup_set(self, store, cell0: int = 0, n_fetch: int = 0, n_local: int = 0) -> None:
+        """InfLLM's lookup inside the layer: every later ubatch fetches, per pot layer, the n_fetch blocks of
+        `store` (a kvpot.runtime.blocks.BlockStore) most relevant to its own queries into the placed cells
+        [cell0, cell0 + n_fetch * block_size) before the layer's attention; store None turns it off."""
+        ptr = store.ptr if store is not None else None
+        self._check("kvpot_lookup_set", self.lib.kvpot_lookup_set(self.ctx, ptr, cell0, n_fetch, n_local))
+
+    def lookup_take(self, n_fetch: int, block_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(blocks [L, n_fetch], stream positions [L, n_fetch * block_size]) the last graph fetched per pot
+        layer, or None when nothing was fetched since the last take; a fetch that failed raises here."""
+        blocks = np.zeros((self.n_layers, n_fetch), dtype=np.int32)
+        pos = np.zeros((self.n_layers, n_fetch * block_size), dtype=np.int32)
+        got = [self._check("kvpot_lookup_take", self.lib.kvpot_lookup_take(
+            self.ctx, l, blocks[l].ctypes.data_as(api.c_i32_p), n_fetch, pos[l].ctypes.data_as(api.c_i32_p), pos.shape[1]))
+            for l in range(self.n_layers)]
+        return (blocks, pos) if all(got) else None
+
     # -- Locret's retaining heads -----------------------------------------------------------------
 
     def set_heads(self, heads) -> None:

@@ -1,0 +1,124 @@
+// InfLLM's lookup inside the layer (kvpot-lookup.h). Graph piece per pot layer:
+//
+//   qsum [1, d_k, H] --CUSTOM (CPU: score every block, top n_fetch, read them through the LRU cache)-->
+//   fetched F32 [H*m*d_k + H*m*d_v]:  K [d_k, m, H] at RoPE 0 | V [d_v, m, H]      (m = n_fetch * block_size)
+//   K --ROPE by (angle - 0)--> CPY into cells [cell0, cell0 + m) of the layer's K; V --CPY--> the V cells
+//
+// The copies are expanded into the graph before the layer's attention nodes, and ggml runs nodes in the
+// order they were expanded (llama.cpp's own cpy_k relies on this), so the attention reads the fetched
+// cells. The representatives stay in the mapped store and are scored by the store's own part-wise
+// topk (bounded memory for a store of any size); ggml has no op that reads a file, so the fetch is a
+// custom op and runs on the CPU whatever the backend (with a GPU, the scheduler copies qsum down and
+// the fetched rows up: two extra splits per pot layer).
+#include "kvpot-lookup.h"
+#include "kvpot-blocks.h"
+#include "kvpot-cells.h"
+#include "kvpot-compact.h"
+#include "kvpot-pot.h"
+
+#include "llama-context.h"
+#include "llama-graph.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+// the RoPE deltas of the fetched keys, and a reference that keeps the lookup (the custom op's
+// userdata) alive as long as the graph that calls it
+class kvpot_lookup_input : public llm_graph_input_i {
+public:
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        if (delta_t && delta_t->buffer) {
+            ggml_backend_tensor_set(delta_t, delta.data(), 0, delta.size()*sizeof(int32_t));
+        }
+    }
+    std::shared_ptr<kvpot_lookup> keep;
+    std::vector<int32_t>          delta;
+    ggml_tensor *                 delta_t = nullptr;
+};
+
+// the custom op: runs on one thread (n_tasks 1). A failure leaves zeros in the fetched cells and is
+// reported by kvpot_lookup_take after the decode (a graph op cannot fail the compute)
+void fetch_blocks(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    GGML_UNUSED(nth);
+    if (ith != 0) {
+        return;
+    }
+    auto & ly = *static_cast<kvpot_lookup_layer *>(userdata);
+    kvpot_lookup & lk = *ly.owner;
+    kvpot_block_store & store = *lk.store;
+    const auto & shp = store.shape();
+    const size_t H = shp.n_head_kv, dk = shp.d_k, dv = shp.d_v, bs = shp.block_size;
+    const size_t n = (size_t) lk.n_fetch, m = n*bs;
+    float * out = (float *) dst->data;
+    std::memset(out, 0, ggml_nbytes(dst));
+    ly.chosen.clear();
+    ly.pos.assign(m, -1);
+    ly.fresh = true;
+    std::string why;
+    if (store.n_blocks() < n) {
+        why = "the block store holds " + std::to_string(store.n_blocks()) + " blocks, the lookup fetches " + std::to_string(n);
+    } else if (store.n_blocks() == n) {
+        for (uint32_t b = 0; b < n; ++b) {
+            ly.chosen.push_back((int32_t) b);
+        }
+    } else {
+        ly.chosen.resize(n);
+        const float * q = (const float *) dst->src[0]->data; // [H][d_k], contiguous F32
+        if (store.topk(ly.layer, q, (uint32_t) n, ly.chosen.data(), nullptr, why)) {
+            std::sort(ly.chosen.begin(), ly.chosen.end());
+        } else {
+            ly.chosen.clear();
+        }
+    }
+    float * ko = out;           // [H][m][d_k]
+    float * vo = out + H*m*dk;  // [H][m][d_v]
+    for (size_t j = 0; j < ly.chosen.size() && why.empty(); ++j) {
+        const kvpot_block_data * d = store.get(ly.layer, (uint32_t) ly.chosen[j], why);
+        if (!d) {
+            break;
+        }
+        for (size_t h = 0; h < H; ++h) {
+            std::memcpy(ko + (h*m + j*bs)*dk, d->k.data() + h*bs*dk, bs*dk*sizeof(float));
+            std::memcpy(vo + (h*m + j*bs)*dv, d->v.data() + h*bs*dv, bs*dv*sizeof(float));
+        }
+        std::memcpy(ly.pos.data() + j*bs, d->pos.data(), bs*sizeof(int32_t));
+    }
+    if (!why.empty() && lk.error.empty()) {
+        lk.error = "InfLLM lookup, pot layer " + std::to_string(ly.layer) + ": " + why;
+    }
+}
+
+} // namespace
+
+void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_context * lctx,
+                        llama_kv_cache & kv, const std::shared_ptr<kvpot_lookup> & lk, ggml_tensor * qsum,
+                        int32_t ipot, int32_t il, llama_pos pos0) {
+    const auto & shp = lk->store->shape();
+    const int64_t H = shp.n_head_kv, dk = shp.d_k, dv = shp.d_v;
+    const int64_t m = (int64_t) lk->n_fetch*shp.block_size;
+    kvpot_lookup_layer & ly = lk->layers[ipot];
+    // the keys sit n_local before the ubatch that reads them (the paper's "as if at distance n_local")
+    lk->angle = std::max<llama_pos>(0, pos0 - lk->n_local);
+
+    auto inp = std::make_unique<kvpot_lookup_input>();
+    inp->keep = lk;
+    inp->delta.assign((size_t) (H*m), lk->angle);
+    inp->delta_t = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, H*m); // [H*m]: one delta per fetched key
+    ggml_set_input(inp->delta_t);
+    ggml_tensor * delta = inp->delta_t;
+    res->add_input(std::move(inp));
+
+    ggml_tensor * args[1] = {qsum};
+    ggml_tensor * got = ggml_custom_4d(ctx0, GGML_TYPE_F32, H*m*(dk + dv), 1, 1, 1, args, 1, fetch_blocks, 1, &ly);
+    ggml_tensor * kf = ggml_view_3d(ctx0, got, dk, 1, H*m, dk*sizeof(float), dk*sizeof(float), 0);
+    ggml_tensor * vf = ggml_view_3d(ctx0, got, dv, m, H, dv*sizeof(float), dv*m*sizeof(float), (size_t) (H*m*dk)*sizeof(float));
+    ggml_tensor * kr = kvpot_rerope(ctx0, lctx, kv, kf, delta, nullptr, il);          // [d_k, 1, H*m]
+    kvpot_store_k(ctx0, gf, kvpot_kv_access::k(kv, ipot), ggml_reshape_3d(ctx0, kr, dk, m, H), lk->cell0);
+    kvpot_store_v(ctx0, gf, kvpot_kv_access::v(kv, ipot), vf, lk->cell0, kv.get_size(), kvpot_kv_access::v_trans(kv));
+}

@@ -1,0 +1,48 @@
+// InfLLM's lookup inside the layer: while set, every ubatch graph scores the block store's blocks of
+// each pot layer against that ubatch's own queries, fetches the top ones and writes their K/V into
+// reserved cells of the layer's cache before the layer's attention reads it (docs/pot.md, "InfLLM's
+// block memory"). The Python side reserves the cells (kvpot_pot_insert) and sets the range.
+#pragma once
+
+#include "llama.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct ggml_context;
+struct ggml_cgraph;
+struct ggml_tensor;
+struct llama_context;
+class  llama_kv_cache;
+class  llm_graph_result;
+class  kvpot_block_store;
+
+struct kvpot_lookup;
+
+// what one pot layer's fetch did in the last graph (the custom op's userdata)
+struct kvpot_lookup_layer {
+    kvpot_lookup *       owner = nullptr;
+    uint32_t             layer = 0;   // pot layer = layer of the block store
+    std::vector<int32_t> chosen;      // blocks fetched, ascending
+    std::vector<int32_t> pos;         // stream positions of their tokens, in cell order
+    bool                 fresh = false; // fetched since the last take
+};
+
+struct kvpot_lookup {
+    std::shared_ptr<kvpot_block_store> store;
+    int32_t   cell0   = 0; // first reserved cell
+    int32_t   n_fetch = 0; // blocks per layer written there: cells [cell0, cell0 + n_fetch * block_size)
+    int32_t   n_local = 0; // queries are scored at RoPE angle n_local, keys placed n_local before the ubatch
+    llama_pos angle   = 0; // RoPE angle of the fetched keys in the last graph built
+    std::vector<kvpot_lookup_layer> layers;
+    std::string error;     // first fetch failure since the last take ("" if none)
+};
+
+// in the attention hook of pot layer ipot (model layer il), before the attention: qsum [1, d_k, n_head_kv]
+// (the ubatch's queries rotated to n_local and summed, query heads per KV group) chooses the blocks;
+// their keys, rotated from RoPE 0 to max(0, pos0 - n_local), and values go into the reserved cells
+void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_context * lctx,
+                        llama_kv_cache & kv, const std::shared_ptr<kvpot_lookup> & lk, ggml_tensor * qsum,
+                        int32_t ipot, int32_t il, llama_pos pos0);
