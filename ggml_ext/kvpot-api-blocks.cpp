@@ -464,3 +464,13 @@ int32_t kvpot_lookup_take(llama_context * ctx, int32_t ipot, int32_t * blocks, i
         return n_blocks;
     });
 }
+
+int32_t kvpot_lookup_hold(llama_context * ctx, bool hold) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        if (st.lookup) {
+            st.lookup->hold = hold;
+        }
+        return 0;
+    });
+}

@@ -105,6 +105,7 @@ void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result 
     kvpot_lookup_layer & ly = lk->layers[ipot];
     // the keys sit n_local before the ubatch that reads them (the paper's "as if at distance n_local")
     lk->angle = std::max<llama_pos>(0, pos0 - lk->n_local);
+    lk->built = true;
 
     auto inp = std::make_unique<kvpot_lookup_input>();
     inp->keep = lk;

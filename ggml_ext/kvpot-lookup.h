@@ -36,6 +36,8 @@ struct kvpot_lookup {
     int32_t   n_fetch = 0; // blocks per layer written there: cells [cell0, cell0 + n_fetch * block_size)
     int32_t   n_local = 0; // queries are scored at RoPE angle n_local, keys placed n_local before the ubatch
     llama_pos angle   = 0; // RoPE angle of the fetched keys in the last graph built
+    bool      built   = false; // the graph being computed fetches (its keys sit at `angle` once it ran)
+    bool      hold    = false; // graphs do not fetch: the cells keep the last fetch (kvpot_lookup_hold)
     std::vector<kvpot_lookup_layer> layers;
     std::string error;     // first fetch failure since the last take ("" if none)
 };

@@ -203,7 +203,7 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     // InfLLM's lookup first: the fetched blocks must be in their cells before anything reads the cache
     kvpot_state & st = *g_build.st;
     ggml_tensor * qs = nullptr;
-    if (st.lookup && ipot < (int32_t) st.lookup->layers.size()) {
+    if (st.lookup && !st.lookup->hold && ipot < (int32_t) st.lookup->layers.size()) {
         qs = query_sum(ctx0, res, q, (int32_t) k->ne[1], st.lookup->n_local, il);
         kvpot_lookup_build(ctx0, gf, res, g_build.lctx, *g_build.pot, st.lookup, qs, ipot, il, g_build.ub->pos[0]);
     }
@@ -407,9 +407,10 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(res);
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
-    if (st && st->lookup) {
+    if (st && st->lookup && st->lookup->built) {
         // the fetched keys now sit at the lookup's angle in every head of every pot layer
-        const kvpot_lookup & lk = *st->lookup;
+        kvpot_lookup & lk = *st->lookup;
+        lk.built = false;
         const size_t n_pot = lk.layers.size();
         const size_t m = (size_t) lk.n_fetch*lk.store->shape().block_size;
         const size_t n_head_kv = n_pot ? st->rope_pos.size()/(n_pot*std::max<uint32_t>(1, st->n_compacted)) : 0;

@@ -303,6 +303,10 @@ KVPOT_API int32_t kvpot_lookup_set(struct llama_context * ctx, struct kvpot_bloc
 KVPOT_API int32_t kvpot_lookup_take(struct llama_context * ctx, int32_t ipot, int32_t * blocks, int32_t n_blocks,
                                     int32_t * pos, int32_t n_pos);
 
+// hold (true) the lookup: later graphs do not fetch and the cells keep the last fetch, until released
+// (kvpot holds it while generating an answer: one generated token's query is a poor choice of blocks)
+KVPOT_API int32_t kvpot_lookup_hold(struct llama_context * ctx, bool hold);
+
 // what the score taps (kvpot_tap_request) measure from the next request on:
 #define KVPOT_TAP_ATTENTION 0 // the attention probability each cell receives (softmax rows; the default)
 #define KVPOT_TAP_QK        1 // the attention logit q·k·kq_scale each cell receives, before softmax (InfLLM's

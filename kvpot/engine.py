@@ -418,6 +418,8 @@ class Engine:
         A turn that fits the free cells (keeping room for the next turn) is decoded as it is; a
         longer one is read through the pot like the document, all but its last token."""
         toks = list(toks)
+        if self._fetch_n:
+            self.pot.lookup_hold(False)  # a new turn looks its blocks up again
         if not self._bos_done:
             toks = self.model.bos() + toks
             self._bos_done = True
@@ -455,6 +457,10 @@ class Engine:
         when the cache must keep room for the next turn."""
         pending = b""
         self.stop_reason = f"the {max_tokens}-token limit"
+        if self._fetch_n:
+            # the answer reads the blocks the question chose: one generated token's query is a poor
+            # choice of blocks (measured: answers derail, docs/benchmarks.md "InfLLM, session 10")
+            self.pot.lookup_hold(True)
         for _ in range(max_tokens):
             tok = int(np.argmax(logits))
             if self.model.is_eog(tok):

@@ -58,9 +58,16 @@ def test_graph_fetches_what_numpy_chooses_from_the_ubatchs_own_queries(request, 
     # the question: one ubatch, its queries captured by the same graph that looks the blocks up
     pos0 = eng.pos_next
     eng.pot.query_request(True, N_LOCAL)
-    eng.next_logits(question)
+    logits = eng.next_logits(question)
     queries = eng.pot.query_take(eng.facts.head_dim_k)
     eng.pot.query_request(False)
+    # the answer is generated with the question's blocks held: every generated token would otherwise
+    # fetch again, at an angle one position further, so the cells would change
+    held = eng.pot.read(0, 0, "k", cell0, TOPK * BS, eng.facts.head_dim_k)
+    n_before = eng.pos_next
+    list(eng.generate(logits, 4))
+    assert eng.pos_next > n_before  # tokens were decoded
+    np.testing.assert_array_equal(eng.pot.read(0, 0, "k", cell0, TOPK * BS, eng.facts.head_dim_k), held)
     want = numpy_choice(store, queries, TOPK)
     np.testing.assert_array_equal(blocks_held(eng, store, cell0), want)
     # the cells hold those blocks' keys, rotated from RoPE 0 to n_local before the question

@@ -188,6 +188,10 @@ class Pot:
         ptr = store.ptr if store is not None else None
         self._check("kvpot_lookup_set", self.lib.kvpot_lookup_set(self.ctx, ptr, cell0, n_fetch, n_local))
 
+    def lookup_hold(self, hold: bool) -> None:
+        """While held, graphs do not fetch: the lookup's cells keep the blocks the last fetch chose."""
+        self._check("kvpot_lookup_hold", self.lib.kvpot_lookup_hold(self.ctx, hold))
+
     def lookup_take(self, n_fetch: int, block_size: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(blocks [L, n_fetch], stream positions [L, n_fetch * block_size]) the last graph fetched per pot
         layer, or None when nothing was fetched since the last take; a fetch that failed raises here."""
