@@ -79,7 +79,8 @@ class InfLLM(Policy):
     Lookup timing: with lookup="graph", after every compaction the recall puts the initial tokens
     back and reserves min(topk, blocks stored) * block_size cells after them; each ubatch's graph then
     chooses and fetches, per pot layer and before that layer's attention, the blocks most relevant to
-    its own queries (ggml_ext/kvpot-lookup.cpp), as the paper does. With lookup="host" a chunk is
+    its own queries (ggml_ext/kvpot-lookup.cpp), as the paper does; the engine holds the lookup while it
+    generates an answer, so the answer reads its question's blocks. With lookup="host" a chunk is
     decoded with the blocks its predecessor's queries chose, and a question is decoded once to
     capture its queries, taken out, and decoded again with the blocks those chose.
     """

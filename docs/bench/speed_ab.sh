@@ -1,0 +1,23 @@
+#!/bin/sh
+# Interleaved reading-speed A/B (docs/benchmarks.md, "session 10"): the policies compared are run one
+# after another, ROUNDS times, each `kvpot bench throughput` in fresh processes, so a slow minute of the
+# machine hits every policy alike; the figure is the ratio of tokens/s to StreamingLLM's, per round.
+# Stock prefill is cut to 64 tokens (its ratio is not the point here). Usage: sh docs/bench/speed_ab.sh
+set -e
+K=${KVPOT:-.venv/bin/kvpot}
+D=docs/bench/speed/ab
+R=${ROUNDS:-2}
+mkdir -p $D
+run() {  # model tag policy
+    echo "== $(date -u +%T) $1 $3"
+    $K bench throughput -m $1 -P "$3" --budget 2048 --chunk 512 -n 8192 --stock-tokens 64 -t 2 --json $D/$1-$2-$r.json
+}
+r=1
+while [ $r -le $R ]; do
+    run gemma3-270m streaming streaming
+    run gemma3-270m infllm-graph infllm:lookup=graph
+    run gemma3-270m infllm-host infllm:lookup=host
+    run smollm2-135m streaming streaming
+    run smollm2-135m edgeinfinite edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf
+    r=$((r + 1))
+done
