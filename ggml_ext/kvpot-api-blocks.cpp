@@ -424,6 +424,7 @@ int32_t kvpot_lookup_set(llama_context * ctx, kvpot_blocks * bs, int32_t cell0, 
         lk->cell0   = cell0;
         lk->n_fetch = n_fetch;
         lk->n_local = n_local;
+        lk->n_head_kv = n_head_kv;
         lk->layers.resize(n_layer);
         for (int32_t l = 0; l < n_layer; ++l) {
             lk->layers[l].owner = lk.get();

@@ -35,6 +35,7 @@ struct kvpot_lookup {
     int32_t   cell0   = 0; // first reserved cell
     int32_t   n_fetch = 0; // blocks per layer written there: cells [cell0, cell0 + n_fetch * block_size)
     int32_t   n_local = 0; // queries are scored at RoPE angle n_local, keys placed n_local before the ubatch
+    int32_t   n_head_kv = 0; // KV heads of every pot layer (rows of the state's rope_pos per layer)
     llama_pos angle   = 0; // RoPE angle of the fetched keys in the last graph built
     bool      built   = false; // the graph being computed fetches (its keys sit at `angle` once it ran)
     bool      hold    = false; // graphs do not fetch: the cells keep the last fetch (kvpot_lookup_hold)

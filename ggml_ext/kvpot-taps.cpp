@@ -413,8 +413,8 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         lk.built = false;
         const size_t n_pot = lk.layers.size();
         const size_t m = (size_t) lk.n_fetch*lk.store->shape().block_size;
-        const size_t n_head_kv = n_pot ? st->rope_pos.size()/(n_pot*std::max<uint32_t>(1, st->n_compacted)) : 0;
-        if ((size_t) lk.cell0 + m <= st->n_compacted) {
+        const size_t n_head_kv = (size_t) lk.n_head_kv;
+        if ((size_t) lk.cell0 + m <= st->n_compacted && st->rope_pos.size() == n_pot*n_head_kv*st->n_compacted) {
             for (size_t r = 0; r < n_pot*n_head_kv; ++r) {
                 std::fill_n(st->rope_pos.begin() + r*st->n_compacted + lk.cell0, m, lk.angle);
             }

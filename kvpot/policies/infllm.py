@@ -346,8 +346,10 @@ class InfLLM(Policy):
         k = np.zeros((L, H, m, d_k), dtype=np.float32)
         v = np.zeros((L, H, m, d_v), dtype=np.float32)
         k[:, :, :n_init], v[:, :, :n_init] = self._init_k, self._init_v
-        guess = [self._blocks.read(0, b)[0] for b in range(self._store_blocks - n, self._store_blocks)]
-        pos = np.concatenate([np.arange(n_init)] + guess).astype(np.int64)
+        # placeholder positions until the first graph's fetch is booked (Engine._book_fetched): the n
+        # blocks evicted last, which end where the local window starts (tokens leave it in stream order)
+        guess = np.arange(self._local_start - n * bs, self._local_start)
+        pos = np.concatenate([np.arange(n_init), guess]).astype(np.int64)
         return Recall(k=k, v=v, rope_from=np.zeros(m, dtype=np.int32), rope_to=max(0, pos_next - self._p("n_local")),
                       positions=np.broadcast_to(pos, (L, H, m)).copy(),
                       fetch=Fetch(first=n_init, n_blocks=n, block_size=bs, n_local=self._p("n_local")) if n else None)

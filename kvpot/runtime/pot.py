@@ -54,6 +54,7 @@ class Pot:
         self.lib.kvpot_pot_layers(self.ctx, ids.ctypes.data_as(api.c_i32_p), n)
         self.layer_ids = ids.tolist()
         self.n_head_kv = self.stats().n_head_kv
+        self._lookup_held = False  # kvpot_lookup_hold's last word, so held lookups are not asked what they fetched
 
     @property
     def ctx(self):
@@ -187,14 +188,19 @@ class Pot:
         [cell0, cell0 + n_fetch * block_size) before the layer's attention; store None turns it off."""
         ptr = store.ptr if store is not None else None
         self._check("kvpot_lookup_set", self.lib.kvpot_lookup_set(self.ctx, ptr, cell0, n_fetch, n_local))
+        self._lookup_held = False  # a new lookup starts unheld (kvpot_lookup_set)
 
     def lookup_hold(self, hold: bool) -> None:
         """While held, graphs do not fetch: the lookup's cells keep the blocks the last fetch chose."""
         self._check("kvpot_lookup_hold", self.lib.kvpot_lookup_hold(self.ctx, hold))
+        self._lookup_held = hold
 
     def lookup_take(self, n_fetch: int, block_size: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(blocks [L, n_fetch], stream positions [L, n_fetch * block_size]) the last graph fetched per pot
-        layer, or None when nothing was fetched since the last take; a fetch that failed raises here."""
+        layer, or None when nothing was fetched since the last take; a fetch that failed raises here.
+        While held nothing is fetched, so nothing is asked of the runtime (one call per layer and token)."""
+        if self._lookup_held:
+            return None
         blocks = np.zeros((self.n_layers, n_fetch), dtype=np.int32)
         pos = np.zeros((self.n_layers, n_fetch * block_size), dtype=np.int32)
         got = [self._check("kvpot_lookup_take", self.lib.kvpot_lookup_take(
