@@ -95,17 +95,24 @@ def edgeinfinite(
     seed: int = typer.Option(0, "--seed", help="seed of the data windows and torch"),
     l_sink: int = typer.Option(32, "--l-sink", help="sink tokens of a training window"),
     l_seg: int = typer.Option(128, "--l-seg", help="segment length of a training window"),
-    n_seg: int = typer.Option(3, "--n-seg", help="segments per window (the last one is trained on)"),
+    n_seg: int = typer.Option(3, "--n-seg", help="segments per window (the last one is trained on, unless --l-chunk)"),
+    l_window: int = typer.Option(0, "--l-window", help="with --l-chunk: tokens never folded (the policy's L_window)"),
+    l_chunk: int = typer.Option(
+        0, "--l-chunk", help="train as a text is read: fold all n-seg segments, then train a chunk of this many tokens "
+        "that also sees L_window + a random leftover of unfolded tokens (0: train the last segment)"),
     lr: float = typer.Option(5e-3, "--lr", help="Adam learning rate (the paper's 0.005)"),
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
     from kvpot.errors import KvpotError
     from kvpot.train.edgeinfinite import TrainConfig, train
 
-    if steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < 2 or lr <= 0:
-        raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2, lr > 0")
+    if (steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < (1 if l_chunk else 2) or lr <= 0 or l_window < 0
+            or l_chunk < 0 or l_chunk == 1):
+        raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2 (>= 1 with "
+                         "--l-chunk), lr > 0, l-window >= 0, l-chunk 0 or >= 2")
     facts, _ = resolve_model(model)
-    cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, steps=steps, lr=lr, seed=seed)
+    cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, L_window=l_window, L_chunk=l_chunk,
+                      steps=steps, lr=lr, seed=seed)
     summary = train(facts.path, out, cfg, log=lambda s: err.print(s))
     err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
               f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")

@@ -84,6 +84,32 @@ def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_pa
         read_memory_gate(out, model=gemma_path)
 
 
+def test_reading_mode_step_sees_sink_and_unfolded_run_at_their_cache_positions(smollm2_path):
+    """Reading mode: with the gate closed the chunk's loss is the stock forward's over sink + unfolded run +
+    chunk contiguous from position 0 (the folded segments leave the cache); an open gate changes it."""
+    w = load_llama(smollm2_path)
+    cfg = te.TrainConfig(L_sink=4, L_seg=16, n_seg=2, L_window=3, L_chunk=8)
+    leftover = 5
+    model = LlamaModel(str(smollm2_path), vocab_only=True)
+    try:
+        tokens = model.tokenize(logbook(n_entries=6, seed=2)[0])[:te.window_length(cfg)]
+    finally:
+        model.close()
+    assert len(tokens) == te.window_length(cfg) == 4 + 32 + 3 + 8 + 8
+    gate = initial_memory_gate(smollm2_path)
+    closed = te.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
+                                      g=np.full_like(gate.g, -40.0)))
+    seen = tokens[:4] + tokens[36:36 + 3 + leftover]   # sink, then the unfolded run after the 2 folded segments
+    chunk = tokens[36 + 3 + leftover:36 + 3 + leftover + 8]
+    with torch.no_grad():
+        got = te.segment_loss(w, closed, tokens, cfg, leftover=leftover)
+        logits, _ = forward(w, seen + chunk, 0)
+        want = torch.nn.functional.cross_entropy(logits[len(seen):-1], torch.as_tensor(chunk[1:]))
+        opened = te.segment_loss(w, te.GateModule(gate), tokens, cfg, leftover=leftover)
+    assert abs(float(got) - float(want)) < 1e-4 * float(want)
+    assert abs(float(opened) - float(want)) > 1e-4 * float(want)  # the memory of the folded segments is read
+
+
 def test_cli_refuses_bad_arguments_in_one_line(smollm2_path, tmp_path):
     res = run_cli("train", "edgeinfinite", "-m", str(smollm2_path), "-o", str(tmp_path / "g.gguf"), "--n-seg", "1")
     assert res.returncode != 0

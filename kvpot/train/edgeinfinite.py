@@ -12,6 +12,13 @@ One training step (a decision: the paper gives data, epochs and learning rate, n
   V are folded into M, z. Segments before the last run without gradients (they only build the memory;
   M, z are detached), the last one with them, and its next-token loss is the step's loss. Only the gate
   learns (W1, b1, W2, b2, g per layer); the backbone is frozen.
+Reading mode (L_chunk > 0, session 11): the step above trains a segment that sees only the sink, itself
+  and the memory, while at inference a chunk also sees the cells not yet folded (the window and the
+  leftover), so the memory matters less there than in training (the first shipped gate, trained this
+  way, made perplexity worse than the untrained one). In reading mode all n_seg segments are folded,
+  then an unfolded run of L_window + u tokens (u drawn per step in [0, L_seg - L_chunk]: the leftover
+  between two folds) is read after the sink with the memory, and a chunk of L_chunk tokens after it is
+  trained on: the trained tokens see what a chunk sees in `kvpot bench ppl` (sink + unfolded + itself + memory).
 Data: long offline text, by default the Python standard library's source files (/usr/lib/python3.*),
   the longest first, with the document windows drawn by a seeded generator.
 """
@@ -135,16 +142,29 @@ class TrainConfig:
     L_sink: int = 32
     L_seg: int = 128
     n_seg: int = 3
+    L_window: int = 0  # reading mode only: cells never folded
+    L_chunk: int = 0   # > 0: reading mode (the module docstring), the trained chunk's length
     steps: int = 150
     lr: float = 5e-3   # the paper's learning rate (for its 3B model)
     seed: int = 0
     threads: int = 2
 
 
-def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig):
-    """The step's loss: next-token cross-entropy of the last segment, read as kvpot reads it."""
+def window_length(cfg: TrainConfig) -> int:
+    """Tokens one step reads (reading mode: with the longest unfolded run)."""
+    if cfg.L_chunk:
+        return cfg.L_sink + cfg.n_seg * cfg.L_seg + cfg.L_window + max(0, cfg.L_seg - cfg.L_chunk) + cfg.L_chunk
+    return cfg.L_sink + cfg.n_seg * cfg.L_seg
+
+
+def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, leftover: int = 0):
+    """The step's loss: next-token cross-entropy of the last segment (reading mode: of the chunk after
+    `leftover` + L_window unfolded tokens), read as kvpot reads it."""
     torch = _torch()
     from kvpot.train.gguf_torch import forward
+
+    if cfg.L_chunk:
+        return _chunk_loss(weights, gate, tokens, cfg, leftover)
 
     sink, rest = tokens[:cfg.L_sink], tokens[cfg.L_sink:]
     H, d = weights.n_head_kv, weights.head_dim
@@ -175,6 +195,44 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig)
     return loss
 
 
+def _memory_mix(gate: GateModule, mem: list, on: bool):
+    """The forward's hook: stock attention while nothing is folded (eq. 10), else the gated mix."""
+    pot_index = {il: i for i, il in enumerate(gate.layers)}
+
+    def mix(il, q, a_dot):
+        if not on or il not in pot_index:
+            return a_dot
+        m, z = mem[il]
+        return gate.mix(pot_index[il], read(m, z, q), a_dot)
+    return mix
+
+
+def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, leftover: int):
+    """Reading mode: sink, n_seg folded segments, an unfolded run, then the trained chunk."""
+    torch = _torch()
+    from kvpot.train.gguf_torch import forward
+
+    H, d = weights.n_head_kv, weights.head_dim
+    sink = tokens[:cfg.L_sink]
+    at = cfg.L_sink
+    with torch.no_grad():
+        _, prefix = forward(weights, sink, 0)
+        mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
+        for s in range(cfg.n_seg):
+            seg = tokens[at:at + cfg.L_seg]
+            at += cfg.L_seg
+            _, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0))
+            mem = [fold(m, z, k, v) for (m, z), (k, v) in zip(mem, kvs)]
+        run = tokens[at:at + cfg.L_window + leftover]
+        at += len(run)
+        if run:
+            _, kvs = forward(weights, run, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, True))
+            prefix = [(torch.cat([pk, k]), torch.cat([pv, v])) for (pk, pv), (k, v) in zip(prefix, kvs)]
+    chunk = tokens[at:at + cfg.L_chunk]
+    logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=prefix, mix=_memory_mix(gate, mem, True))
+    return torch.nn.functional.cross_entropy(logits[:-1], torch.as_tensor(chunk[1:]))
+
+
 def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] = print,
           init_gate=None) -> dict:
     """Train a gate for `model`, write it to `out` (adapter GGUF); returns a summary."""
@@ -191,11 +249,13 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
     gate = GateModule(init_gate if init_gate is not None else initial_memory_gate(model))
     tok_model = LlamaModel(str(model), vocab_only=True)
     try:
-        data = windows(lambda s: tok_model.tokenize(s), python_sources(), cfg.L_sink + cfg.n_seg * cfg.L_seg, cfg.seed)
+        data = windows(lambda s: tok_model.tokenize(s), python_sources(), window_length(cfg), cfg.seed)
+        left = random.Random(cfg.seed + 1)  # the unfolded leftover of each reading-mode step
         opt = torch.optim.Adam(gate.parameters(), lr=cfg.lr)
         t0, losses = time.time(), []
         for step in range(cfg.steps):
-            loss = segment_loss(weights, gate, next(data), cfg)
+            u = left.randint(0, max(0, cfg.L_seg - cfg.L_chunk)) if cfg.L_chunk else 0
+            loss = segment_loss(weights, gate, next(data), cfg, leftover=u)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -206,8 +266,9 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
                     f"sigmoid(g) {float(torch.sigmoid(gate.params['g'].detach()).mean()):.3f}  {time.time() - t0:.0f}s")
     finally:
         tok_model.close()
+    reading = f", reading mode: L_window {cfg.L_window}, L_chunk {cfg.L_chunk}" if cfg.L_chunk else ""
     source = (f"kvpot train edgeinfinite: {cfg.steps} steps, L_sink {cfg.L_sink}, L_seg {cfg.L_seg}, "
-              f"{cfg.n_seg} segments, lr {cfg.lr}, seed {cfg.seed}, Python stdlib sources")
+              f"{cfg.n_seg} segments{reading}, lr {cfg.lr}, seed {cfg.seed}, Python stdlib sources")
     write_memory_gate(out, gate.to_gate(), source=source)
     return {"steps": cfg.steps, "first_loss": losses[0] if losses else math.nan,
             "last_loss": float(np.mean(losses[-10:])) if losses else math.nan}
