@@ -216,17 +216,17 @@ def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, 
     sink = tokens[:cfg.L_sink]
     at = cfg.L_sink
     with torch.no_grad():
-        _, prefix = forward(weights, sink, 0)
+        _, prefix = forward(weights, sink, 0, logits=False)
         mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
         for s in range(cfg.n_seg):
             seg = tokens[at:at + cfg.L_seg]
             at += cfg.L_seg
-            _, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0))
+            _, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0), logits=False)
             mem = [fold(m, z, k, v) for (m, z), (k, v) in zip(mem, kvs)]
         run = tokens[at:at + cfg.L_window + leftover]
         at += len(run)
         if run:
-            _, kvs = forward(weights, run, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, True))
+            _, kvs = forward(weights, run, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, True), logits=False)
             prefix = [(torch.cat([pk, k]), torch.cat([pv, v])) for (pk, pv), (k, v) in zip(prefix, kvs)]
     chunk = tokens[at:at + cfg.L_chunk]
     logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=prefix, mix=_memory_mix(gate, mem, True))

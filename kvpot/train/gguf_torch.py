@@ -74,13 +74,14 @@ def rope_norm(x, pos, base: float):
     return out.flatten(-2)
 
 
-def forward(w: LlamaWeights, tokens, pos0: int, prefix=None, mix=None):
+def forward(w: LlamaWeights, tokens, pos0: int, prefix=None, mix=None, logits: bool = True):
     """Logits [T, n_vocab] for `tokens` at positions pos0.., attending causally to themselves and to
     `prefix` (per layer (K, V) [P, H, d], RoPE'd, earlier positions), and the layer's K, V [T, H, d].
 
     mix(il, q, a_dot) -> A_com: the memory hook, called with the layer's RoPE'd queries [T, n_head, d]
     and attention output [T, n_head, d] before W_o (None: stock).
-    Returns (logits, [(K, V) per layer])."""
+    Returns (logits, [(K, V) per layer]); logits None with logits=False (a pass that only builds the cache
+    or the memory: the output projection over the vocabulary is a sixth of SmolLM2's forward)."""
     import torch
 
     t = w.tensors
@@ -114,5 +115,7 @@ def forward(w: LlamaWeights, tokens, pos0: int, prefix=None, mix=None):
         h = rms_norm(x, t[p + "ffn_norm.weight"], w.rms_eps)
         ff = torch.nn.functional.silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)
         x = x + ff @ t[p + "ffn_down.weight"].T
+    if not logits:
+        return None, kvs
     x = rms_norm(x, t["output_norm.weight"], w.rms_eps)
     return x @ t["output.weight"].T, kvs
