@@ -1,0 +1,31 @@
+#!/bin/sh
+# EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
+# issue 14): SmolLM2-135M, budget 1024 (fit: L_sink 112, L_window 75, L_seg 772, 65 cells of memory),
+# chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
+# training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
+# into its own JSON. GATE: the gate to compare with the shipped one and the untrained one.
+# Usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k  (from the repo root)
+set -e
+K=${KVPOT:-.venv/bin/kvpot}
+PY=${PYTHON:-.venv/bin/python}
+G=${GATE:-models/smollm2-135m.edgeinfinite.gguf}
+T=${THREADS:-2}
+D=docs/bench/edgeinfinite
+mkdir -p $D
+code() {  # the first N small stdlib files, each headed by its name
+    $PY -c "import glob,os,sys; fs=[f for f in sorted(glob.glob('/usr/lib/python3.11/*.py')) if os.path.getsize(f)<40000]; \
+open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,errors='replace').read()+'\n' for f in fs[:int(sys.argv[1])]))" $1 $2
+}
+run() {  # text max_tokens name
+    $K bench ppl -m smollm2-135m -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
+        -P streaming:n_sink=112 -P edgeinfinite:gate=init -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf \
+        -P edgeinfinite:gate=$G --json $D/$3.json
+}
+tmp=${TMPDIR:-/tmp}
+case $1 in
+code-8k)  code 40 $tmp/kvpot-ei-code.txt; run $tmp/kvpot-ei-code.txt 8192 ppl-smollm2-code-8k ;;
+code-32k) code 136 $tmp/kvpot-ei-code-all.txt; run $tmp/kvpot-ei-code-all.txt 32768 ppl-smollm2-code-32k ;;
+text-8k)  $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
+          run $tmp/kvpot-ei-text.txt 8192 ppl-smollm2-text-8k ;;
+*) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k" >&2; exit 2 ;;
+esac
