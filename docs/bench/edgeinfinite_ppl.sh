@@ -3,12 +3,12 @@
 # issue 14): SmolLM2-135M, budget 1024 (fit: L_sink 112, L_window 75, L_seg 772, 65 cells of memory),
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
-# into its own JSON. GATE: the gate to compare with the shipped one and the untrained one.
-# Usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k  (from the repo root)
+# into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
+# Usage: [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
-G=${GATE:-models/smollm2-135m.edgeinfinite.gguf}
+G=${GATE:+-P edgeinfinite:gate=$GATE}
 T=${THREADS:-2}
 D=docs/bench/edgeinfinite
 mkdir -p $D
@@ -19,7 +19,7 @@ open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,er
 run() {  # text max_tokens name
     $K bench ppl -m smollm2-135m -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
         -P streaming:n_sink=112 -P edgeinfinite:gate=init -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf \
-        -P edgeinfinite:gate=$G --json $D/$3.json
+        $G --json $D/$3.json
 }
 tmp=${TMPDIR:-/tmp}
 case $1 in
