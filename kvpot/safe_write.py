@@ -108,7 +108,8 @@ def _signals_raise() -> Iterator[None]:
     def handler(signum, frame):
         raise _Signalled(signum)
 
-    old = {s: signal.signal(s, handler) for s in _SIGNALS}
+    # a signal the process ignores stays ignored (under nohup, SIGHUP must not interrupt a save)
+    old = {s: signal.signal(s, handler) for s in _SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -90,8 +90,11 @@ def test_a_killed_writers_temp_is_removed_by_the_next_save(tmp_path):
 
 
 WRITER = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     from kvpot.safe_write import atomic_write
+    # the disposition the test asks for, whatever the test runner inherited (nohup ignores SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv[2] == "ignore" else signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with atomic_write(sys.argv[1], "context") as f:
         f.write(b"x" * 65536)
         f.flush()
@@ -104,8 +107,8 @@ WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_while_saving_leaves_no_temp_and_no_target(tmp_path, sig):
     target = tmp_path / "ctx.kvctx"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target), "default"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "writing"
     assert len(_temps(tmp_path, "ctx.kvctx")) == 1  # the bytes are in a temporary file now
     proc.send_signal(sig)
@@ -114,6 +117,22 @@ def test_signal_while_saving_leaves_no_temp_and_no_target(tmp_path, sig):
     proc.stdout.close()
     assert proc.returncode == -sig  # it still ends as the signal says
     assert _temps(tmp_path, "ctx.kvctx") == [] and not target.exists()
+
+
+def test_an_ignored_sighup_does_not_interrupt_saving(tmp_path):
+    """Under nohup (SIGHUP ignored) a hangup mid-save changes nothing: the save completes."""
+    target = tmp_path / "ctx.kvctx"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target), "ignore"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGHUP)
+    proc.stdin.write("go on\n")
+    proc.stdin.flush()
+    proc.wait(timeout=60)
+    proc.stdin.close()
+    proc.stdout.close()
+    assert proc.returncode == 0
+    assert target.read_bytes() == b"x" * 65536 + b"never" and _temps(tmp_path, "ctx.kvctx") == []
 
 
 @pytest.fixture(scope="module")
