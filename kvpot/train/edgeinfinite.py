@@ -169,24 +169,15 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
     sink, rest = tokens[:cfg.L_sink], tokens[cfg.L_sink:]
     H, d = weights.n_head_kv, weights.head_dim
     with torch.no_grad():
-        _, prefix = forward(weights, sink, 0)
+        _, prefix = forward(weights, sink, 0, logits=False)
     mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
-    pot_index = {il: i for i, il in enumerate(gate.layers)}
     loss = None
     for s in range(cfg.n_seg):
         seg = rest[s * cfg.L_seg:(s + 1) * cfg.L_seg]
         last = s == cfg.n_seg - 1
-        folded = s > 0
-
-        def mix(il, q, a_dot, mem=mem):
-            if not folded or il not in pot_index:
-                return a_dot  # no memory yet: stock attention (eq. 10)
-            m, z = mem[il]
-            return gate.mix(pot_index[il], read(m, z, q), a_dot)
-
         ctx = torch.enable_grad() if last else torch.no_grad()
         with ctx:
-            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=mix)
+            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0), logits=last)
         if last:
             target = torch.as_tensor(seg[1:])
             loss = torch.nn.functional.cross_entropy(logits[:-1], target)
