@@ -246,3 +246,19 @@ def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
     assert 500 < kv["tokens"] < 700 and 500 < stock["tokens"] < 700  # the same generated logbook
     assert kv["reopen_speedup"] == pytest.approx(kv["reread_seconds"] / kv["reopen_seconds"])
     assert "stock llama.cpp" in res.stderr
+
+
+def test_bench_throughput_reports_the_store_on_disk_and_leaves_none(smollm2_path, tmp_path):
+    """InfLLM keeps evicted blocks on disk: the bench reports the store's size and deletes it after."""
+    import json
+
+    out = tmp_path / "tp.json"
+    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "-P", "infllm", "--tokens", "2048",
+                  "--stock-tokens", "256", "--budget", "512", "--chunk", "128", "--json", str(out),
+                  env={"COLUMNS": "200", "KVPOT_HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    pot = json.loads(out.read_text())["pot"][0]
+    # every token past the initial ones and the local window went to the store, K and V of each pot layer
+    assert pot["disk_bytes"] > (2048 - 512 - 128) * 2 * 2 * 64  # > F16 K+V of one KV head of 64 per token
+    assert "on disk" in res.stderr
+    assert list((tmp_path / "blocks").glob("*.kvblk")) == []

@@ -4,6 +4,10 @@ cells and cache, and a reopened context (in-graph lookup) that continues with th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from potlib import TensorCatcher, decode_chunks, logbook_tokens, new_ctx, numpy_rope, rope_facts
@@ -184,3 +188,39 @@ def test_reopened_context_continues_with_the_same_logits(smollm2_path, long_text
         c.import_state(state)
     c.close()
     a.close()
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(smollm2_path, tmp_path, saved):
+    """A script that reads with InfLLM and exits without closing its engine leaves no block store behind
+    (a bench that never closed left ~3 KB per token read under KVPOT_HOME each run); one a saved context
+    references stays."""
+    code = (
+        "import sys\n"
+        "from kvpot.bench.logbook import logbook\n"
+        "from kvpot.engine import Engine, EngineConfig\n"
+        "from kvpot.policies import InfLLM\n"
+        "eng = Engine(sys.argv[1], InfLLM(), EngineConfig(budget=512, chunk=128, n_threads=2))\n"
+        "eng.feed_text(logbook(n_entries=60, seed=4, fact_at=0.3)[0])\n"
+        "state = eng.export_state() if sys.argv[2] == '1' else None\n"
+        "print(eng.policy.disk_bytes())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(smollm2_path), str(int(saved))], capture_output=True,
+                         text=True, env={**os.environ, "KVPOT_HOME": str(tmp_path)}, timeout=600)
+    assert res.returncode == 0, res.stderr
+    left = list((tmp_path / "blocks").glob("*.kvblk"))
+    assert int(res.stdout.split()[-1]) > 0  # the reading did store blocks
+    if saved:
+        assert len(left) == 1 and left[0].stat().st_size == int(res.stdout.split()[-1])
+    else:
+        assert left == []
+
+
+def test_closing_the_engine_deletes_the_store_it_made(smollm2_path, long_text, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPOT_HOME", str(tmp_path))
+    eng = Engine(str(smollm2_path), InfLLM(), EngineConfig(budget=512, chunk=128, n_threads=2))
+    eng.feed_text(long_text[0])
+    path = eng.policy.lookup_store().path
+    assert eng.policy.disk_bytes() == os.path.getsize(path) > 0
+    eng.close()
+    assert not os.path.exists(path) and eng.policy.disk_bytes() == 0

@@ -10,12 +10,17 @@ def throughput_table(result: dict, model_name: str) -> Table:
     plan, stock = result["plan"], result["stock"]
     table = Table(title=f"ingestion throughput: {model_name}, {plan['policy']} at {plan['budget']} cells, "
                         f"chunk {plan['chunk']}, {plan['threads']} threads")
-    for col in ("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held"):
+    # a policy that keeps blocks on disk (InfLLM) gets the store's size; results from before it had none
+    disk = any(r.get("disk_bytes") for r in result["pot"])
+    cols = ("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held") + (("on disk",) if disk else ())
+    for col in cols:
         table.add_column(col, justify="right" if col != "run" else "left")
-    table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-")
+    table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-",
+                  *(("-",) if disk else ()))
     for r in result["pot"]:
         table.add_row(f"kvpot {plan['policy']}", str(r["tokens"]), f"{r['tok_s']:.1f}", f"{r['ratio_vs_stock']:.2f}",
-                      f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB")
+                      f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB",
+                      *((f"{r.get('disk_bytes', 0) / 2**20:.1f} MiB",) if disk else ()))
     return table
 
 

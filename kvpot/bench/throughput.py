@@ -70,11 +70,12 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
     def on_chunk(ev):
         peak_bytes[0] = max(peak_bytes[0], ev.stats.bytes_used)
 
-    t0 = time.perf_counter()
-    eng.feed(tokens, on_chunk)
-    dt = time.perf_counter() - t0
-    st = eng.stats()
-    return {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
-            "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "kv_bytes": peak_bytes[0],
-            "kv_bytes_allocated": st.bytes_total, "compactions": st.n_compactions,
-            "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}
+    with eng:  # closing deletes what the policy kept on disk (InfLLM's block store)
+        t0 = time.perf_counter()
+        eng.feed(tokens, on_chunk)
+        dt = time.perf_counter() - t0
+        st = eng.stats()
+        return {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
+                "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "kv_bytes": peak_bytes[0],
+                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
+                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}

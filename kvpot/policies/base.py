@@ -147,6 +147,8 @@ class Policy:
                                     back out, lets the policy select (view.queries) and recall, then
                                     decodes it for real (InfLLM's lookup for the question)
       reset()                    -> forget the document
+    Any time:
+      disk_bytes()               -> bytes the policy keeps on disk beside the pot (InfLLM's block store)
     """
 
     name = "base"
@@ -183,6 +185,9 @@ class Policy:
 
     def memory_fold(self):
         return None
+
+    def disk_bytes(self) -> int:
+        return 0
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return budget + chunk

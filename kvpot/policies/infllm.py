@@ -6,6 +6,7 @@ import hashlib
 import math
 import os
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +108,10 @@ class InfLLM(Policy):
     _store_path: str | None = field(default=None, init=False, repr=False, compare=False)
     _store_blocks: int = field(default=0, init=False, repr=False, compare=False)
     _store_hash: str | None = field(default=None, init=False, repr=False, compare=False)
-    _store_owned: bool = field(default=False, init=False, repr=False, compare=False)  # made here, no save references it
+    # a store made here that no save references is deleted when the document is forgotten, and also when
+    # the policy is collected or the interpreter exits without a reset (a script or bench that never
+    # closed its engine left a file per run, ~3 KB per token read). Only a killed process leaves one.
+    _store_cleanup: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
     _blocks = None  # the open BlockStore (kvpot.runtime.blocks), never saved
 
     def __post_init__(self) -> None:
@@ -288,7 +292,8 @@ class InfLLM(Policy):
         self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
                                   block_size=self._p("block_size"), max_cached=self._p("max_cached_block"), create=True)
         self._store_path = path
-        self._store_owned = self.store is None
+        if self.store is None:
+            self._store_cleanup = weakref.finalize(self, Path(path).unlink, missing_ok=True)
         return self._blocks
 
     # -- lookup ----------------------------------------------------------------------------------
@@ -303,6 +308,9 @@ class InfLLM(Policy):
             return np.broadcast_to(np.arange(n - topk, n), (n_layer, topk)).copy()
         rows = [np.sort(self._blocks.topk(layer, self._queries[layer], topk)[0]) for layer in range(n_layer)]
         return np.stack(rows).astype(np.int64)
+
+    def disk_bytes(self) -> int:
+        return os.path.getsize(self._store_path) if self._blocks is not None else 0
 
     def lookup_store(self):
         return self._blocks if self.lookup == "graph" else None
@@ -379,7 +387,8 @@ class InfLLM(Policy):
                ("_local_start", "_local_score", "_local_rows", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
         out["_fit"] = dict(self._fit) if self._fit else None
         out["_store_hash"] = self.store_digest() if self._blocks is not None else None
-        self._store_owned = False  # a saved context now references the store: never delete it
+        if self._store_cleanup is not None:  # a saved context now references the store: never delete it
+            self._store_cleanup.detach()
         return {k: v for k, v in out.items() if v is not None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -411,10 +420,10 @@ class InfLLM(Policy):
         references is deleted with it."""
         if self._blocks is not None:
             self._blocks.close()
-            if self._store_owned and self._store_path:
-                Path(self._store_path).unlink(missing_ok=True)
+        if self._store_cleanup is not None:
+            self._store_cleanup()  # unlinks, once; a detached one does nothing
         self._blocks = None
-        self._store_owned = False
+        self._store_cleanup = None
         self._local_start = -1
         self._local_score = None
         self._local_rows = None
