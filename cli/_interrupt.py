@@ -19,7 +19,9 @@ class Interrupts:
 
     def __enter__(self) -> Interrupts:
         self.hit = False
-        if threading.current_thread() is threading.main_thread():
+        # a SIGINT the process ignores stays ignored (a job started with `&` from a script, or under
+        # `nohup ... &`: its reader chose not to be stopped by an interrupt meant for the shell)
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._old = signal.signal(signal.SIGINT, self._handler)
         return self
 

@@ -46,10 +46,10 @@ def _describe(sources: SourceSet) -> str:
 def read_with_progress(session: Session, sources: SourceSet) -> bool:
     """Read the sources; returns True when everything was read, False when the user stopped it
     with Ctrl-C and chose to keep what was read. Raises KeyboardInterrupt when they chose not to."""
-    err.print(f"[bold]reading[/bold] {_describe(sources)} with {session.policy_spec}, budget "
-              f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: {session.format.name}",
-              soft_wrap=True)
-    with Interrupts() as stop:
+    with Interrupts() as stop:  # before the first line: from then on a Ctrl-C stops at the next chunk
+        err.print(f"[bold]reading[/bold] {_describe(sources)} with {session.policy_spec}, budget "
+                  f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: {session.format.name}",
+                  soft_wrap=True)
         try:
             if err.is_terminal:
                 _read_rich(session, sources, stop)

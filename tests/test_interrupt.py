@@ -1,0 +1,59 @@
+"""Ctrl-C while `kvpot ask` reads, in a real process: the reading stops at the next chunk and says how
+far it got (exit 130, no traceback); a process that ignores SIGINT (started with `&` from a script, or
+under nohup) is not stopped by one."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from kvpot.bench.logbook import logbook
+
+ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion",
+        "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory, smollm2_path):
+    text, question, _ = logbook(n_entries=120, seed=3)
+    path = tmp_path_factory.mktemp("doc") / "logbook.txt"
+    path.write_text(text)
+    return path, question
+
+
+def _ask_and_interrupt(doc, ignore: bool) -> tuple[int, str]:
+    path, question = doc
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", "ask", str(path), question, *ARGS]
+
+    def disposition():  # what the shell gives a background job, or the default
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.SIG_DFL)
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=disposition)
+    lines = []
+    for line in proc.stderr:  # the "reading ..." line is printed once Ctrl-C is handled
+        lines.append(line)
+        if line.startswith("reading "):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=600)
+    return proc.returncode, "".join(lines) + rest
+
+
+def test_ctrl_c_stops_the_reading_at_a_chunk_and_says_how_far(doc):
+    rc, stderr = _ask_and_interrupt(doc, ignore=False)
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr
+    stopped = [ln for ln in stderr.splitlines() if ln.startswith("stopped after ")]
+    assert len(stopped) == 1, stderr
+    assert "interrupted" in stderr
+
+
+def test_an_ignored_sigint_lets_the_reading_finish(doc):
+    rc, stderr = _ask_and_interrupt(doc, ignore=True)
+    assert rc in (0, 5), stderr  # 5: the model answered nothing (said on stderr)
+    assert "stopped" not in stderr and "interrupted" not in stderr
+    assert any(ln.startswith("read ") and " tokens in " in ln for ln in stderr.splitlines()), stderr
