@@ -96,14 +96,19 @@ def test_lookup_query_equals_numpy_of_the_captured_queries(smol, smollm2_path, d
 def test_fit_maps_the_budget():
     p = InfLLM()
     p.fit(2048, 512)
-    assert p._fit == dict(n_init=64, block_size=64, topk=8, n_local=1472, exc_block_size=512, max_cached_block=16)
+    assert p._fit == dict(n_init=64, block_size=64, topk=8, n_local=1472, exc_block_size=256, max_cached_block=16)
     p = InfLLM(block_size=128, topk=16, n_init=128)
     p.fit(6272, 512)
     assert p._fit["n_local"] == 4096  # the public configuration
+    assert p._fit["exc_block_size"] == 512  # an eighth of the budget, capped by the chunk
+    for budget, chunk, exc in ((2048, 128, 128), (512, 128, 64), (4096, 1024, 512), (600, 64, 64)):
+        p = InfLLM()
+        p.fit(budget, chunk)
+        assert p._fit["exc_block_size"] == exc
     with pytest.raises(BudgetTooSmall, match="exceeds the budget"):
         InfLLM(n_local=4096, topk=16, block_size=128).fit(2048, 512)
     with pytest.raises(BudgetTooSmall, match="less than a chunk"):
-        InfLLM().fit(600, 512)
+        InfLLM().fit(160, 512)
     with pytest.raises(KvpotError, match="repr_topk"):
         InfLLM(block_size=2, repr_topk=4)
 
@@ -136,7 +141,7 @@ def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixtur
     model_path = request.getfixturevalue(model_fixture)
     eng = make_engine(model_path, tmp_path, lookup="host")  # the in-graph lookup: test_infllm_lookup.py
     p = eng.policy
-    assert p._fit == dict(n_init=16, block_size=64, topk=2, n_local=368, exc_block_size=128, max_cached_block=4)
+    assert p._fit == dict(n_init=16, block_size=64, topk=2, n_local=368, exc_block_size=64, max_cached_block=4)
     events = []
     eng.feed_text(long_text[0], on_chunk=events.append)
     assert eng.tokens_seen > 2000

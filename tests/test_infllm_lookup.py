@@ -48,7 +48,7 @@ def test_graph_fetches_what_numpy_chooses_from_the_ubatchs_own_queries(request, 
     eng = make_engine(model_path, tmp_path)
     p = eng.policy
     assert p.lookup == "graph"
-    assert p._fit == dict(n_init=N_INIT, block_size=BS, topk=TOPK, n_local=N_LOCAL, exc_block_size=128, max_cached_block=4)
+    assert p._fit == dict(n_init=N_INIT, block_size=BS, topk=TOPK, n_local=N_LOCAL, exc_block_size=64, max_cached_block=4)
     events = []
     eng.feed_text(text, on_chunk=events.append)
     assert all(ev.cells <= 512 and ev.cells == ev.stats.n_cells_used for ev in events)

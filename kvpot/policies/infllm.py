@@ -25,13 +25,20 @@ def default_split(budget: int, chunk: int) -> dict[str, int]:
     """The parameters `fit` fills in, scaled from the public configuration for kvpot's budgets (the
     small test models run at 1-4K cells): initial tokens 1/32 of the budget (4..128), blocks of 128
     tokens from a budget of 4096 up and of 64 below (so a 2048-cell pot still holds 8 retrieved
-    blocks), a quarter of the budget for retrieved blocks, the rest local. At budget 2048: n_init 64,
-    block_size 64, topk 8, n_local 1472."""
+    blocks), a quarter of the budget for retrieved blocks, the rest local, and execution blocks of an
+    eighth of the budget in whole blocks (at most the chunk, at least a block). At budget 2048: n_init
+    64, block_size 64, topk 8, n_local 1472, exc_block_size 256.
+
+    Why an eighth: kvpot places the memory n_local before the chunk that reads it, so row i of a chunk
+    sees it at distance n_local + i (docs/pot.md); the public configuration's 512 queries per lookup
+    are an eighth of its 4096-token window. Reading 8K passkeys on Gemma-3-270M at 2048 cells, chunks
+    of 512 (a third of n_local) answered 16/20, of 256 19/20 (docs/benchmarks.md, InfLLM session 12)."""
     n_init = max(4, min(128, budget // 32))
     block_size = 128 if budget >= 4096 else 64
     topk = max(1, (budget // 4) // block_size)
+    exc = max(block_size, (budget // 8) // block_size * block_size)
     return dict(n_init=n_init, block_size=block_size, topk=topk, n_local=budget - n_init - topk * block_size,
-                exc_block_size=chunk)
+                exc_block_size=min(chunk, exc))
 
 
 @dataclass
