@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -63,6 +64,17 @@ def _device_rows(table: Table, backends: list[str]) -> list[str]:
     return warnings
 
 
+def block_stores(folder: Path) -> str:
+    """InfLLM's block stores under KVPOT_HOME: saved contexts reference theirs; a reading that was killed
+    (SIGKILL, out of memory) could not delete its own, and at ~3 KB a token read they add up."""
+    files = sorted(folder.glob("*.kvblk")) if folder.is_dir() else []
+    if not files:
+        return f"none in {folder}"
+    size = sum(f.stat().st_size for f in files)
+    return (f"{len(files)} in {folder}, {size / 2**20:,.1f} MiB (saved InfLLM contexts read theirs; "
+            f"any other is left by a killed reading and can be deleted)")
+
+
 @user_errors
 def doctor() -> None:
     """Show the kvpot runtime (llama.cpp commit, kvpot ABI, backends, CPU features) and cache paths."""
@@ -91,6 +103,7 @@ def doctor() -> None:
     table.add_row("kvpot home", str(paths.home()))
     table.add_row("models", str(paths.models_dir()))
     table.add_row("build cache", str(paths.build_dir()))
+    table.add_row("block stores", block_stores(paths.blocks_dir()))
     for m in KNOWN.values():
         table.add_row(f"model {m.name}", "cached" if cached_path(m).is_file() else "not pulled")
     err.print(table)

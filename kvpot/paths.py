@@ -22,3 +22,8 @@ def models_dir() -> Path:
 def build_dir() -> Path:
     """Build cache: the sdist, the extracted and patched trees, cmake's build dir, wheels."""
     return home() / "build"
+
+
+def blocks_dir() -> Path:
+    """InfLLM's block stores (`infllm:store=PATH` puts one elsewhere)."""
+    return home() / "blocks"

@@ -38,8 +38,18 @@ def test_doctor_reports_the_runtime():
     res = run_cli("doctor", env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     for needle in ("llama.cpp commit", "0c1e57098", "kvpot ABI", f"library {kvpot.ABI_VERSION}, python {kvpot.ABI_VERSION}", "backends", "CPU", "kvpot home",
-                   "devices", "layers and pot on"):
+                   "devices", "layers and pot on", "block stores"):
         assert needle in res.stderr, needle
+
+
+def test_doctor_counts_the_block_stores(tmp_path):
+    from kvpot.cli.doctor import block_stores
+
+    assert block_stores(tmp_path / "absent") == f"none in {tmp_path / 'absent'}"
+    (tmp_path / "a.kvblk").write_bytes(b"\0" * 3 * 2**20)
+    (tmp_path / "b.kvblk").write_bytes(b"\0" * 2**19)
+    (tmp_path / "notes.txt").write_text("not a store")
+    assert block_stores(tmp_path).startswith(f"2 in {tmp_path}, 3.5 MiB")
 
 
 def test_models_lists_both_test_models(smollm2_path, gemma_path):

@@ -5,28 +5,32 @@
 # THREADS defaults to 1 (session 9 ran two phases side by side on a 2-core machine; accuracy does not
 # depend on it, speed figures from such runs are not quoted).
 # LOOKUP: graph (default; the lookup inside each layer, session 10) or host (session 9's runs: the JSON
-# files without a suffix); the grids write NAME-graph.json for the in-graph lookup.
+# files without a suffix). EXC: queries per lookup (exc_block_size; default 256, the policy's default at
+# 2048 cells since session 12). Sessions 10-11 read in execution blocks of the chunk (512): their JSON
+# files are NAME-graph.json; these commands write NAME-graph-excN.json (NAME-excN.json for host).
 # Usage: sh docs/bench/infllm_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 T=${THREADS:-1}
 L=${LOOKUP:-graph}
-S=$([ "$L" = host ] && echo "" || echo "-$L")
+E=${EXC:-256}
+P=infllm:exc_block_size=$E$([ "$L" = host ] && echo ",lookup=host")
+S=$([ "$L" = host ] && echo "" || echo "-$L")-exc$E
 D=docs/bench/infllm
 mkdir -p $D
 D10="-d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9"
 case $1 in
 grid-8k)   $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --seed 1 --budget 2048 --chunk 512 --task passkey \
-               -P infllm:lookup=$L -t $T --json $D/niah-gemma3-8k-grid$S.json --resume ;;
+               -P $P -t $T --json $D/niah-gemma3-8k-grid$S.json --resume ;;
 grid-32k)  $K bench niah -m gemma3-270m -n 32768 -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
-               --task passkey -P infllm:lookup=$L -t $T --json $D/niah-gemma3-32k$S.json --resume ;;
+               --task passkey -P $P -t $T --json $D/niah-gemma3-32k$S.json --resume ;;
 grid-128k) $K bench niah -m gemma3-270m -n 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
-               --task passkey -P infllm:lookup=$L -t $T --json $D/niah-gemma3-128k$S.json --resume ;;
+               --task passkey -P $P -t $T --json $D/niah-gemma3-128k$S.json --resume ;;
 # peak RSS and store growth: the same policy over 8K and 128K tokens, each in a fresh process
-rss)       $K bench throughput -m gemma3-270m -P infllm:lookup=$L --budget 2048 --chunk 512 -n 8192 -n 131072 \
+rss)       $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 -n 8192 -n 131072 \
                --stock-tokens 2048 -t $T --json $D/rss-gemma3-8k-128k$S.json ;;
-# the 1M-token read
-read-1m)   $K bench throughput -m gemma3-270m -P infllm:lookup=$L --budget 2048 --chunk 512 -n 1048576 \
+# the 1M-token read (and 8K beside it, to compare peak RSS in the same run); the store is deleted after
+read-1m)   $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 -n 8192 -n 1048576 \
                --stock-tokens 2048 -t $T --json $D/read-gemma3-1m$S.json ;;
 *) echo "usage: sh docs/bench/infllm_run.sh grid-8k|grid-32k|grid-128k|rss|read-1m" >&2; exit 2 ;;
 esac

@@ -291,10 +291,10 @@ class InfLLM(Policy):
     def _open_store(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int):
         if self._blocks is not None:
             return self._blocks
-        from kvpot.paths import home
+        from kvpot.paths import blocks_dir
         from kvpot.runtime.blocks import BlockStore
 
-        path = self.store or str(home() / "blocks" / f"{uuid.uuid4().hex}.kvblk")
+        path = self.store or str(blocks_dir() / f"{uuid.uuid4().hex}.kvblk")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
                                   block_size=self._p("block_size"), max_cached=self._p("max_cached_block"), create=True)
