@@ -2,10 +2,15 @@
 # Interleaved reading-speed A/B (docs/benchmarks.md, "session 10"): the policies compared are run one
 # after another, ROUNDS times, each `kvpot bench throughput` in fresh processes, so a slow minute of the
 # machine hits every policy alike; the figure is the ratio of tokens/s to StreamingLLM's, per round.
-# Stock prefill is cut to 64 tokens (its ratio is not the point here). Usage: sh docs/bench/speed_ab.sh
+# Stock prefill is cut to 64 tokens (its ratio is not the point here).
+# Usage: sh docs/bench/speed_ab.sh [exc]
+#   (none): session 10's set (InfLLM then read in execution blocks of the chunk, 512; since session 12
+#           its default at 2048 cells is 256, so infllm-graph now measures that), JSON in speed/ab/
+#   exc:    session 12's: InfLLM's default (256) beside execution blocks of 512, JSON in speed/ab-exc/
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
-D=docs/bench/speed/ab
+SET=${1:-all}
+D=docs/bench/speed/ab$([ "$SET" = exc ] && echo -exc)
 R=${ROUNDS:-2}
 mkdir -p $D
 run() {  # model tag policy
@@ -14,6 +19,13 @@ run() {  # model tag policy
 }
 r=1
 while [ $r -le $R ]; do
+    if [ "$SET" = exc ]; then
+        run gemma3-270m streaming streaming
+        run gemma3-270m infllm-exc512 infllm:exc_block_size=512
+        run gemma3-270m infllm-default infllm
+        r=$((r + 1))
+        continue
+    fi
     run gemma3-270m streaming streaming
     run gemma3-270m infllm-graph infllm:lookup=graph
     run gemma3-270m infllm-host infllm:lookup=host
