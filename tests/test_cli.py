@@ -196,6 +196,8 @@ def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     assert pot["tokens"] == 512 and pot["compactions"] > 0
     assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
     assert 0 < pot["kv_bytes"] <= pot["kv_bytes_allocated"]
+    # /proc's RSS now and ru_maxrss count pages a little differently: compare loosely
+    assert 0 < pot["rss_start_mb"] <= 1.05 * pot["peak_rss_mb"] and 0.5 * pot["peak_rss_mb"] < pot["rss_end_mb"] <= 1.05 * pot["peak_rss_mb"]
     assert "stock llama.cpp" in res.stderr
 
 

@@ -4,6 +4,7 @@ is its own and not the largest of every case run before it."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -25,3 +26,12 @@ def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory now, in MiB, where /proc tells it (Linux, Android); else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None

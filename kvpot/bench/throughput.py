@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kvpot.bench.process import peak_rss_mb, run_worker
+from kvpot.bench.process import peak_rss_mb, rss_mb, run_worker
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,15 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
         peak_bytes[0] = max(peak_bytes[0], ev.stats.bytes_used)
 
     with eng:  # closing deletes what the policy kept on disk (InfLLM's block store)
+        # RSS before and after the read: the peak also counts the input held in Python (a 1M-token list
+        # is ~40 MiB), which grows with the input while the pot does not
+        rss_start = rss_mb()
         t0 = time.perf_counter()
         eng.feed(tokens, on_chunk)
         dt = time.perf_counter() - t0
         st = eng.stats()
         return {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
-                "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "kv_bytes": peak_bytes[0],
+                "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "rss_start_mb": rss_start,
+                "rss_end_mb": rss_mb(), "kv_bytes": peak_bytes[0],
                 "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
                 "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}
