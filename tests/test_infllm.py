@@ -207,7 +207,9 @@ def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(
         "from kvpot.policies import InfLLM\n"
         "eng = Engine(sys.argv[1], InfLLM(), EngineConfig(budget=512, chunk=128, n_threads=2))\n"
         "eng.feed_text(logbook(n_entries=60, seed=4, fact_at=0.3)[0])\n"
-        "state = eng.export_state() if sys.argv[2] == '1' else None\n"
+        "state = eng.export_state()  # a snapshot in memory (a session's, after reading) keeps nothing\n"
+        "if sys.argv[2] == '1':\n"
+        "    eng.policy.keep_on_disk()  # what Session.save does once the context file is written\n"
         "print(eng.policy.disk_bytes())\n"
     )
     res = subprocess.run([sys.executable, "-c", code, str(smollm2_path), str(int(saved))], capture_output=True,
@@ -229,3 +231,17 @@ def test_closing_the_engine_deletes_the_store_it_made(smollm2_path, long_text, t
     assert eng.policy.disk_bytes() == os.path.getsize(path) > 0
     eng.close()
     assert not os.path.exists(path) and eng.policy.disk_bytes() == 0
+
+
+def test_kvpot_ask_leaves_a_store_only_beside_a_saved_context(smollm2_path, long_text, tmp_path):
+    """`kvpot ask` snapshots the state after reading; only --save-context keeps the block store."""
+    from conftest import run_cli
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(long_text[0])
+    args = ["ask", str(doc), long_text[1], "-m", str(smollm2_path), "-P", "infllm", "--budget", "512", "--chunk", "128",
+            "-n", "2", "--prompt", "completion"]
+    for home, extra, left in (("plain", [], 0), ("saved", ["--save-context", str(tmp_path / "c.kvctx")], 1)):
+        res = run_cli(*args, *extra, env={"KVPOT_HOME": str(tmp_path / home)})
+        assert res.returncode in (0, 5), res.stderr  # 5: the model answered nothing
+        assert len(list((tmp_path / home / "blocks").glob("*.kvblk"))) == left, res.stderr

@@ -149,6 +149,7 @@ class Policy:
       reset()                    -> forget the document
     Any time:
       disk_bytes()               -> bytes the policy keeps on disk beside the pot (InfLLM's block store)
+      keep_on_disk()             -> a saved context file now references that data: never delete it
     """
 
     name = "base"
@@ -188,6 +189,9 @@ class Policy:
 
     def disk_bytes(self) -> int:
         return 0
+
+    def keep_on_disk(self) -> None:
+        pass
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return budget + chunk

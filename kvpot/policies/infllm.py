@@ -394,9 +394,12 @@ class InfLLM(Policy):
                ("_local_start", "_local_score", "_local_rows", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
         out["_fit"] = dict(self._fit) if self._fit else None
         out["_store_hash"] = self.store_digest() if self._blocks is not None else None
-        if self._store_cleanup is not None:  # a saved context now references the store: never delete it
-            self._store_cleanup.detach()
         return {k: v for k, v in out.items() if v is not None}
+
+    def keep_on_disk(self) -> None:
+        # a state held in memory (a session's snapshot after reading) does not keep the store; a file does
+        if self._store_cleanup is not None:
+            self._store_cleanup.detach()
 
     def load_state_dict(self, state: dict) -> None:
         self.reset()

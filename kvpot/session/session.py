@@ -229,7 +229,9 @@ class Session:
             "sources": self.sources,
             "turns": self.turns,
         }
-        return write_context(path, SavedContext(header=header, state=self.engine.export_state()))
+        written = write_context(path, SavedContext(header=header, state=self.engine.export_state()))
+        self.engine.policy.keep_on_disk()  # the file now references the policy's disk data (InfLLM's store)
+        return written
 
     @classmethod
     def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None) -> Session:
