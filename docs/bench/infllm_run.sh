@@ -14,7 +14,7 @@ K=${KVPOT:-.venv/bin/kvpot}
 T=${THREADS:-1}
 L=${LOOKUP:-graph}
 E=${EXC:-256}
-P=infllm:exc_block_size=$E$([ "$L" = host ] && echo ",lookup=host")
+P=infllm:exc_block_size=$E$([ "$L" != host ] || echo ",lookup=host")
 S=$([ "$L" = host ] && echo "" || echo "-$L")-exc$E
 D=docs/bench/infllm
 mkdir -p $D
