@@ -4,7 +4,7 @@
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
-# Usage: [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k  (from the repo root)
+# Usage: [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
@@ -27,5 +27,7 @@ code-8k)  code 40 $tmp/kvpot-ei-code.txt; run $tmp/kvpot-ei-code.txt 8192 ppl-sm
 code-32k) code 136 $tmp/kvpot-ei-code-all.txt; run $tmp/kvpot-ei-code-all.txt 32768 ppl-smollm2-code-32k ;;
 text-8k)  $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
           run $tmp/kvpot-ei-text.txt 8192 ppl-smollm2-text-8k ;;
-*) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k" >&2; exit 2 ;;
+text-32k) $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
+          run $tmp/kvpot-ei-text.txt 32768 ppl-smollm2-text-32k ;;
+*) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k" >&2; exit 2 ;;
 esac
