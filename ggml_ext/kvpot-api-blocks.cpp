@@ -344,6 +344,7 @@ int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, 
             }
         }
         st.lookup.reset(); // its cells moved; the caller sets the range again
+        st.distance = {};
         cells.reset();
         for (uint32_t j = 0; j < n_new; ++j) {
             cells.pos_set(j, p_next - (llama_pos) n_new + (llama_pos) j);
@@ -472,6 +473,31 @@ int32_t kvpot_lookup_hold(llama_context * ctx, bool hold) {
         if (st.lookup) {
             st.lookup->hold = hold;
         }
+        return 0;
+    });
+}
+
+int32_t kvpot_distance_set(llama_context * ctx, int32_t cell0, int32_t n_cells, int32_t distance) {
+    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
+        kvpot_state & st = kvpot_state_get(ctx);
+        st.force_rebuild = true;
+        if (n_cells == 0) {
+            st.distance = {};
+            return 0;
+        }
+        if (std::string why = check_plain(pot, st); !why.empty()) {
+            return kvpot_fail(KVPOT_ERR_STATE, why);
+        }
+        if (kvpot_kv_access::hparams(*pot.kv).attn_soft_cap) {
+            // the cap is applied to the logits before the mask, so a bias on the mask is not the paper's logit
+            return kvpot_fail(KVPOT_ERR_STATE, "a memory distance needs a model without attention logit soft-capping");
+        }
+        if (cell0 < 0 || n_cells < 0 || distance < 0 || (int64_t) cell0 + n_cells > (int64_t) st.n_compacted) {
+            return kvpot_fail(KVPOT_ERR_ARG, "memory cells from " + std::to_string(cell0) + ", " + std::to_string(n_cells)
+                              + " of them, at distance " + std::to_string(distance) + ": not within the pot's "
+                              + std::to_string(st.n_compacted) + " placed cells");
+        }
+        st.distance = {cell0, n_cells, distance};
         return 0;
     });
 }

@@ -132,6 +132,7 @@ int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t siz
         }
         st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
         st.lookup.reset(); // a restored context sets its InfLLM lookup again (kvpot_lookup_set)
+        st.distance = {};
         st.force_rebuild = true;
         return 0;
     });

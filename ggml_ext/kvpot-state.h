@@ -1,6 +1,7 @@
 // per-context kvpot state: pending tap / log-prob requests, their results, and per-head positions
 #pragma once
 
+#include "kvpot-distance.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -73,7 +74,8 @@ struct kvpot_state {
     std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
 
     bool active() const {
-        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on || lookup != nullptr;
+        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on || lookup != nullptr ||
+               distance.n_cells > 0;
     }
 
     // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
@@ -92,6 +94,9 @@ struct kvpot_state {
     // InfLLM's lookup inside the layer (kvpot-lookup.h): set after the cells are reserved, dropped by
     // anything that moves cells (compaction, insert, reset, restore)
     std::shared_ptr<kvpot_lookup>                  lookup;
+    // InfLLM's memory cells seen at one distance by every query (kvpot-distance.h, kvpot_distance_set);
+    // dropped with the lookup by anything that moves cells
+    kvpot_distance                                 distance;
 
     bool has_dead_cells() const {
         for (int32_t n : n_live) {

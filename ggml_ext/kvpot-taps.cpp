@@ -2,6 +2,7 @@
 // read back after it computes
 #include "kvpot-blocks.h"
 #include "kvpot-compact.h"
+#include "kvpot-distance.h"
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
 #include "kvpot-lookup.h"
@@ -221,7 +222,9 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
             tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
         }
     }
-    return kq_mask;
+    // after the taps (they read the mask as the attention would without the memory's distance) and
+    // after the lookup's copies (the bias reads the fetched keys)
+    return kvpot_distance_mask(ctx0, res, g_build.lctx, *g_build.pot, st, *g_build.ub, q, k, kq_mask, kq_scale, ipot, il);
 }
 
 ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, float kq_scale, int32_t il) {

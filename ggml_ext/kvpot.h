@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 10
+#define KVPOT_ABI_VERSION 11
 
 #ifdef __cplusplus
 extern "C" {
@@ -306,6 +306,13 @@ KVPOT_API int32_t kvpot_lookup_take(struct llama_context * ctx, int32_t ipot, in
 // hold (true) the lookup: later graphs do not fetch and the cells keep the last fetch, until released
 // (kvpot holds it while generating an answer: one generated token's query is a poor choice of blocks)
 KVPOT_API int32_t kvpot_lookup_hold(struct llama_context * ctx, bool hold);
+
+// InfLLM's context memory at one distance: from the next graph on, every query of every pot layer sees
+// the cells [cell0, cell0 + n_cells) as if they sat `distance` positions before it, whatever its own
+// position (the paper's initial tokens and retrieved blocks "at distance n_local"), through a per-head
+// bias on those cells' attention logits (ggml_ext/kvpot-distance.h). n_cells 0 turns it off. Refused
+// for models that soft-cap attention logits. A compaction, insert, reset or restore drops it.
+KVPOT_API int32_t kvpot_distance_set(struct llama_context * ctx, int32_t cell0, int32_t n_cells, int32_t distance);
 
 // what the score taps (kvpot_tap_request) measure from the next request on:
 #define KVPOT_TAP_ATTENTION 0 // the attention probability each cell receives (softmax rows; the default)

@@ -29,6 +29,9 @@ _SAVED_SCALARS = ("tokens_seen", "pos_next", "n_compactions", "compact_seconds",
 # InfLLM's in-graph lookup (Recall.fetch): its cells, saved so a reopened context sets it again;
 # contexts saved before it existed have none
 _SAVED_FETCH = ("_fetch_cell0", "_fetch_n", "_fetch_bs", "_fetch_local")
+# recalled cells every query sees at one distance (Recall.distance), set again on reopening; contexts
+# saved before it existed have none
+_SAVED_DISTANCE = ("_mem_cell0", "_mem_n", "_mem_distance")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class Engine:
         self.stop_reason = ""     # why the last answer ended (for "the model produced no answer")
         # cells [_fetch_cell0, + _fetch_n * _fetch_bs) the graph refills per ubatch (Recall.fetch); 0: none
         self._fetch_cell0 = self._fetch_n = self._fetch_bs = self._fetch_local = 0
+        # cells [_mem_cell0, + _mem_n) every query sees _mem_distance positions back (Recall.distance); 0: none
+        self._mem_cell0 = self._mem_n = self._mem_distance = 0
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -334,6 +339,9 @@ class Engine:
             f = rec.fetch
             self._fetch_cell0, self._fetch_n, self._fetch_bs, self._fetch_local = cell0 + f.first, f.n_blocks, f.block_size, f.n_local
             self._set_lookup()
+        if rec.distance is not None and m:
+            self._mem_cell0, self._mem_n, self._mem_distance = cell0, m, rec.distance
+            self.pot.distance_set(cell0, m, rec.distance)
 
     def _set_lookup(self) -> None:
         self.pot.lookup_set(self.policy.lookup_store(), self._fetch_cell0, self._fetch_n, self._fetch_local)
@@ -398,7 +406,7 @@ class Engine:
         keep = np.asarray(keep, dtype=np.int64)
         check_keep(keep, self.positions, self.policy.name)
         self.pot.compact(keep, cr_rope)
-        self._fetch_n = 0  # the runtime dropped the lookup with the cells it filled
+        self._fetch_n = self._mem_n = 0  # the runtime dropped the lookup and the distance with the cells
         held = keep != PAD
         kept = np.take_along_axis(self.positions, np.where(held, keep, 0), axis=2)
         self.positions = np.where(held, kept, DEAD)
@@ -493,7 +501,7 @@ class Engine:
         """Everything needed to continue later: llama.cpp's sequence state, kvpot's per-head state,
         the engine's bookkeeping and the policy's per-document state."""
         self.pot.settle()
-        values = {name: getattr(self, name) for name in _SAVED_SCALARS + _SAVED_FETCH}
+        values = {name: getattr(self, name) for name in _SAVED_SCALARS + _SAVED_FETCH + _SAVED_DISTANCE}
         arrays = {"positions": np.ascontiguousarray(self.positions)}
         if self.gate is not None:  # EdgeInfinite's M, z (layout: kvpot.h, kvpot_memory_state_get)
             arrays["memory"] = np.frombuffer(self.pot.memory_bytes(), dtype=np.uint8)
@@ -516,8 +524,10 @@ class Engine:
             self.pot.set_memory_bytes(np.ascontiguousarray(state.arrays["memory"], dtype=np.uint8).tobytes())
         for name in _SAVED_SCALARS:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
-        for name in _SAVED_FETCH:
+        for name in _SAVED_FETCH + _SAVED_DISTANCE:
             setattr(self, name, int(state.values.get(name, 0)))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))
         if self._fetch_n:
             self._set_lookup()
+        if self._mem_n:
+            self.pot.distance_set(self._mem_cell0, self._mem_n, self._mem_distance)

@@ -91,6 +91,9 @@ class Recall:
     rope_to: int
     positions: np.ndarray  # [L, H, m] int64 stream positions of the recalled tokens
     fetch: Fetch | None = None  # recalled cells the graph refills for every ubatch, if any
+    # every query sees the recalled cells this many positions back, whatever its own position (InfLLM's
+    # memory "at distance n_local"; kvpot_distance_set), or None: at the RoPE position rope_to
+    distance: int | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,10 @@ class InfLLM(Policy):
     max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
     store:            block store file (default: a new file under KVPOT_HOME/blocks/)
+    distance:         "constant" (default): every query sees the initial tokens and the retrieved blocks
+                      n_local positions back, as the paper does (a per-head bias on those cells' logits,
+                      ggml_ext/kvpot-distance.h); "chunk": they sit n_local before the chunk that reads
+                      them, so row i of a chunk sees them n_local + i back (kvpot sessions 9-12)
     lookup:           "graph" (default): each ubatch looks its blocks up inside every pot layer with its
                       own queries, as the paper does; "host": the previous chunk's queries choose on the
                       CPU between decodes, and a question is decoded twice (kvpot's first version,
@@ -81,8 +85,9 @@ class InfLLM(Policy):
 
     Positions: keys are stored at RoPE position 0; queries are looked up rotated to n_local, and the
     recalled cells (initial tokens and blocks) are re-rotated so that they sit n_local before the
-    chunk that reads them (the paper's "as if at distance n_local"). Local tokens keep their own
-    positions (no CR-RoPE).
+    chunk that reads them; with distance="constant" the attention then corrects each query row's
+    logits on those cells to the paper's: query at n_local, memory key at 0, for every row of every
+    chunk and every generated token. Local tokens keep their own positions (no CR-RoPE).
 
     Lookup timing: with lookup="graph", after every compaction the recall puts the initial tokens
     back and reserves min(topk, blocks stored) * block_size cells after them; each ubatch's graph then
@@ -103,6 +108,7 @@ class InfLLM(Policy):
     exc_block_size: int | None = None
     store: str | None = None
     lookup: str = "graph"
+    distance: str = "constant"
 
     _fit: dict | None = field(default=None, init=False, repr=False, compare=False)
     _local_start: int = field(default=-1, init=False, repr=False, compare=False)   # stream pos of the oldest local token
@@ -126,6 +132,8 @@ class InfLLM(Policy):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "n_init" else 1):
                 raise KvpotError(f"infllm: {name} must be {'>= 0' if name == 'n_init' else 'positive'}, got {value}")
+        if self.distance not in ("constant", "chunk"):
+            raise KvpotError(f"infllm: distance must be constant or chunk, got {self.distance!r}")
         if self.lookup not in ("graph", "host"):
             raise KvpotError(f"infllm: lookup must be graph or host, got {self.lookup!r}")
         if self.repr_topk < 1:
@@ -344,7 +352,8 @@ class InfLLM(Policy):
         if k.shape[2] == 0:
             return None
         return Recall(k=k, v=v, rope_from=np.zeros(k.shape[2], dtype=np.int32),
-                      rope_to=max(0, pos_next - self._p("n_local")), positions=np.stack(ps).astype(np.int64))
+                      rope_to=max(0, pos_next - self._p("n_local")), positions=np.stack(ps).astype(np.int64),
+                      distance=self._memory_distance())
 
     def _recall_for_graph(self, pos_next: int) -> Recall | None:
         """The initial tokens, and cells for min(topk, blocks stored) blocks that every ubatch's graph
@@ -367,7 +376,11 @@ class InfLLM(Policy):
         pos = np.concatenate([np.arange(n_init), guess]).astype(np.int64)
         return Recall(k=k, v=v, rope_from=np.zeros(m, dtype=np.int32), rope_to=max(0, pos_next - self._p("n_local")),
                       positions=np.broadcast_to(pos, (L, H, m)).copy(),
-                      fetch=Fetch(first=n_init, n_blocks=n, block_size=bs, n_local=self._p("n_local")) if n else None)
+                      fetch=Fetch(first=n_init, n_blocks=n, block_size=bs, n_local=self._p("n_local")) if n else None,
+                      distance=self._memory_distance())
+
+    def _memory_distance(self) -> int | None:
+        return self._p("n_local") if self.distance == "constant" else None
 
     # -- saving ----------------------------------------------------------------------------------
 

@@ -181,6 +181,8 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_lookup_take", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, c_i32_p, ctypes.c_int32, c_i32_p, ctypes.c_int32]),
     # int32_t kvpot_lookup_hold(struct llama_context * ctx, bool hold);
     ("kvpot_lookup_hold", ctypes.c_int32, [c_ctx_p, ctypes.c_bool]),
+    # int32_t kvpot_distance_set(struct llama_context * ctx, int32_t cell0, int32_t n_cells, int32_t distance);
+    ("kvpot_distance_set", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
     # int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
     ("kvpot_tap_mode", ctypes.c_int32, [c_ctx_p, ctypes.c_int32]),
 ]

@@ -182,7 +182,13 @@ class LlamaContext(Owned):
             raise KvpotError(f"llama_decode failed ({rc}) at position {pos0} with {n} tokens")
 
     def logits_last(self) -> np.ndarray:
-        ptr = self._L.llama_get_logits_ith(self.ptr, -1)
+        return self.logits_row(-1)
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """Logits of row i of the last decode (one asked for with logits 'all'); -1: the last row."""
+        ptr = self._L.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise KvpotError(f"internal: the last decode has no logits for row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
     def remove_from(self, pos: int) -> None:

@@ -190,6 +190,11 @@ class Pot:
         self._check("kvpot_lookup_set", self.lib.kvpot_lookup_set(self.ctx, ptr, cell0, n_fetch, n_local))
         self._lookup_held = False  # a new lookup starts unheld (kvpot_lookup_set)
 
+    def distance_set(self, cell0: int, n_cells: int, distance: int) -> None:
+        """From the next decode on, every query sees the placed cells [cell0, cell0 + n_cells) `distance`
+        positions back, whatever its own position (InfLLM's memory); n_cells 0 turns it off."""
+        self._check("kvpot_distance_set", self.lib.kvpot_distance_set(self.ctx, cell0, n_cells, distance))
+
     def lookup_hold(self, hold: bool) -> None:
         """While held, graphs do not fetch: the lookup's cells keep the blocks the last fetch chose."""
         self._check("kvpot_lookup_hold", self.lib.kvpot_lookup_hold(self.ctx, hold))
