@@ -8,14 +8,17 @@
 # files without a suffix). EXC: queries per lookup (exc_block_size; default 256, the policy's default at
 # 2048 cells since session 12). Sessions 10-11 read in execution blocks of the chunk (512): their JSON
 # files are NAME-graph.json; these commands write NAME-graph-excN.json (NAME-excN.json for host).
+# DIST: constant (default since session 13: every query sees the memory n_local back, as the paper) or
+# chunk (sessions 9-12: n_local before the chunk); constant adds "-const" to the JSON name.
 # Usage: sh docs/bench/infllm_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 T=${THREADS:-1}
 L=${LOOKUP:-graph}
 E=${EXC:-256}
-P=infllm:exc_block_size=$E$([ "$L" != host ] || echo ",lookup=host")
-S=$([ "$L" = host ] && echo "" || echo "-$L")-exc$E
+DIST=${DIST:-constant}
+P=infllm:exc_block_size=$E,distance=$DIST$([ "$L" != host ] || echo ",lookup=host")
+S=$([ "$L" = host ] && echo "" || echo "-$L")-exc$E$([ "$DIST" != constant ] || echo "-const")
 D=docs/bench/infllm
 mkdir -p $D
 D10="-d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9"
