@@ -3,14 +3,15 @@
 # after another, ROUNDS times, each `kvpot bench throughput` in fresh processes, so a slow minute of the
 # machine hits every policy alike; the figure is the ratio of tokens/s to StreamingLLM's, per round.
 # Stock prefill is cut to 64 tokens (its ratio is not the point here).
-# Usage: sh docs/bench/speed_ab.sh [exc]
+# Usage: sh docs/bench/speed_ab.sh [exc|dist]
 #   (none): session 10's set (InfLLM then read in execution blocks of the chunk, 512; since session 12
 #           its default at 2048 cells is 256, so infllm-graph now measures that), JSON in speed/ab/
 #   exc:    session 12's: InfLLM's default (256) beside execution blocks of 512, JSON in speed/ab-exc/
+#   dist:   session 13's: InfLLM's memory at one distance (the default) beside distance=chunk, JSON in speed/ab-dist/
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 SET=${1:-all}
-D=docs/bench/speed/ab$([ "$SET" = exc ] && echo -exc)
+D=docs/bench/speed/ab$([ "$SET" = all ] || echo "-$SET")
 R=${ROUNDS:-2}
 mkdir -p $D
 run() {  # model tag policy
@@ -19,6 +20,13 @@ run() {  # model tag policy
 }
 r=1
 while [ $r -le $R ]; do
+    if [ "$SET" = dist ]; then
+        run gemma3-270m streaming streaming
+        run gemma3-270m infllm-chunk infllm:distance=chunk
+        run gemma3-270m infllm-default infllm
+        r=$((r + 1))
+        continue
+    fi
     if [ "$SET" = exc ]; then
         run gemma3-270m streaming streaming
         run gemma3-270m infllm-exc512 infllm:exc_block_size=512
