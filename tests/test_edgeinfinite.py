@@ -32,11 +32,15 @@ def test_fit_takes_the_paper_lengths_when_they_fit_and_scales_them_down_otherwis
     p.fit(1024, 256)
     sink, window, seg = p.lengths()
     assert sink + window + seg + 65 == 1024
-    assert (sink, window) == (int(959 * 300 / 2548), int(959 * 200 / 2548))
-    # a length the spec sets is kept; the others share the rest in the paper's ratio
+    # below the paper's lengths: the sink's share of the paper, segments of an eighth, the window the rest
+    assert (sink, seg) == (int(959 * 300 / 2548), 1024 // 8) and window > 5 * seg
+    # a length the spec sets is kept; the others share the rest
     p = EdgeInfinite(gate="g", L_sink=4)
     p.fit(500, 64)
     assert p.L_sink == 4 and sum(p.lengths()) == 500
+    p = EdgeInfinite(gate="g", L_window=100)
+    p.fit(1024, 64)
+    assert p.L_window == 100 and sum(p.lengths()) == 1024 and p.L_sink == int(1024 * 300 / 2548)
     with pytest.raises(BudgetTooSmall, match="exceed the budget"):
         EdgeInfinite(gate="g", L_sink=300, L_window=200, L_seg=2048).fit(2000, 64)
     p = EdgeInfinite(gate="g")

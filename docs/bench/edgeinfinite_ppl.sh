@@ -1,6 +1,7 @@
 #!/bin/sh
 # EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
-# issue 14): SmolLM2-135M, budget 1024 (fit: L_sink 112, L_window 75, L_seg 772, 65 cells of memory),
+# issue 14): SmolLM2-135M, budget 1024 (fit since session 13: L_sink 112, L_window 719, L_seg 128, 65 cells
+# of memory; sessions 11-12's JSON files were read with the old fit 112 / 75 / 772: add SPLIT=old),
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
@@ -8,7 +9,8 @@
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
-G=${GATE:+-P edgeinfinite:gate=$GATE}
+X=$([ "${SPLIT:-}" != old ] || echo ",L_sink=112,L_window=75,L_seg=772")
+G=${GATE:+-P edgeinfinite:gate=$GATE$X}
 T=${THREADS:-2}
 D=docs/bench/edgeinfinite
 mkdir -p $D
@@ -18,8 +20,8 @@ open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,er
 }
 run() {  # text max_tokens name
     $K bench ppl -m smollm2-135m -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
-        -P streaming:n_sink=112 -P edgeinfinite:gate=init -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf \
-        $G --json $D/$3.json
+        -P streaming:n_sink=112 -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf$X \
+        $G --json $D/$3$([ "${SPLIT:-}" != old ] || echo -oldsplit).json
 }
 tmp=${TMPDIR:-/tmp}
 case $1 in

@@ -30,9 +30,12 @@ class EdgeInfinite(Policy):
               segments of L_seg are folded into the memory (M += sigma(K)^T V, z += sum sigma(k)) and leave
               the cache (paper: 2048)
     Left unset (None), fit(budget, chunk) takes the paper's values when they and the memory (M and z in
-    f32, counted in f16 KV cells) fit the budget, else scales them down in the paper's 300 : 200 : 2048
-    ratio to what the budget leaves after the memory. For kvpot's default budget of 1024 cells on
-    SmolLM2 (memory: 65 cells) that is L_sink 112, L_window 75, L_seg 772 (the paper's times 0.38).
+    f32, counted in f16 KV cells) fit the budget; else the sink takes the paper's share (300 of 2548)
+    of what the budget leaves after the memory, segments are an eighth of the budget and the window
+    the rest. For kvpot's default budget of 1024 cells on SmolLM2 (memory: 65 cells) that is
+    L_sink 112, L_window 719, L_seg 128. (Until session 13 all three were scaled in the paper's ratio:
+    L_sink 112, L_window 75, L_seg 772, which left 187 cells after each fold and read worse than
+    StreamingLLM; docs/benchmarks.md.)
 
     Routing (section 3.2.2): while the text fits the budget nothing is folded and the memory is None, so
     attention is the stock computation (with fit's lengths the budget is L_sink + L_window + L_seg plus
@@ -104,14 +107,23 @@ class EdgeInfinite(Policy):
             for n, r in unset:
                 setattr(self, n, r)
         elif unset:
-            total = sum(r for _, r in unset)
             if rest < 4 * len(unset):
                 raise BudgetTooSmall(f"edgeinfinite: budget {budget} leaves {rest} cells for "
                                      f"{', '.join(n for n, _ in unset)} after the memory ({self._mem_cells} cells)")
-            for n, r in unset[:-1]:
-                setattr(self, n, max(1, math.floor(rest * r / total)))
-            last = unset[-1][0]
-            setattr(self, last, avail - sum(v for v in (self.L_sink, self.L_window, self.L_seg) if v is not None))
+            # below the paper's lengths: the sink keeps its share, segments are an eighth of the budget and
+            # the window takes the rest, so the cache after a fold stays near the budget (docs/edgeinfinite.md:
+            # the paper's 300 : 200 : 2048 scaled down left 187 of 1024 cells after each fold and read 8K
+            # of code at 6.07 against StreamingLLM's 5.52; window 719, segment 128 read it at 5.39)
+            names = [n for n, _ in unset]
+            want = {"L_sink": max(1, math.floor(avail * PAPER_SINK / (PAPER_SINK + PAPER_WINDOW + PAPER_SEG))),
+                    "L_seg": max(1, budget // 8)}
+            taker = next(n for n in ("L_window", "L_seg", "L_sink") if n in names)  # takes what is left
+            for n in names:
+                if n != taker:
+                    setattr(self, n, min(want[n], rest - 4 * (len(names) - 1)))
+            setattr(self, taker, avail - sum(v for v in (self.L_sink, self.L_window, self.L_seg) if v is not None))
+            if getattr(self, taker) < 1:
+                raise BudgetTooSmall(f"edgeinfinite: budget {budget} leaves {getattr(self, taker)} cells for {taker}")
         self.check_budget(budget)
 
     def check_budget(self, budget: int) -> None:
