@@ -1,7 +1,8 @@
 #!/bin/sh
 # EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
 # issue 14): SmolLM2-135M, budget 1024 (fit since session 13: L_sink 112, L_window 719, L_seg 128, 65 cells
-# of memory; sessions 11-12's JSON files were read with the old fit 112 / 75 / 772: add SPLIT=old),
+# of memory, JSON names end in -seg8; sessions 11-12's files, without it, were read with the old fit
+# 112 / 75 / 772: SPLIT=old reproduces them),
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
@@ -21,7 +22,7 @@ open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,er
 run() {  # text max_tokens name
     $K bench ppl -m smollm2-135m -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
         -P streaming:n_sink=112 -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf$X \
-        $G --json $D/$3$([ "${SPLIT:-}" != old ] || echo -oldsplit).json
+        $G --json $D/$3$([ "${SPLIT:-}" = old ] || echo -seg8).json
 }
 tmp=${TMPDIR:-/tmp}
 case $1 in
