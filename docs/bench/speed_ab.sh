@@ -7,7 +7,8 @@
 #   (none): session 10's set (InfLLM then read in execution blocks of the chunk, 512; since session 12
 #           its default at 2048 cells is 256, so infllm-graph now measures that), JSON in speed/ab/
 #   exc:    session 12's: InfLLM's default (256) beside execution blocks of 512, JSON in speed/ab-exc/
-#   dist:   session 13's: InfLLM's memory at one distance (the default) beside distance=chunk, JSON in speed/ab-dist/
+#   dist:   session 13's: InfLLM's memory at one distance (the default) beside distance=chunk, and
+#           EdgeInfinite with its new split beside StreamingLLM, JSON in speed/ab-dist/
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 SET=${1:-all}
@@ -24,6 +25,8 @@ while [ $r -le $R ]; do
         run gemma3-270m streaming streaming
         run gemma3-270m infllm-chunk infllm:distance=chunk
         run gemma3-270m infllm-default infllm
+        run smollm2-135m streaming streaming
+        run smollm2-135m edgeinfinite edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf
         r=$((r + 1))
         continue
     fi
