@@ -71,9 +71,7 @@ class EdgeInfinite(Policy):
     def __post_init__(self) -> None:
         if not self.gate:
             # refused when the spec is parsed, so every command (ask, bench, train) says it before any work;
-            # no default gate: a gate is shipped for SmolLM2 only (models/), and while it beats the untrained
-            # gate it reads worse than StreamingLLM at the same budget (docs/benchmarks.md), so kvpot does
-            # not pick EdgeInfinite's gate for the user
+            # no default gate: a gate is shipped for SmolLM2 only (models/), so kvpot does not pick one
             raise KvpotError("edgeinfinite needs a memory gate: --policy edgeinfinite:gate=GATE.gguf "
                              "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
         for name in ("L_sink", "L_window"):
