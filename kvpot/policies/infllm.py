@@ -29,10 +29,12 @@ def default_split(budget: int, chunk: int) -> dict[str, int]:
     eighth of the budget in whole blocks (at most the chunk, at least a block). At budget 2048: n_init
     64, block_size 64, topk 8, n_local 1472, exc_block_size 256.
 
-    Why an eighth: kvpot places the memory n_local before the chunk that reads it, so row i of a chunk
-    sees it at distance n_local + i (docs/pot.md); the public configuration's 512 queries per lookup
-    are an eighth of its 4096-token window. Reading 8K passkeys on Gemma-3-270M at 2048 cells, chunks
-    of 512 (a third of n_local) answered 16/20, of 256 19/20 (docs/benchmarks.md, InfLLM session 12)."""
+    Why an eighth: the public configuration's 512 queries per lookup are an eighth of its 4096-token
+    window. Chosen in session 12, when row i of a chunk still saw the memory n_local + i back: reading
+    8K passkeys on Gemma-3-270M at 2048 cells, chunks of 512 (a third of n_local) answered 16/20, of
+    256 19/20. With the memory at one distance (distance="constant", session 13) 512 answers the cases
+    it missed as 256 does; the grids were measured with 256, so it stays (docs/benchmarks.md, InfLLM
+    sessions 12 and 13)."""
     n_init = max(4, min(128, budget // 32))
     block_size = 128 if budget >= 4096 else 64
     topk = max(1, (budget // 4) // block_size)
