@@ -102,18 +102,19 @@ def edgeinfinite(
         "that also sees L_window + a random leftover of unfolded tokens (0: train the last segment)"),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (the paper's 0.005 is for a 3B model over 100K "
                              "samples; 0.001 trained SmolLM2's shipped gate, docs/edgeinfinite.md)"),
+    threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads"),
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
     from kvpot.errors import KvpotError
     from kvpot.train.edgeinfinite import TrainConfig, train
 
     if (steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < (1 if l_chunk else 2) or lr <= 0 or l_window < 0
-            or l_chunk < 0 or l_chunk == 1):
+            or l_chunk < 0 or l_chunk == 1 or threads < 1):
         raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2 (>= 1 with "
-                         "--l-chunk), lr > 0, l-window >= 0, l-chunk 0 or >= 2")
+                         "--l-chunk), lr > 0, l-window >= 0, l-chunk 0 or >= 2, threads >= 1")
     facts, _ = resolve_model(model)
     cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, L_window=l_window, L_chunk=l_chunk,
-                      steps=steps, lr=lr, seed=seed)
+                      steps=steps, lr=lr, seed=seed, threads=threads)
     summary = train(facts.path, out, cfg, log=lambda s: err.print(s))
     err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
               f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")

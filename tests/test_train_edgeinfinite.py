@@ -4,6 +4,8 @@ keys; a short training run writes a gate the policy accepts. Needs the `train` e
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch  # the `train` extra: `make test` installs it (train-deps), so these tests never skip
@@ -15,7 +17,7 @@ from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read  # noqa: E
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from kvpot.runtime.pot import Pot  # noqa: E402
 from kvpot.train import edgeinfinite as te  # noqa: E402
-from kvpot.train.gguf_torch import forward, load_llama  # noqa: E402
+from kvpot.train.gguf_torch import forward, load_weights  # noqa: E402
 
 
 def test_torch_memory_and_gate_equal_the_numpy_reference():
@@ -46,7 +48,7 @@ def test_torch_memory_and_gate_equal_the_numpy_reference():
 
 def test_torch_backbone_keys_and_logits_match_llama_cpp(smollm2_path):
     """The training forward sees the keys the cache holds (llama.cpp's RoPE form, same weights)."""
-    w = load_llama(smollm2_path)
+    w = load_weights(smollm2_path)
     model = LlamaModel(str(smollm2_path))
     ctx = LlamaContext(model, ContextParams(n_ctx=128, n_batch=64, n_threads=2))
     try:
@@ -70,6 +72,73 @@ def test_torch_backbone_keys_and_logits_match_llama_cpp(smollm2_path):
         model.close()
 
 
+@pytest.fixture(scope="module")
+def gemma_weights(gemma_path):
+    return load_weights(gemma_path)
+
+
+def _gemma_tokens(gemma_path, n: int) -> list[int]:
+    model = LlamaModel(str(gemma_path), vocab_only=True)
+    try:
+        return model.tokenize(logbook(n_entries=40, seed=4)[0])[:n]
+    finally:
+        model.close()
+
+
+def _cpp_logits(path, tokens: list[int], rows) -> np.ndarray:
+    """llama.cpp's logits of `rows` for `tokens` decoded from position 0 (stock attention, one ubatch)."""
+    model = LlamaModel(str(path))
+    ctx = LlamaContext(model, ContextParams(n_ctx=1024, n_batch=1024, n_threads=2))
+    try:
+        ctx.decode(tokens, 0, logits="all")
+        return np.stack([ctx.logits_row(i) for i in rows])
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_gemma3_forward_matches_llama_cpp_on_both_sides_of_the_window(gemma_path, gemma_weights):
+    """Gemma-3: q/k norms, post norms, GELU, scaled embeddings, NEOX RoPE at 1e6 (global) and 1e4 (window
+    layers), the window layers attending the last 512 tokens. Rows past the window tell a full-attention
+    forward from the windowed one, so the check can fail."""
+    w = gemma_weights
+    assert w.pot_layers == [5, 11, 17] and w.n_swa == 512 and w.rope_base[0] == 1e4 and w.rope_base[5] == 1e6
+    tokens = _gemma_tokens(gemma_path, 700)
+    rows = [10, 300, 600, 699]
+    want = _cpp_logits(gemma_path, tokens, rows)
+    with torch.no_grad():
+        logits, _ = forward(w, tokens, 0)
+        full, _ = forward(dataclasses.replace(w, swa=[False] * w.n_layer), tokens, 0)  # same RoPE, no window
+    for r, row in zip(rows, want):
+        got = logits[r].numpy()
+        assert int(np.argmax(got)) == int(np.argmax(row))
+        assert np.corrcoef(got, row)[0, 1] > 0.99, r
+    assert np.corrcoef(full[699].numpy(), want[-1])[0, 1] < 0.9  # without the window the last row is wrong
+
+
+def test_gemma3_reading_step_windows_see_the_text_before(gemma_path, gemma_weights):
+    """A reading-mode step with nothing folded and the gate closed is stock decoding of sink + run + chunk,
+    with the run longer than the window so the window layers' prefix is trimmed to the last 512 tokens of
+    text: its loss equals the one-pass forward's, and llama.cpp's within the quantized weights' noise."""
+    w = gemma_weights
+    cfg = te.TrainConfig(L_sink=8, L_seg=16, n_seg=0, L_window=560, L_chunk=64)
+    tokens = _gemma_tokens(gemma_path, 8 + 560 + 64)
+    gate = initial_memory_gate(gemma_path)
+    closed = te.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
+                                      g=np.full_like(gate.g, -40.0)))
+    with torch.no_grad():
+        got = float(te.segment_loss(w, closed, tokens, cfg, leftover=0))
+        logits, _ = forward(w, tokens, 0)
+    one_pass = float(torch.nn.functional.cross_entropy(logits[568:631], torch.as_tensor(tokens[569:632])))
+    assert abs(got - one_pass) < 1e-4 * one_pass
+    rows = list(range(568, 631))
+    logits = _cpp_logits(gemma_path, tokens, rows)
+    logp = logits - logits.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    want = -float(np.mean([logp[i, tokens[r + 1]] for i, r in enumerate(rows)]))
+    assert abs(got - want) < 0.06 * want, (got, want)  # llama.cpp's weights meet q8 activations (3.7 % here)
+
+
 def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_path, tmp_path):
     out = tmp_path / "gate.gguf"
     cfg = te.TrainConfig(L_sink=4, L_seg=16, n_seg=2, steps=2, lr=0.05, seed=1)
@@ -87,7 +156,7 @@ def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_pa
 def test_reading_mode_step_sees_sink_and_unfolded_run_at_their_cache_positions(smollm2_path):
     """Reading mode: with the gate closed the chunk's loss is the stock forward's over sink + unfolded run +
     chunk contiguous from position 0 (the folded segments leave the cache); an open gate changes it."""
-    w = load_llama(smollm2_path)
+    w = load_weights(smollm2_path)
     cfg = te.TrainConfig(L_sink=4, L_seg=16, n_seg=2, L_window=3, L_chunk=8)
     leftover = 5
     model = LlamaModel(str(smollm2_path), vocab_only=True)

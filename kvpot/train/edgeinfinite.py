@@ -166,27 +166,52 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
     if cfg.L_chunk:
         return _chunk_loss(weights, gate, tokens, cfg, leftover)
 
-    sink, rest = tokens[:cfg.L_sink], tokens[cfg.L_sink:]
-    H, d = weights.n_head_kv, weights.head_dim
-    with torch.no_grad():
-        _, prefix = forward(weights, sink, 0, logits=False)
-    mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
+    pre, text = _read_sink(weights, tokens[:cfg.L_sink]), cfg.L_sink
+    mem = _empty_memory(weights, gate)
     loss = None
     for s in range(cfg.n_seg):
-        seg = rest[s * cfg.L_seg:(s + 1) * cfg.L_seg]
+        seg = tokens[text:text + cfg.L_seg]
         last = s == cfg.n_seg - 1
         ctx = torch.enable_grad() if last else torch.no_grad()
         with ctx:
-            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0), logits=last)
+            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, s > 0),
+                                  logits=last, text0=text)
+        text += len(seg)
         if last:
             target = torch.as_tensor(seg[1:])
             loss = torch.nn.functional.cross_entropy(logits[:-1], target)
         else:
-            mem = [fold(m, z, k.detach(), v.detach()) for (m, z), (k, v) in zip(mem, kvs)]
+            kvs = [(k.detach(), v.detach()) for k, v in kvs]
+            mem = _fold_all(mem, kvs)
+            pre = pre.after(weights, kvs, keep=False)
     return loss
 
 
-def _memory_mix(gate: GateModule, mem: list, on: bool):
+def _read_sink(weights, sink: list[int]):
+    """The prefix after the sink was read at positions 0.. without memory."""
+    torch = _torch()
+    from kvpot.train.gguf_torch import Prefix, forward
+
+    pre = Prefix.empty(weights)
+    if not sink:
+        return pre
+    with torch.no_grad():
+        _, kvs = forward(weights, sink, 0, logits=False)
+    return pre.after(weights, kvs, keep=True)
+
+
+def _empty_memory(weights, gate: GateModule) -> dict:
+    """M, z per pot layer the gate mixes (the window layers have none)."""
+    torch = _torch()
+    H, d = weights.n_head_kv, weights.head_dim
+    return {il: (torch.zeros(H, d, d), torch.zeros(H, d)) for il in gate.layers}
+
+
+def _fold_all(mem: dict, kvs: list) -> dict:
+    return {il: fold(m, z, kvs[il][0], kvs[il][1]) for il, (m, z) in mem.items()}
+
+
+def _memory_mix(gate: GateModule, mem: dict, on: bool):
     """The forward's hook: stock attention while nothing is folded (eq. 10), else the gated mix."""
     pot_index = {il: i for i, il in enumerate(gate.layers)}
 
@@ -199,28 +224,30 @@ def _memory_mix(gate: GateModule, mem: list, on: bool):
 
 
 def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, leftover: int):
-    """Reading mode: sink, n_seg folded segments, an unfolded run, then the trained chunk."""
+    """Reading mode: sink, n_seg folded segments, an unfolded run, then the trained chunk. Pot layers see
+    the chunk at its cache position (after the sink and the run); window layers the text just before."""
     torch = _torch()
     from kvpot.train.gguf_torch import forward
 
-    H, d = weights.n_head_kv, weights.head_dim
-    sink = tokens[:cfg.L_sink]
-    at = cfg.L_sink
+    pre, text = _read_sink(weights, tokens[:cfg.L_sink]), cfg.L_sink
+    mem = _empty_memory(weights, gate)
     with torch.no_grad():
-        _, prefix = forward(weights, sink, 0, logits=False)
-        mem = [(torch.zeros(H, d, d), torch.zeros(H, d)) for _ in range(weights.n_layer)]
         for s in range(cfg.n_seg):
-            seg = tokens[at:at + cfg.L_seg]
-            at += cfg.L_seg
-            _, kvs = forward(weights, seg, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, s > 0), logits=False)
-            mem = [fold(m, z, k, v) for (m, z), (k, v) in zip(mem, kvs)]
-        run = tokens[at:at + cfg.L_window + leftover]
-        at += len(run)
+            seg = tokens[text:text + cfg.L_seg]
+            _, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, s > 0),
+                             logits=False, text0=text)
+            text += len(seg)
+            mem = _fold_all(mem, kvs)
+            pre = pre.after(weights, kvs, keep=False)
+        run = tokens[text:text + cfg.L_window + leftover]
         if run:
-            _, kvs = forward(weights, run, cfg.L_sink, prefix=prefix, mix=_memory_mix(gate, mem, True), logits=False)
-            prefix = [(torch.cat([pk, k]), torch.cat([pv, v])) for (pk, pv), (k, v) in zip(prefix, kvs)]
-    chunk = tokens[at:at + cfg.L_chunk]
-    logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=prefix, mix=_memory_mix(gate, mem, True))
+            _, kvs = forward(weights, run, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, cfg.n_seg > 0),
+                             logits=False, text0=text)
+            text += len(run)
+            pre = pre.after(weights, kvs, keep=True)
+    chunk = tokens[text:text + cfg.L_chunk]
+    logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=pre, mix=_memory_mix(gate, mem, cfg.n_seg > 0),
+                        text0=text)
     return torch.nn.functional.cross_entropy(logits[:-1], torch.as_tensor(chunk[1:]))
 
 
@@ -230,11 +257,11 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
     torch = _torch()
     from kvpot.converters.adapter import initial_memory_gate, write_memory_gate
     from kvpot.runtime.llama import LlamaModel
-    from kvpot.train.gguf_torch import load_llama
+    from kvpot.train.gguf_torch import load_weights
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    weights = load_llama(model)
+    weights = load_weights(model)
     for t in weights.tensors.values():
         t.requires_grad_(False)
     gate = GateModule(init_gate if init_gate is not None else initial_memory_gate(model))
