@@ -3,8 +3,8 @@
 //   q [d, n_head, T] --reshape [d, 1, n_head*T]--ROPE by (angle_c + distance - pos_i)--> q' ; dq = q' - q
 //   per run of memory cells with one RoPE angle per KV head:  k [d, n_run, n_head_kv] x dq [d, T, n_head]
 //     --MUL_MAT--> [n_run, T, n_head]      (query head h reads KV head h / n_group, as the attention does)
-//   runs --CONCAT dim 0--> bias [n_mem, T, n_head] * kq_scale --PAD rows to the mask's--> + mask cells
-//   mask = CONCAT(mask[0, cell0) repeated over heads, mask[memory] + bias, mask[cell0 + n_mem, n_kv) repeated)
+//   runs --CONCAT dim 0--> bias [n_mem, T, n_head] * kq_scale --PAD to [n_kv, n_pad, n_head] with zeros-->
+//   + mask [n_kv, n_pad, 1] (broadcast over heads)
 //
 // RoPE is a rotation by position, so rotating the already-rotated query by angle_c + distance - pos_i
 // gives the query the paper's angle relative to a key at angle_c. The cells InfLLM's lookup fetches in
@@ -12,6 +12,7 @@
 #include "kvpot-distance.h"
 #include "kvpot-blocks.h"
 #include "kvpot-compact.h"
+#include "kvpot-input.h"
 #include "kvpot-lookup.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
@@ -23,25 +24,6 @@
 #include "ggml-backend.h"
 
 #include <vector>
-
-namespace {
-
-// the per-(head, row) RoPE deltas of the query for each run of memory cells
-class kvpot_distance_input : public llm_graph_input_i {
-public:
-    void set_input(const llama_ubatch * ubatch) override {
-        GGML_UNUSED(ubatch);
-        for (size_t i = 0; i < t.size(); ++i) {
-            if (t[i] && t[i]->buffer) {
-                ggml_backend_tensor_set(t[i], data[i].data(), 0, data[i].size()*sizeof(int32_t));
-            }
-        }
-    }
-    std::vector<ggml_tensor *>        t;
-    std::vector<std::vector<int32_t>> data;
-};
-
-} // namespace
 
 ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, const llama_context * lctx,
                                   llama_kv_cache & kv, const kvpot_state & st, const llama_ubatch & ub,
@@ -70,7 +52,6 @@ ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, c
         return c >= f0 && c < f1 ? lk->angle : kvpot_rope_pos(st, cells, ipot, (int32_t) n_head_kv, (int32_t) h, (uint32_t) c);
     };
 
-    auto inp = std::make_unique<kvpot_distance_input>();
     ggml_tensor * qc = ggml_cont(ctx0, q);
     if (qc->type != GGML_TYPE_F32) {
         qc = ggml_cast(ctx0, qc, GGML_TYPE_F32);
@@ -96,10 +77,7 @@ ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, c
                 delta[(size_t) (h + n_head*i)] = angle(c0, h / n_group) + md.distance - ub.pos[i];
             }
         }
-        ggml_tensor * dt = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_head*n_tokens);
-        ggml_set_input(dt);
-        inp->t.push_back(dt);
-        inp->data.push_back(std::move(delta));
+        ggml_tensor * dt = kvpot_add_i32_input(res, ctx0, std::move(delta)); // [n_head*T]: the query deltas of a run
 
         ggml_tensor * qr = kvpot_rerope(ctx0, lctx, kv, q1, dt, nullptr, il);
         ggml_tensor * dq = ggml_sub(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tokens), qc); // [d, n_head, T]
@@ -113,25 +91,11 @@ ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, c
         bias = bias ? ggml_concat(ctx0, bias, b, 0) : b;
         c0 = c1;
     }
-    res->add_input(std::move(inp));
-
     bias = ggml_scale(ctx0, bias, kq_scale);
-    if (n_pad > n_tokens) {
-        bias = ggml_pad(ctx0, bias, 0, (int) (n_pad - n_tokens), 0, 0);                         // [n_mem, n_pad, n_head]
-    }
+    // zeros around the memory cells and below the ubatch's rows, then the shared mask broadcast over heads
+    bias = ggml_pad_ext(ctx0, bias, (int) md.cell0, (int) (n_kv - c_end), 0, (int) (n_pad - n_tokens), 0, 0, 0, 0);
     if (kq_mask->type != GGML_TYPE_F32) {
         bias = ggml_cast(ctx0, bias, kq_mask->type); // the mask's own type (flash attention: F16)
     }
-    const size_t es = ggml_element_size(kq_mask);
-    auto part = [&](int64_t c0, int64_t n) {
-        return ggml_view_3d(ctx0, kq_mask, n, n_pad, 1, kq_mask->nb[1], kq_mask->nb[2], (size_t) c0*es);
-    };
-    ggml_tensor * out = ggml_add(ctx0, bias, part(md.cell0, md.n_cells));
-    if (md.cell0 > 0) {
-        out = ggml_concat(ctx0, ggml_repeat_4d(ctx0, part(0, md.cell0), md.cell0, n_pad, n_head, 1), out, 0);
-    }
-    if (c_end < n_kv) {
-        out = ggml_concat(ctx0, out, ggml_repeat_4d(ctx0, part(c_end, n_kv - c_end), n_kv - c_end, n_pad, n_head, 1), 0);
-    }
-    return out; // [n_kv, n_pad, n_head]
+    return ggml_add(ctx0, bias, kq_mask); // [n_kv, n_pad, n_head]
 }

@@ -14,6 +14,7 @@
 #include "kvpot-blocks.h"
 #include "kvpot-cells.h"
 #include "kvpot-compact.h"
+#include "kvpot-input.h"
 #include "kvpot-pot.h"
 
 #include "llama-context.h"
@@ -26,21 +27,6 @@
 #include <cstring>
 
 namespace {
-
-// the RoPE deltas of the fetched keys, and a reference that keeps the lookup (the custom op's
-// userdata) alive as long as the graph that calls it
-class kvpot_lookup_input : public llm_graph_input_i {
-public:
-    void set_input(const llama_ubatch * ubatch) override {
-        GGML_UNUSED(ubatch);
-        if (delta_t && delta_t->buffer) {
-            ggml_backend_tensor_set(delta_t, delta.data(), 0, delta.size()*sizeof(int32_t));
-        }
-    }
-    std::shared_ptr<kvpot_lookup> keep;
-    std::vector<int32_t>          delta;
-    ggml_tensor *                 delta_t = nullptr;
-};
 
 // the custom op: runs on one thread (n_tasks 1). A failure leaves zeros in the fetched cells and is
 // reported by kvpot_lookup_take after the decode (a graph op cannot fail the compute)
@@ -107,13 +93,9 @@ void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result 
     lk->angle = std::max<llama_pos>(0, pos0 - lk->n_local);
     lk->built = true;
 
-    auto inp = std::make_unique<kvpot_lookup_input>();
-    inp->keep = lk;
-    inp->delta.assign((size_t) (H*m), lk->angle);
-    inp->delta_t = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, H*m); // [H*m]: one delta per fetched key
-    ggml_set_input(inp->delta_t);
-    ggml_tensor * delta = inp->delta_t;
-    res->add_input(std::move(inp));
+    // one RoPE delta per fetched key [H*m]; the input keeps the lookup (the custom op's userdata) alive
+    // as long as the graph that calls it
+    ggml_tensor * delta = kvpot_add_i32_input(res, ctx0, std::vector<int32_t>((size_t) (H*m), lk->angle), lk);
 
     ggml_tensor * args[1] = {qsum};
     ggml_tensor * got = ggml_custom_4d(ctx0, GGML_TYPE_F32, H*m*(dk + dv), 1, 1, 1, args, 1, fetch_blocks, 1, &ly);

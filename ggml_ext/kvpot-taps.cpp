@@ -5,6 +5,7 @@
 #include "kvpot-distance.h"
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
+#include "kvpot-input.h"
 #include "kvpot-lookup.h"
 #include "kvpot-memory.h"
 #include "kvpot-pot.h"
@@ -37,38 +38,6 @@ struct kvpot_build {
 
 thread_local kvpot_build g_build;
 
-// 1-D graph input filled from a host vector; never reusable (can_reuse stays false), so a graph
-// holding taps or a dead-cell mask is rebuilt for every ubatch
-template <typename T, ggml_type TYPE>
-class kvpot_input_vec : public llm_graph_input_i {
-public:
-    explicit kvpot_input_vec(std::vector<T> data) : data(std::move(data)) {}
-
-    void set_input(const llama_ubatch * ubatch) override {
-        GGML_UNUSED(ubatch);
-        if (t && t->buffer) {
-            ggml_backend_tensor_set(t, data.data(), 0, data.size()*sizeof(T));
-        }
-    }
-
-    ggml_tensor *  t = nullptr;
-    std::vector<T> data;
-};
-
-template <typename T, ggml_type TYPE>
-ggml_tensor * add_input(llm_graph_result * res, ggml_context * ctx, std::vector<T> data) {
-    auto inp = std::make_unique<kvpot_input_vec<T, TYPE>>(std::move(data));
-    inp->t = ggml_new_tensor_1d(ctx, TYPE, (int64_t) inp->data.size());
-    ggml_set_input(inp->t);
-    ggml_tensor * t = inp->t;
-    res->add_input(std::move(inp));
-    return t;
-}
-
-ggml_tensor * add_i32_input(llm_graph_result * res, ggml_context * ctx, std::vector<int32_t> data) {
-    return add_input<int32_t, GGML_TYPE_I32>(res, ctx, std::move(data));
-}
-
 // per-layer budgets: the cells [live_end, n_compacted) pot layer ipot no longer holds get -INF in
 // its mask (a bias row [n_kv] broadcast over the query rows), so they take no part in its attention
 ggml_tensor * mask_dead_cells(ggml_context * ctx0, llm_graph_result * res, const kvpot_state & st,
@@ -88,9 +57,9 @@ ggml_tensor * mask_dead_cells(ggml_context * ctx0, llm_graph_result * res, const
     if (kq_mask->type == GGML_TYPE_F16) {
         std::vector<ggml_fp16_t> bias16(bias.size());
         ggml_fp32_to_fp16_row(bias.data(), bias16.data(), (int64_t) bias.size());
-        b = add_input<ggml_fp16_t, GGML_TYPE_F16>(res, ctx0, std::move(bias16));
+        b = kvpot_add_input<ggml_fp16_t, GGML_TYPE_F16>(res, ctx0, std::move(bias16));
     } else {
-        b = add_input<float, GGML_TYPE_F32>(res, ctx0, std::move(bias));
+        b = kvpot_add_input<float, GGML_TYPE_F32>(res, ctx0, std::move(bias));
     }
     return ggml_add(ctx0, kq_mask, b); // [n_kv, n_tokens_pad, 1, 1], the mask's own type
 }
@@ -254,7 +223,7 @@ ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, ggml_tensor
     for (int64_t i = 0; i < n_tokens; ++i) {
         delta[i] = angle - ub.pos[i];
     }
-    ggml_tensor * dt = add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
+    ggml_tensor * dt = kvpot_add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
     ggml_tensor * qc = ggml_cont(ctx0, q);
     if (qc->type != GGML_TYPE_F32) {
         qc = ggml_cast(ctx0, qc, GGML_TYPE_F32);
@@ -281,7 +250,7 @@ ggml_tensor * keys_by_head(ggml_context * ctx0, ggml_tensor * k) {
 // the tapped query rows of q [d, n_head, n_tokens] as [d*n_head, n_tap] in F32
 ggml_tensor * tapped_rows(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q) {
     if (!g_build.rows_t) {
-        g_build.rows_t = add_i32_input(res, ctx0, g_build.rows);
+        g_build.rows_t = kvpot_add_i32_input(res, ctx0, g_build.rows);
     }
     ggml_tensor * qc = ggml_is_contiguous(q) ? q : ggml_cont(ctx0, q);
     return ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, qc, q->ne[0]*q->ne[1], q->ne[2]), g_build.rows_t);
@@ -393,7 +362,7 @@ void kvpot_hook_build_end(const llama_context * lctx, llm_graph_result * res, gg
                 }
             }
             if (!flat.empty()) {
-                ggml_tensor * idx_t = add_i32_input(res, ctx0, std::move(flat));
+                ggml_tensor * idx_t = kvpot_add_i32_input(res, ctx0, std::move(flat));
                 ggml_tensor * sm    = ggml_soft_max(ctx0, logits);
                 ggml_tensor * pick  = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, sm, 1, n_vocab*n_out), idx_t);
                 ggml_tensor * lp    = ggml_log(ctx0, pick); // [1, n_picked]

@@ -6,13 +6,21 @@
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
-# Usage: [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
+# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 549, L_seg 128
+# with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
+# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
 X=$([ "${SPLIT:-}" != old ] || echo ",L_sink=112,L_window=75,L_seg=772")
 G=${GATE:+-P edgeinfinite:gate=$GATE$X}
 T=${THREADS:-2}
+M=${MODEL:-smollm2-135m}
+case $M in
+smollm2-135m) SINK=112; NAME=smollm2 ;;
+gemma3-270m)  SINK=90;  NAME=gemma3 ;;
+*) echo "MODEL: smollm2-135m or gemma3-270m" >&2; exit 2 ;;
+esac
 D=docs/bench/edgeinfinite
 mkdir -p $D
 code() {  # the first N small stdlib files, each headed by its name
@@ -20,17 +28,17 @@ code() {  # the first N small stdlib files, each headed by its name
 open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,errors='replace').read()+'\n' for f in fs[:int(sys.argv[1])]))" $1 $2
 }
 run() {  # text max_tokens name
-    $K bench ppl -m smollm2-135m -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
-        -P streaming:n_sink=112 -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/smollm2-135m.edgeinfinite.gguf$X \
+    $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
+        -P streaming:n_sink=$SINK -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
         $G --json $D/$3$([ "${SPLIT:-}" = old ] || echo -seg8).json
 }
 tmp=${TMPDIR:-/tmp}
 case $1 in
-code-8k)  code 40 $tmp/kvpot-ei-code.txt; run $tmp/kvpot-ei-code.txt 8192 ppl-smollm2-code-8k ;;
-code-32k) code 136 $tmp/kvpot-ei-code-all.txt; run $tmp/kvpot-ei-code-all.txt 32768 ppl-smollm2-code-32k ;;
+code-8k)  code 40 $tmp/kvpot-ei-code.txt; run $tmp/kvpot-ei-code.txt 8192 ppl-$NAME-code-8k ;;
+code-32k) code 136 $tmp/kvpot-ei-code-all.txt; run $tmp/kvpot-ei-code-all.txt 32768 ppl-$NAME-code-32k ;;
 text-8k)  $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
-          run $tmp/kvpot-ei-text.txt 8192 ppl-smollm2-text-8k ;;
+          run $tmp/kvpot-ei-text.txt 8192 ppl-$NAME-text-8k ;;
 text-32k) $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
-          run $tmp/kvpot-ei-text.txt 32768 ppl-smollm2-text-32k ;;
+          run $tmp/kvpot-ei-text.txt 32768 ppl-$NAME-text-32k ;;
 *) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k" >&2; exit 2 ;;
 esac
