@@ -100,8 +100,16 @@ def edgeinfinite(
     l_chunk: int = typer.Option(
         0, "--l-chunk", help="train as a text is read: fold all n-seg segments, then train a chunk of this many tokens "
         "that also sees L_window + a random leftover of unfolded tokens (0: train the last segment)"),
+    budget: int = typer.Option(
+        0, "--budget", help="with --l-chunk: train as `kvpot bench ppl --budget N --chunk L_CHUNK` reads, chunk by "
+        "chunk with the policy's folds; the lengths come from the policy at that budget (--l-sink, --l-seg, "
+        "--n-seg and --l-window are not used); the shipped gates were trained this way"),
+    n_chunks: int = typer.Option(0, "--n-chunks", help="with --budget: chunks read before the trained one "
+                                 "(0: 2 x budget / l-chunk, so the trained chunk reads after at least two folds)"),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (the paper's 0.005 is for a 3B model over 100K "
-                             "samples; 0.001 trained SmolLM2's shipped gate, docs/edgeinfinite.md)"),
+                             "samples; 0.001 trained the shipped gates, docs/edgeinfinite.md)"),
+    lr_g: float = typer.Option(0.0, "--lr-g", help="the gate logits g's own Adam rate (0: --lr); Adam moves g by "
+                               "about the rate a step, so at 0.001 the initial g = -4 barely opens"),
     threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads"),
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
@@ -109,12 +117,17 @@ def edgeinfinite(
     from kvpot.train.edgeinfinite import TrainConfig, train
 
     if (steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < (1 if l_chunk else 2) or lr <= 0 or l_window < 0
-            or l_chunk < 0 or l_chunk == 1 or threads < 1):
+            or l_chunk < 0 or l_chunk == 1 or threads < 1 or budget < 0 or n_chunks < 0 or lr_g < 0):
         raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2 (>= 1 with "
-                         "--l-chunk), lr > 0, l-window >= 0, l-chunk 0 or >= 2, threads >= 1")
+                         "--l-chunk), lr > 0, l-window >= 0, l-chunk 0 or >= 2, threads >= 1, budget >= 0, "
+                         "n-chunks >= 0, lr-g >= 0")
+    if (budget or n_chunks) and not l_chunk:
+        raise KvpotError("train edgeinfinite: --budget and --n-chunks need --l-chunk (the chunk the engine reads)")
+    if n_chunks and not budget:
+        raise KvpotError("train edgeinfinite: --n-chunks needs --budget")
     facts, _ = resolve_model(model)
     cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, L_window=l_window, L_chunk=l_chunk,
-                      steps=steps, lr=lr, seed=seed, threads=threads)
+                      budget=budget, n_chunks=n_chunks, steps=steps, lr=lr, lr_g=lr_g, seed=seed, threads=threads)
     summary = train(facts.path, out, cfg, log=lambda s: err.print(s))
     err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
               f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")

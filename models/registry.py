@@ -52,7 +52,7 @@ SMOLLM2_135M = KnownModel(
     # smaller pot answered better, docs/benchmarks.md); plain completion prompts, because this model
     # retrieves from long documents far more reliably without its chat template (`--prompt chat` compares)
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
-    adapters={"locret": "smollm2-135m.locret.gguf"},
+    adapters={"locret": "smollm2-135m.locret.gguf", "edgeinfinite": "smollm2-135m.edgeinfinite.gguf"},
 )
 
 GEMMA3_270M = KnownModel(
@@ -72,7 +72,7 @@ GEMMA3_270M = KnownModel(
     # the largest pot the device holds (kvpot.session.auto_budget; the accuracy-versus-budget curve in
     # docs/benchmarks.md)
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
-    adapters={"locret": "gemma3-270m.locret.gguf"},
+    adapters={"locret": "gemma3-270m.locret.gguf", "edgeinfinite": "gemma3-270m.edgeinfinite.gguf"},
 )
 
 KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}

@@ -11,6 +11,7 @@ from conftest import assert_one_line_error, run_cli
 from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, write_memory_gate
 from kvpot.engine import Engine, EngineConfig
+from kvpot.errors import KvpotError
 from kvpot.policies import EdgeInfinite, StreamingLLM
 
 
@@ -80,14 +81,34 @@ def test_gate_for_another_model_is_refused(smollm2_path, gemma_path, tmp_path):
 
 
 
-def test_the_shipped_gate_loads_for_its_model_only(smollm2_path, gemma_path):
-    from pathlib import Path
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_the_shipped_gate_is_the_default_for_its_model_only(which, request, tmp_path):
+    """A bare `edgeinfinite` runs the gate shipped for a known model (found by the GGUF's sha256); a model
+    kvpot ships none for (here the same file with one byte changed) is refused in one line."""
+    from kvpot.converters.adapter import BaseIdentity, read_memory_gate
+    from kvpot.models.registry import GEMMA3_270M, SHIPPED_DIR, SMOLLM2_135M
 
-    import kvpot.models
-    from kvpot.converters.adapter import read_memory_gate
-
-    shipped = Path(kvpot.models.__file__).parent / "smollm2-135m.edgeinfinite.gguf"
-    gate = EdgeInfinite(gate=str(shipped)).memory_gate(smollm2_path)
-    assert gate.layers == list(range(30)) and gate.base.arch == "llama"
+    path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
+    other = request.getfixturevalue("gemma_path" if which == "smollm2" else "smollm2_path")
+    known = SMOLLM2_135M if which == "smollm2" else GEMMA3_270M
+    shipped = SHIPPED_DIR / known.adapters["edgeinfinite"]
+    assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
+    gate = EdgeInfinite().memory_gate(path)
+    assert gate.base == BaseIdentity.of_model(path)
+    assert gate.layers == ([5, 11, 17] if which == "gemma" else list(range(30)))  # the pot layers
+    init = initial_memory_gate(path)
+    assert not np.array_equal(gate.w1, init.w1)  # trained
     with pytest.raises(AdapterError, match="another model"):
-        read_memory_gate(shipped, model=gemma_path)
+        read_memory_gate(shipped, model=other)
+    twin = tmp_path / "twin.gguf"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    twin.write_bytes(bytes(data))
+    with pytest.raises(KvpotError, match="edgeinfinite needs a memory gate for this model"):
+        EdgeInfinite().memory_gate(twin)
+    doc = tmp_path / "log.txt"
+    doc.write_text(logbook(n_entries=4, seed=4)[0])
+    res = run_cli("ask", str(doc), "Which day?", "-m", str(twin), "--policy", "edgeinfinite",
+                  "--budget", "512", "--chunk", "64", "-n", "4")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "needs a memory gate for this model")

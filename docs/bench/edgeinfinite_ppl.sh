@@ -8,7 +8,9 @@
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
 # MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 549, L_seg 128
 # with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
-# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
+# KV=1 (session 15): only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
+# SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -kv.
+# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
@@ -17,8 +19,8 @@ G=${GATE:+-P edgeinfinite:gate=$GATE$X}
 T=${THREADS:-2}
 M=${MODEL:-smollm2-135m}
 case $M in
-smollm2-135m) SINK=112; NAME=smollm2 ;;
-gemma3-270m)  SINK=90;  NAME=gemma3 ;;
+smollm2-135m) SINK=112; NAME=smollm2; MEM=65 ;;
+gemma3-270m)  SINK=90;  NAME=gemma3; MEM=257 ;;
 *) echo "MODEL: smollm2-135m or gemma3-270m" >&2; exit 2 ;;
 esac
 D=docs/bench/edgeinfinite
@@ -28,6 +30,11 @@ code() {  # the first N small stdlib files, each headed by its name
 open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,errors='replace').read()+'\n' for f in fs[:int(sys.argv[1])]))" $1 $2
 }
 run() {  # text max_tokens name
+    if [ "${KV:-}" = 1 ]; then
+        $K bench ppl -m $M -f $1 --max-tokens $2 --budget $((1024 - MEM)) --chunk 512 -t $T \
+            -P streaming:n_sink=$SINK --json $D/$3-seg8-kv.json
+        return
+    fi
     $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
         -P streaming:n_sink=$SINK -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
         $G --json $D/$3$([ "${SPLIT:-}" = old ] || echo -seg8).json

@@ -23,7 +23,8 @@ class EdgeInfinite(Policy):
     Edge Devices", section 3.2 and Algorithm 1) on the pot.
 
     gate:     the memory-gating adapter GGUF (adapter.type = kvpot.memory_gate, `kvpot train edgeinfinite`),
-              checked against the model; "init" runs the untrained gate (the ablation)
+              checked against the model; "init" runs the untrained gate (the ablation); empty: the gate
+              shipped for a known model (models/: SmolLM2-135M and Gemma-3-270M)
     L_sink:   sink tokens kept in the cache (paper: 300)
     L_window: most recent tokens kept in the cache (paper: 200)
     L_seg:    segment length: whenever the tokens past the sink, less the window, reach L_seg, whole
@@ -69,11 +70,6 @@ class EdgeInfinite(Policy):
     _has_memory: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        if not self.gate:
-            # refused when the spec is parsed, so every command (ask, bench, train) says it before any work;
-            # no default gate: a gate is shipped for SmolLM2 only (models/), so kvpot does not pick one
-            raise KvpotError("edgeinfinite needs a memory gate: --policy edgeinfinite:gate=GATE.gguf "
-                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
         for name in ("L_sink", "L_window"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -145,12 +141,32 @@ class EdgeInfinite(Policy):
         if self.gate == "init":
             gate = initial_memory_gate(model_path)
         else:
-            gate = read_memory_gate(Path(self.gate).expanduser(), model=model_path)
+            gate = read_memory_gate(self._gate_path(model_path), model=model_path)
         b: BaseIdentity = gate.base
         mem_bytes = len(gate.layers) * b.n_head_kv * b.head_dim_k * (b.head_dim_v + 1) * 4
         cell_bytes = len(gate.layers) * b.n_head_kv * (b.head_dim_k + b.head_dim_v) * CELL_ELEM_BYTES
         self._mem_cells = -(-mem_bytes // cell_bytes)
         return gate
+
+    def _gate_path(self, model_path: Path) -> Path:
+        if self.gate:
+            return Path(self.gate).expanduser()
+        from kvpot.models.model_hash import model_sha256  # the gate shipped for a known model, by its sha256
+        from kvpot.models.registry import shipped_adapter
+
+        try:
+            path = shipped_adapter("edgeinfinite", model_sha256(model_path))
+        except OSError:  # no model file to hash: nothing shipped can be for it
+            path = None
+        if path is None:
+            raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "
+                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
+        return path
+
+    @property
+    def memory_cells(self) -> int:
+        """Cells M and z count as once something was folded (0 until memory_gate knows the model)."""
+        return self._mem_cells
 
     def _limit(self, budget: int) -> int:
         """Cells the cache may hold: the budget, less the memory once it exists."""

@@ -146,12 +146,19 @@ class TrainConfig:
     L_chunk: int = 0   # > 0: reading mode (the module docstring), the trained chunk's length
     steps: int = 150
     lr: float = 1e-3   # the paper's 5e-3 (3B model, 100K samples) moved SmolLM2's gate too far in 40 steps
+    lr_g: float = 0.0  # > 0: the gate logits g's own rate (Adam moves g by about lr a step: at 1e-3 the
+                       # initial -4 barely moves in 40 steps, sigmoid(g) stays at 0.018); 0: lr
+    budget: int = 0    # > 0: read as the engine does (kvpot.train.edgeinfinite_emulate), n_chunks chunks first
+    n_chunks: int = 0
+    mem_cells: int = 0  # the memory's size in cells (the policy's), counted against the budget once folded
     seed: int = 0
     threads: int = 2
 
 
 def window_length(cfg: TrainConfig) -> int:
     """Tokens one step reads (reading mode: with the longest unfolded run)."""
+    if cfg.budget:
+        return (cfg.n_chunks + 1) * cfg.L_chunk
     if cfg.L_chunk:
         return cfg.L_sink + cfg.n_seg * cfg.L_seg + cfg.L_window + max(0, cfg.L_seg - cfg.L_chunk) + cfg.L_chunk
     return cfg.L_sink + cfg.n_seg * cfg.L_seg
@@ -163,6 +170,10 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
     torch = _torch()
     from kvpot.train.gguf_torch import forward
 
+    if cfg.budget:
+        from kvpot.train.edgeinfinite_emulate import emulated_loss
+
+        return emulated_loss(weights, gate, tokens, cfg)
     if cfg.L_chunk:
         return _chunk_loss(weights, gate, tokens, cfg, leftover)
 
@@ -261,15 +272,28 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
+    if cfg.budget:
+        from kvpot.train.edgeinfinite_emulate import engine_config
+
+        cfg = engine_config(model, cfg)
+        log(f"read as the engine does at budget {cfg.budget}, chunk {cfg.L_chunk}: L_sink {cfg.L_sink}, "
+            f"L_window {cfg.L_window}, L_seg {cfg.L_seg}, memory {cfg.mem_cells} cells, "
+            f"{cfg.n_chunks} chunks before the trained one")
     weights = load_weights(model)
     for t in weights.tensors.values():
         t.requires_grad_(False)
     gate = GateModule(init_gate if init_gate is not None else initial_memory_gate(model))
     tok_model = LlamaModel(str(model), vocab_only=True)
     try:
-        data = windows(lambda s: tok_model.tokenize(s), python_sources(), window_length(cfg), cfg.seed)
+        # a window starts as kvpot reads a text: with the BOS the model's tokenizer adds (Gemma-3 attends to
+        # it as its sink; a window cut from the middle of a document without it is not what kvpot reads)
+        bos = tok_model.bos()
+        data = (bos + w for w in windows(lambda s: tok_model.tokenize(s), python_sources(),
+                                        window_length(cfg) - len(bos), cfg.seed))
         left = random.Random(cfg.seed + 1)  # the unfolded leftover of each reading-mode step
-        opt = torch.optim.Adam(gate.parameters(), lr=cfg.lr)
+        p = gate.params
+        opt = torch.optim.Adam([{"params": [p[n] for n in ("w1", "b1", "w2", "b2")]},
+                                {"params": [p["g"]], "lr": cfg.lr_g or cfg.lr}], lr=cfg.lr)
         t0, losses = time.time(), []
         for step in range(cfg.steps):
             u = left.randint(0, max(0, cfg.L_seg - cfg.L_chunk)) if cfg.L_chunk else 0
@@ -285,10 +309,13 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
     finally:
         tok_model.close()
     reading = f", reading mode: L_window {cfg.L_window}, L_chunk {cfg.L_chunk}" if cfg.L_chunk else ""
-    source = (f"kvpot train edgeinfinite: {cfg.steps} steps, L_sink {cfg.L_sink}, L_seg {cfg.L_seg}, "
-              f"{cfg.n_seg} segments{reading}, lr {cfg.lr}, seed {cfg.seed}, Python stdlib sources")
+    if cfg.budget:
+        reading = f", read as the engine does: budget {cfg.budget}, L_window {cfg.L_window}, chunk {cfg.L_chunk} x {cfg.n_chunks + 1}"
+    segments = "" if cfg.budget else f", {cfg.n_seg} segments"
+    source = (f"kvpot train edgeinfinite: {cfg.steps} steps, L_sink {cfg.L_sink}, L_seg {cfg.L_seg}"
+              f"{segments}{reading}, lr {cfg.lr}{f', lr_g {cfg.lr_g}' if cfg.lr_g else ''}, seed {cfg.seed}, Python stdlib sources")
     write_memory_gate(out, gate.to_gate(), source=source)
-    return {"steps": cfg.steps, "first_loss": losses[0] if losses else math.nan,
+    return {"steps": cfg.steps, "config": cfg, "first_loss": losses[0] if losses else math.nan,
             "last_loss": float(np.mean(losses[-10:])) if losses else math.nan}
 
 
