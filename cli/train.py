@@ -110,6 +110,8 @@ def edgeinfinite(
                              "samples; 0.001 trained the shipped gates, docs/edgeinfinite.md)"),
     lr_g: float = typer.Option(0.0, "--lr-g", help="the gate logits g's own Adam rate (0: --lr); Adam moves g by "
                                "about the rate a step, so at 0.001 the initial g = -4 barely opens"),
+    data: str = typer.Option("code", "--data", help="code: the Python standard library's long sources; mixed: "
+                             "those and Debian's licence texts (/usr/share/common-licenses) in turn"),
     threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads"),
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
@@ -125,9 +127,12 @@ def edgeinfinite(
         raise KvpotError("train edgeinfinite: --budget and --n-chunks need --l-chunk (the chunk the engine reads)")
     if n_chunks and not budget:
         raise KvpotError("train edgeinfinite: --n-chunks needs --budget")
+    if data not in ("code", "mixed"):
+        raise KvpotError(f"train edgeinfinite: --data must be code or mixed, got {data!r}")
     facts, _ = resolve_model(model)
     cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, L_window=l_window, L_chunk=l_chunk,
-                      budget=budget, n_chunks=n_chunks, steps=steps, lr=lr, lr_g=lr_g, seed=seed, threads=threads)
+                      budget=budget, n_chunks=n_chunks, steps=steps, lr=lr, lr_g=lr_g, data=data, seed=seed,
+                      threads=threads)
     summary = train(facts.path, out, cfg, log=lambda s: err.print(s))
     err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
               f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")

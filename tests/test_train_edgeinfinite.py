@@ -5,6 +5,7 @@ keys; a short training run writes a gate the policy accepts. Needs the `train` e
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from conftest import assert_one_line_error, run_cli  # noqa: E402
 from kvpot.bench.logbook import logbook  # noqa: E402
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate, write_memory_gate  # noqa: E402
 from kvpot.engine import Engine, EngineConfig  # noqa: E402
+from kvpot.errors import KvpotError  # noqa: E402
 from kvpot.policies import EdgeInfinite  # noqa: E402
 from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read  # noqa: E402
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
@@ -192,10 +194,34 @@ def test_reading_mode_step_sees_sink_and_unfolded_run_at_their_cache_positions(s
     assert abs(float(opened) - float(want)) > 1e-4 * float(want)  # the memory of the folded segments is read
 
 
-def test_cli_refuses_bad_arguments_in_one_line(smollm2_path, tmp_path):
-    res = run_cli("train", "edgeinfinite", "-m", str(smollm2_path), "-o", str(tmp_path / "g.gguf"), "--n-seg", "1")
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--n-seg", "1"], "n-seg"),
+    (["--data", "poems"], "--data must be code or mixed"),
+    (["--budget", "1024"], "need --l-chunk"),
+    (["--l-chunk", "64", "--n-chunks", "3"], "--n-chunks needs --budget"),
+    (["--l-chunk", "512", "--budget", "60"], "budget 60"),  # less than the memory (65 cells)
+])
+def test_cli_refuses_bad_arguments_in_one_line(smollm2_path, tmp_path, args, needle):
+    out = tmp_path / "g.gguf"
+    res = run_cli("train", "edgeinfinite", "-m", str(smollm2_path), "-o", str(out), "--steps", "0", *args)
     assert res.returncode != 0
-    assert_one_line_error(res.stderr, "n-seg")
+    assert_one_line_error(res.stderr, needle)
+    assert not out.exists()
+
+
+def test_mixed_data_alternates_code_and_licence_prose():
+    """--data mixed: code and prose windows in turn; the prose is base-files' licences, each file once."""
+    code, prose = iter([[1], [2], [3]]), iter([[10], [20], [30]])
+    assert [next(w) for w in [te.alternate(code, prose)] * 4] == [[1], [10], [2], [20]]
+    root = Path("/usr/share/common-licenses")
+    if not root.is_dir():  # not a Debian-based machine: one clear error, not an empty corpus
+        with pytest.raises(KvpotError, match="no prose to train on"):
+            te.prose_sources()
+        return
+    files = te.prose_sources()
+    assert files and all(not f.is_symlink() and f.stat().st_size >= 10_000 for f in files)
+    assert len({f.resolve() for f in files}) == len(files)
+    assert [f.stat().st_size for f in files] == sorted((f.stat().st_size for f in files), reverse=True)
 
 
 class _Recording(EdgeInfinite):
