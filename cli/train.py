@@ -107,7 +107,8 @@ def edgeinfinite(
     n_chunks: int = typer.Option(0, "--n-chunks", help="with --budget: chunks read before the trained one "
                                  "(0: 2 x budget / l-chunk, so the trained chunk reads after at least two folds)"),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (the paper's 0.005 is for a 3B model over 100K "
-                             "samples; 0.001 trained the shipped gates, docs/edgeinfinite.md)"),
+                             "samples; shipped gates: 0.001 for SmolLM2, 0.0001 with --lr-g 0.02 for Gemma-3, "
+                             "docs/edgeinfinite.md)"),
     lr_g: float = typer.Option(0.0, "--lr-g", help="the gate logits g's own Adam rate (0: --lr); Adam moves g by "
                                "about the rate a step, so at 0.001 the initial g = -4 barely opens"),
     data: str = typer.Option("code", "--data", help="code: the Python standard library's long sources; mixed: "
