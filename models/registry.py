@@ -87,6 +87,17 @@ def shipped_adapter(kind: str, sha256: str) -> Path | None:
     return None
 
 
+def shipped_adapter_for(kind: str, model_path: Path | str) -> Path | None:
+    """The adapter of this kind shipped for the model file at model_path (found by its sha256), if any;
+    None for a model kvpot ships none for, or a path with no file to hash."""
+    from kvpot.models.model_hash import model_sha256
+
+    try:
+        return shipped_adapter(kind, model_sha256(model_path))
+    except OSError:  # no model file to hash: nothing shipped can be for it
+        return None
+
+
 # the base Gemma retrieves from long documents where SmolLM2-Instruct does not: on the 8K-token
 # sample logbook (`kvpot demo`) Gemma answers the strongbox code, SmolLM2 invents one
 DEFAULT_MODEL = GEMMA3_270M.name

@@ -94,3 +94,13 @@ def assert_one_line_error(stderr: str, needle: str) -> None:
     assert len(lines) == 1, f"expected one line, got:\n{stderr}"
     assert lines[0].startswith("error: "), lines[0]
     assert needle in lines[0], lines[0]
+
+
+def unknown_twin(path: Path, tmp_path: Path) -> Path:
+    """A copy of a known model with its last byte changed: the same GGUF to llama.cpp, another sha256, so
+    kvpot ships no adapter for it."""
+    twin = tmp_path / "twin.gguf"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    twin.write_bytes(bytes(data))
+    return twin

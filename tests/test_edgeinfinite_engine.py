@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, unknown_twin
 
 from kvpot.bench.logbook import logbook
 from kvpot.converters.adapter import AdapterError, initial_memory_gate, write_memory_gate
@@ -100,10 +100,7 @@ def test_the_shipped_gate_is_the_default_for_its_model_only(which, request, tmp_
     assert not np.array_equal(gate.w1, init.w1)  # trained
     with pytest.raises(AdapterError, match="another model"):
         read_memory_gate(shipped, model=other)
-    twin = tmp_path / "twin.gguf"
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    twin.write_bytes(bytes(data))
+    twin = unknown_twin(path, tmp_path)
     with pytest.raises(KvpotError, match="edgeinfinite needs a memory gate for this model"):
         EdgeInfinite().memory_gate(twin)
     doc = tmp_path / "log.txt"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, unknown_twin
 from torch_ckpt import write_checkpoint
 
 from kvpot.bench.logbook import logbook
@@ -143,10 +143,7 @@ def test_shipped_heads_are_found_for_the_known_models(which, request, tmp_path):
     assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
     heads = Locret().retaining_heads(path)
     assert heads.base == BaseIdentity.of_model(path)
-    twin = tmp_path / "twin.gguf"
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    twin.write_bytes(bytes(data))
+    twin = unknown_twin(path, tmp_path)
     with pytest.raises(KvpotError, match="locret needs retaining heads for this model"):
         Locret().retaining_heads(twin)
     doc = tmp_path / "log.txt"

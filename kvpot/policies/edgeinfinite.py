@@ -151,13 +151,9 @@ class EdgeInfinite(Policy):
     def _gate_path(self, model_path: Path) -> Path:
         if self.gate:
             return Path(self.gate).expanduser()
-        from kvpot.models.model_hash import model_sha256  # the gate shipped for a known model, by its sha256
-        from kvpot.models.registry import shipped_adapter
+        from kvpot.models.registry import shipped_adapter_for
 
-        try:
-            path = shipped_adapter("edgeinfinite", model_sha256(model_path))
-        except OSError:  # no model file to hash: nothing shipped can be for it
-            path = None
+        path = shipped_adapter_for("edgeinfinite", model_path)  # the gate shipped for a known model
         if path is None:
             raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "
                              "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")

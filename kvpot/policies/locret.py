@@ -52,16 +52,10 @@ class Locret(Policy):
 
     def retaining_heads(self, model_path: Path):
         from kvpot.converters.adapter import read_retaining_heads
+        from kvpot.models.registry import shipped_adapter_for
 
-        path = Path(self.heads).expanduser() if self.heads else None
-        if path is None:  # the heads shipped for a known model (models/registry.py), found by its sha256
-            from kvpot.models.model_hash import model_sha256
-            from kvpot.models.registry import shipped_adapter
-
-            try:
-                path = shipped_adapter("locret", model_sha256(model_path))
-            except OSError:  # no model file to hash: nothing shipped can be for it
-                path = None
+        # without heads=, the heads shipped for a known model (models/registry.py)
+        path = Path(self.heads).expanduser() if self.heads else shipped_adapter_for("locret", model_path)
         if path is None:
             raise KvpotError("locret needs retaining heads for this model: --policy locret:heads=HEADS.gguf "
                              "(made by `kvpot train locret` or `kvpot convert locret`)")
