@@ -135,5 +135,8 @@ def edgeinfinite(
                       budget=budget, n_chunks=n_chunks, steps=steps, lr=lr, lr_g=lr_g, data=data, seed=seed,
                       threads=threads)
     summary = train(facts.path, out, cfg, log=lambda s: err.print(s))
-    err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
-              f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
+    if summary["steps"]:
+        err.print(f"{out}: memory gate for {facts.name}, {summary['steps']} steps, "
+                  f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
+    else:  # --steps 0: the untrained gate (the ablation's gate=init, as a file), no loss to report
+        err.print(f"{out}: untrained memory gate for {facts.name} (--steps 0)")

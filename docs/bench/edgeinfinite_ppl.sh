@@ -1,28 +1,39 @@
 #!/bin/sh
 # EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
-# issue 14): SmolLM2-135M, budget 1024 (fit since session 13: L_sink 112, L_window 719, L_seg 128, 65 cells
-# of memory, JSON names end in -seg8; sessions 11-12's files, without it, were read with the old fit
-# 112 / 75 / 772: SPLIT=old reproduces them),
+# issue 14): SmolLM2-135M, budget 1024 (fit since session 16: L_sink 112, L_window 831, L_seg 16, 65 cells
+# of memory, JSON names end in -seg64; sessions 13-15's, ending in -seg8, were read with segments of an
+# eighth, 112 / 719 / 128: SPLIT=seg8 reproduces them; sessions 11-12's, with neither, with the paper's
+# ratio 112 / 75 / 772: SPLIT=old),
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
 # training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
-# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 549, L_seg 128
-# with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
+# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 661, L_seg 16
+# (SPLIT=seg8: 90 / 549 / 128) with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
 # KV=1 (session 15): only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
-# SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -kv.
-# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
+# SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -seg8-kv
+# (the session that began them; StreamingLLM does not depend on EdgeInfinite's segments).
+# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] [NO_STREAMING=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
-X=$([ "${SPLIT:-}" != old ] || echo ",L_sink=112,L_window=75,L_seg=772")
-G=${GATE:+-P edgeinfinite:gate=$GATE$X}
+case ${SPLIT:-} in
+old)  X=",L_sink=112,L_window=75,L_seg=772"; SUF= ;;
+seg8) SUF=-seg8 ;;  # X is set per model below
+"")   X=; SUF=-seg64 ;;
+*) echo "SPLIT: old or seg8" >&2; exit 2 ;;
+esac
 T=${THREADS:-2}
 M=${MODEL:-smollm2-135m}
 case $M in
-smollm2-135m) SINK=112; NAME=smollm2; MEM=65 ;;
-gemma3-270m)  SINK=90;  NAME=gemma3; MEM=257 ;;
+smollm2-135m) SINK=112; NAME=smollm2; MEM=65; W8=719 ;;
+gemma3-270m)  SINK=90;  NAME=gemma3; MEM=257; W8=549 ;;
 *) echo "MODEL: smollm2-135m or gemma3-270m" >&2; exit 2 ;;
 esac
+[ "${SPLIT:-}" != seg8 ] || X=",L_sink=$SINK,L_window=$W8,L_seg=128"
+G=${GATE:+-P edgeinfinite:gate=$GATE$X}
+# NO_STREAMING=1 (session 16, at 32K): leave StreamingLLM out; it does not depend on EdgeInfinite's
+# segments, so its 32K figures in the -seg8 files stand, and the speed ratio comes from the 8K runs.
+S=$([ "${NO_STREAMING:-}" = 1 ] || echo "-P streaming:n_sink=$SINK")
 D=docs/bench/edgeinfinite
 mkdir -p $D
 code() {  # the first N small stdlib files, each headed by its name
@@ -36,8 +47,8 @@ run() {  # text max_tokens name
         return
     fi
     $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
-        -P streaming:n_sink=$SINK -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
-        $G --json $D/$3$([ "${SPLIT:-}" = old ] || echo -seg8).json
+        $S -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
+        $G --json $D/$3$SUF.json
 }
 tmp=${TMPDIR:-/tmp}
 case $1 in

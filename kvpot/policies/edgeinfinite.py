@@ -32,11 +32,15 @@ class EdgeInfinite(Policy):
               the cache (paper: 2048)
     Left unset (None), fit(budget, chunk) takes the paper's values when they and the memory (M and z in
     f32, counted in f16 KV cells) fit the budget; else the sink takes the paper's share (300 of 2548)
-    of what the budget leaves after the memory, segments are an eighth of the budget and the window
+    of what the budget leaves after the memory, segments are a 64th of the budget and the window
     the rest. For kvpot's default budget of 1024 cells on SmolLM2 (memory: 65 cells) that is
-    L_sink 112, L_window 719, L_seg 128. (Until session 13 all three were scaled in the paper's ratio:
-    L_sink 112, L_window 75, L_seg 772, which left 187 cells after each fold and read worse than
-    StreamingLLM; docs/benchmarks.md.)
+    L_sink 112, L_window 831, L_seg 16; on Gemma-3 (257 cells) 90 / 661 / 16. Why small segments: a fold
+    leaves sink + window + r cells, r in [0, L_seg) fixed by the stream's arithmetic, so long segments
+    read with fewer cells than StreamingLLM at the same KV budget (Gemma-3's prose at 8K, gate closed:
+    2.109 with segments of 128, where r was 1; 2.081 with segments of 16; StreamingLLM 2.079). Folds add,
+    so the segment length changes only how many cells stay, not what the memory holds. (Session 13's
+    fit used an eighth, 128; until then all three were scaled in the paper's ratio, 112 / 75 / 772,
+    which left 187 cells after each fold; docs/benchmarks.md.)
 
     Routing (section 3.2.2): while the text fits the budget nothing is folded and the memory is None, so
     attention is the stock computation (with fit's lengths the budget is L_sink + L_window + L_seg plus
@@ -104,13 +108,13 @@ class EdgeInfinite(Policy):
             if rest < 4 * len(unset):
                 raise BudgetTooSmall(f"edgeinfinite: budget {budget} leaves {rest} cells for "
                                      f"{', '.join(n for n, _ in unset)} after the memory ({self._mem_cells} cells)")
-            # below the paper's lengths: the sink keeps its share, segments are an eighth of the budget and
-            # the window takes the rest, so the cache after a fold stays near the budget (docs/edgeinfinite.md:
-            # the paper's 300 : 200 : 2048 scaled down left 187 of 1024 cells after each fold and read 8K
-            # of code at 6.07 against StreamingLLM's 5.52; window 719, segment 128 read it at 5.39)
+            # below the paper's lengths: the sink keeps its share, segments are a 64th of the budget and the
+            # window takes the rest, so the cache after a fold stays within a segment of the budget (the
+            # docstring; docs/edgeinfinite.md "Budget": the paper's 300 : 200 : 2048 scaled down left 187 of
+            # 1024 cells after each fold, segments of an eighth up to 127 cells)
             names = [n for n, _ in unset]
             want = {"L_sink": max(1, math.floor(avail * PAPER_SINK / (PAPER_SINK + PAPER_WINDOW + PAPER_SEG))),
-                    "L_seg": max(1, budget // 8)}
+                    "L_seg": max(1, budget // 64)}
             taker = next(n for n in ("L_window", "L_seg", "L_sink") if n in names)  # takes what is left
             for n in names:
                 if n != taker:
