@@ -1,7 +1,8 @@
 #!/bin/sh
-# EdgeInfinite's ablations and passkey grids with session 14's split (docs/benchmarks.md, "EdgeInfinite,
-# session 14"; issue 14): budget 1024, chunk 512, the shipped gates (a bare `edgeinfinite` is the gate
+# EdgeInfinite's ablations and passkey grids (docs/benchmarks.md, "EdgeInfinite, session 16"; issue 14): budget 1024, chunk 512, the shipped gates (a bare `edgeinfinite` is the gate
 # shipped for the model). Each phase one `kvpot bench` into its own JSON (--resume where it is a grid).
+# JSON names end in -seg64 (fit since session 16: segments of a 64th of the budget); sessions 13-15's,
+# ending in -seg8, were run with segments of an eighth (edgeinfinite_ppl.sh: SPLIT=seg8).
 # Usage: [THREADS=1] sh docs/bench/edgeinfinite_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
@@ -22,18 +23,18 @@ ablations-smollm2|ablations-gemma3)
     code 40 $tmp/kvpot-ei-code.txt
     $K bench ppl -m $M -f $tmp/kvpot-ei-code.txt --max-tokens 8192 --budget 1024 --chunk 512 -t $T \
         -P edgeinfinite -P edgeinfinite:L_sink=0 -P edgeinfinite:L_window=0 \
-        --json $D/ppl-${1#ablations-}-code-8k-ablations-seg8.json ;;
+        --json $D/ppl-${1#ablations-}-code-8k-ablations-seg64.json ;;
 # passkey at 8K over 10 depths, seed 0: SmolLM2 (the policies of the Locret grid measured there at 1024)
 passkey-smollm2)
     $K bench niah -m smollm2-135m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
-        --json $D/smollm2-135m-passkey-8k-1024-seg8.json --resume ;;
+        --json $D/smollm2-135m-passkey-8k-1024-seg64.json --resume ;;
 # Gemma-3: the file starts as a copy of the 8K grid of the Locret section (InfiniPot 2048/1024, Truncate,
 # StreamingLLM, SnapKV, Locret at 1024 on the same haystacks), so only EdgeInfinite's cases run
 passkey-gemma3)
-    [ -f $D/gemma3-270m-passkey-8k-1024.json ] || cp docs/bench/niah-gemma3-8k-locret.json $D/gemma3-270m-passkey-8k-1024.json
+    [ -f $D/gemma3-270m-passkey-8k-1024-seg64.json ] || cp docs/bench/niah-gemma3-8k-locret.json $D/gemma3-270m-passkey-8k-1024-seg64.json
     $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
-        --json $D/gemma3-270m-passkey-8k-1024.json --resume ;;
+        --json $D/gemma3-270m-passkey-8k-1024-seg64.json --resume ;;
 *) echo "usage: sh docs/bench/edgeinfinite_run.sh ablations-smollm2|ablations-gemma3|passkey-smollm2|passkey-gemma3" >&2; exit 2 ;;
 esac
