@@ -95,3 +95,20 @@ def test_spec_and_missing_gate():
     assert make_policy("edgeinfinite:L_sink=3").gate == ""  # the gate shipped for the model, if any
     with pytest.raises(KvpotError, match="needs a memory gate for this model"):
         make_policy("edgeinfinite").memory_gate("no-such-model.gguf")
+
+
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma_path"])
+def test_closed_gate_is_the_untrained_gate_shut(model, request):
+    """gate=closed (the shut-gate ablation): the untrained gate with every channel's g at CLOSED_G, so
+    sigmoid(g) is below f32 rounding of the attention output; the memory is sized as for any gate."""
+    from kvpot.converters.adapter import initial_memory_gate
+    from kvpot.policies.edgeinfinite import CLOSED_G
+
+    path = request.getfixturevalue(model)
+    init, closed = EdgeInfinite(gate="init"), make_policy("edgeinfinite:gate=closed")
+    want, got = init.memory_gate(path), closed.memory_gate(path)
+    assert (got.g == CLOSED_G).all() and 1 / (1 + np.exp(-CLOSED_G)) < 1e-12
+    for name in ("w1", "b1", "w2", "b2"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    assert closed._mem_cells == init._mem_cells > 0
+    np.testing.assert_array_equal(want.g, initial_memory_gate(path).g)  # init's gate is not the one shut

@@ -12,7 +12,9 @@
 # KV=1 (session 15): only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
 # SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -seg8-kv
 # (the session that began them; StreamingLLM does not depend on EdgeInfinite's segments).
-# CLOSED=1 (session 16): only EdgeInfinite with its gate shut (g = -30), JSON names end in -closed.
+# CLOSED=1 (session 16): only EdgeInfinite with its gate shut (gate=closed, g = -30), JSON names end in -closed
+# (session 16's -closed files but ppl-gemma3-text-8k-seg64-closed.json name the policy by a /tmp gate file
+# an earlier version of this script wrote with the same g; the rerun with gate=closed read the same 2.081).
 # Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] [NO_STREAMING=1] [CLOSED=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
@@ -47,13 +49,9 @@ run() {  # text max_tokens name
             -P streaming:n_sink=$SINK --json $D/$3-seg8-kv.json
         return
     fi
-    if [ "${CLOSED:-}" = 1 ]; then  # the gate shut (g = -30 on every channel): EdgeInfinite's eviction alone
-        $PY -c "import sys; from pathlib import Path; from models.resolve import resolve_model; \
-from converters.adapter import initial_memory_gate, write_memory_gate; \
-g = initial_memory_gate(resolve_model(sys.argv[1])[0].path); g.g[:] = -30; write_memory_gate(Path(sys.argv[2]), g, source='closed')" \
-            $M $tmp/kvpot-ei-closed-$M.gguf
+    if [ "${CLOSED:-}" = 1 ]; then  # the gate shut: EdgeInfinite's eviction alone
         $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
-            -P edgeinfinite:gate=$tmp/kvpot-ei-closed-$M.gguf$X --json $D/$3$SUF-closed.json
+            -P edgeinfinite:gate=closed$X --json $D/$3$SUF-closed.json
         return
     fi
     $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \

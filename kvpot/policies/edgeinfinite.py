@@ -15,6 +15,8 @@ from kvpot.policies.base import BudgetTooSmall, Policy, PotView
 PAPER_SINK, PAPER_WINDOW, PAPER_SEG = 300, 200, 2048
 # bytes per K or V element the budget counts a cell at (kvpot's default f16 cache)
 CELL_ELEM_BYTES = 2
+# gate=closed: sigmoid(-30) = 9e-14, so the memory's share is below f32 rounding of the attention output
+CLOSED_G = -30.0
 
 
 @dataclass
@@ -23,8 +25,10 @@ class EdgeInfinite(Policy):
     Edge Devices", section 3.2 and Algorithm 1) on the pot.
 
     gate:     the memory-gating adapter GGUF (adapter.type = kvpot.memory_gate, `kvpot train edgeinfinite`),
-              checked against the model; "init" runs the untrained gate (the ablation); empty: the gate
-              shipped for a known model (models/: SmolLM2-135M and Gemma-3-270M)
+              checked against the model; "init" runs the untrained gate (the ablation); "closed" the
+              untrained gate shut (g = CLOSED_G on every channel: EdgeInfinite's eviction alone, the
+              memory still folded and read but mixed in at ~1e-13); empty: the gate shipped for a known
+              model (models/: SmolLM2-135M and Gemma-3-270M)
     L_sink:   sink tokens kept in the cache (paper: 300)
     L_window: most recent tokens kept in the cache (paper: 200)
     L_seg:    segment length: whenever the tokens past the sink, less the window, reach L_seg, whole
@@ -142,8 +146,10 @@ class EdgeInfinite(Policy):
         """The gate to run in llama.cpp, checked against the model (before the engine sizes the cache)."""
         from kvpot.converters.adapter import BaseIdentity, initial_memory_gate, read_memory_gate
 
-        if self.gate == "init":
+        if self.gate in ("init", "closed"):
             gate = initial_memory_gate(model_path)
+            if self.gate == "closed":
+                gate.g[:] = CLOSED_G
         else:
             gate = read_memory_gate(self._gate_path(model_path), model=model_path)
         b: BaseIdentity = gate.base
@@ -160,7 +166,7 @@ class EdgeInfinite(Policy):
         path = shipped_adapter_for("edgeinfinite", model_path)  # the gate shipped for a known model
         if path is None:
             raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "
-                             "(made by `kvpot train edgeinfinite`), or gate=init for the untrained one")
+                             "(made by `kvpot train edgeinfinite`), gate=init for the untrained one or gate=closed for it shut")
         return path
 
     @property
