@@ -32,8 +32,8 @@ def test_fit_takes_the_paper_lengths_when_they_fit_and_scales_them_down_otherwis
     p.fit(1024, 256)
     sink, window, seg = p.lengths()
     assert sink + window + seg + 65 == 1024
-    # below the paper's lengths: the sink's share of the paper, segments of a 64th, the window the rest
-    assert (sink, seg) == (int(959 * 300 / 2548), 1024 // 64) and window > 5 * sink
+    # below the paper's lengths: the sink's share of the paper, segments of one cell, the window the rest
+    assert (sink, seg) == (int(959 * 300 / 2548), 1) and window > 5 * sink
     # a length the spec sets is kept; the others share the rest
     p = EdgeInfinite(gate="g", L_sink=4)
     p.fit(500, 64)

@@ -1,47 +1,57 @@
 #!/bin/sh
 # EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
-# issue 14): SmolLM2-135M, budget 1024 (fit since session 16: L_sink 112, L_window 831, L_seg 16, 65 cells
-# of memory, JSON names end in -seg64; sessions 13-15's, ending in -seg8, were read with segments of an
-# eighth, 112 / 719 / 128: SPLIT=seg8 reproduces them; sessions 11-12's, with neither, with the paper's
-# ratio 112 / 75 / 772: SPLIT=old),
+# issue 14): SmolLM2-135M, budget 1024 (fit since session 17: L_sink 112, L_window 846, L_seg 1, 65 cells
+# of memory, JSON names end in -seg1; session 16's, ending in -seg64, were read with segments of a 64th,
+# 112 / 831 / 16: SPLIT=seg64 reproduces them; sessions 13-15's, ending in -seg8, with segments of an
+# eighth, 112 / 719 / 128: SPLIT=seg8; sessions 11-12's, with neither, with the paper's ratio 112 / 75 / 772:
+# SPLIT=old),
 # chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
-# training uses 40 KB and more) and kvpot's generated logbook prose. Each phase one `kvpot bench ppl`
+# training uses 40 KB and more), kvpot's generated logbook prose and (session 17, prose-*) real prose: the GNU
+# diffutils manual as Debian installs it (/usr/share/info/diffutils.info.gz, ~50K tokens, one document,
+# info's \037 node marks removed; no gate trained on it). Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
-# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 661, L_seg 16
-# (SPLIT=seg8: 90 / 549 / 128) with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
+# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 676, L_seg 1
+# (SPLIT=seg64: 90 / 661 / 16; seg8: 90 / 549 / 128) with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
 # KV=1 (session 15): only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
 # SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -seg8-kv
 # (the session that began them; StreamingLLM does not depend on EdgeInfinite's segments).
 # CLOSED=1 (session 16): only EdgeInfinite with its gate shut (gate=closed, g = -30), JSON names end in -closed
 # (session 16's -closed files but ppl-gemma3-text-8k-seg64-closed.json name the policy by a /tmp gate file
 # an earlier version of this script wrote with the same g; the rerun with gate=closed read the same 2.081).
-# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] [NO_STREAMING=1] [CLOSED=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k  (from the repo root)
+# Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] [NO_STREAMING=1] [NO_INIT=1] [CLOSED=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|prose-8k|code-32k|text-32k|prose-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
 case ${SPLIT:-} in
-old)  X=",L_sink=112,L_window=75,L_seg=772"; SUF= ;;
-seg8) SUF=-seg8 ;;  # X is set per model below
-"")   X=; SUF=-seg64 ;;
-*) echo "SPLIT: old or seg8" >&2; exit 2 ;;
+old)   X=",L_sink=112,L_window=75,L_seg=772"; SUF= ;;
+seg8)  SUF=-seg8 ;;   # X is set per model below
+seg64) SUF=-seg64 ;;  # likewise
+"")    X=; SUF=-seg1 ;;
+*) echo "SPLIT: old, seg8 or seg64" >&2; exit 2 ;;
 esac
 T=${THREADS:-2}
 M=${MODEL:-smollm2-135m}
 case $M in
-smollm2-135m) SINK=112; NAME=smollm2; MEM=65; W8=719 ;;
-gemma3-270m)  SINK=90;  NAME=gemma3; MEM=257; W8=549 ;;
+smollm2-135m) SINK=112; NAME=smollm2; MEM=65; W8=719; W64=831 ;;
+gemma3-270m)  SINK=90;  NAME=gemma3; MEM=257; W8=549; W64=661 ;;
 *) echo "MODEL: smollm2-135m or gemma3-270m" >&2; exit 2 ;;
 esac
 [ "${SPLIT:-}" != seg8 ] || X=",L_sink=$SINK,L_window=$W8,L_seg=128"
+[ "${SPLIT:-}" != seg64 ] || X=",L_sink=$SINK,L_window=$W64,L_seg=16"
 G=${GATE:+-P edgeinfinite:gate=$GATE$X}
 # NO_STREAMING=1 (session 16, at 32K): leave StreamingLLM out; it does not depend on EdgeInfinite's
 # segments, so its 32K figures in the -seg8 files stand, and the speed ratio comes from the 8K runs.
 S=$([ "${NO_STREAMING:-}" = 1 ] || echo "-P streaming:n_sink=$SINK")
+# NO_INIT=1 (session 17, at 32K): leave the untrained gate out (its 32K figures with segments of 16 stand)
+I=$([ "${NO_INIT:-}" = 1 ] || echo "-P edgeinfinite:gate=init$X")
 D=docs/bench/edgeinfinite
 mkdir -p $D
 code() {  # the first N small stdlib files, each headed by its name
     $PY -c "import glob,os,sys; fs=[f for f in sorted(glob.glob('/usr/lib/python3.11/*.py')) if os.path.getsize(f)<40000]; \
 open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,errors='replace').read()+'\n' for f in fs[:int(sys.argv[1])]))" $1 $2
+}
+prose() {  # the diffutils manual as plain text
+    $PY -c "import gzip,sys; open(sys.argv[1],'w').write(gzip.decompress(open('/usr/share/info/diffutils.info.gz','rb').read()).decode('utf-8','replace').replace(chr(31),''))" $1
 }
 run() {  # text max_tokens name
     if [ "${KV:-}" = 1 ]; then
@@ -55,7 +65,7 @@ run() {  # text max_tokens name
         return
     fi
     $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
-        $S -P edgeinfinite:gate=init$X -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
+        $S $I -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
         $G --json $D/$3$SUF.json
 }
 tmp=${TMPDIR:-/tmp}
@@ -66,5 +76,7 @@ text-8k)  $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.
           run $tmp/kvpot-ei-text.txt 8192 ppl-$NAME-text-8k ;;
 text-32k) $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
           run $tmp/kvpot-ei-text.txt 32768 ppl-$NAME-text-32k ;;
-*) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|code-32k|text-32k" >&2; exit 2 ;;
+prose-8k)  prose $tmp/kvpot-ei-prose.txt; run $tmp/kvpot-ei-prose.txt 8192 ppl-$NAME-prose-8k ;;
+prose-32k) prose $tmp/kvpot-ei-prose.txt; run $tmp/kvpot-ei-prose.txt 32768 ppl-$NAME-prose-32k ;;
+*) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|prose-8k|code-32k|text-32k|prose-32k" >&2; exit 2 ;;
 esac

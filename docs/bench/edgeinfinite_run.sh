@@ -1,14 +1,16 @@
 #!/bin/sh
 # EdgeInfinite's ablations and passkey grids (docs/benchmarks.md, "EdgeInfinite, session 16"; issue 14): budget 1024, chunk 512, the shipped gates (a bare `edgeinfinite` is the gate
 # shipped for the model). Each phase one `kvpot bench` into its own JSON (--resume where it is a grid).
-# JSON names end in -seg64 (fit since session 16: segments of a 64th of the budget); sessions 13-15's,
-# ending in -seg8, were run with segments of an eighth (edgeinfinite_ppl.sh: SPLIT=seg8).
+# JSON names end in -seg1 (fit since session 17: segments of one cell); session 16's, ending in -seg64,
+# were run with segments of a 64th of the budget, sessions 13-15's, ending in -seg8, with segments of an
+# eighth (edgeinfinite_ppl.sh: SPLIT=seg64, SPLIT=seg8).
 # Usage: [THREADS=1] sh docs/bench/edgeinfinite_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 PY=${PYTHON:-.venv/bin/python}
 T=${THREADS:-2}
 D=docs/bench/edgeinfinite
+SUF=-seg1
 mkdir -p $D
 D10="-d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9"
 tmp=${TMPDIR:-/tmp}
@@ -23,18 +25,18 @@ ablations-smollm2|ablations-gemma3)
     code 40 $tmp/kvpot-ei-code.txt
     $K bench ppl -m $M -f $tmp/kvpot-ei-code.txt --max-tokens 8192 --budget 1024 --chunk 512 -t $T \
         -P edgeinfinite -P edgeinfinite:L_sink=0 -P edgeinfinite:L_window=0 \
-        --json $D/ppl-${1#ablations-}-code-8k-ablations-seg64.json ;;
+        --json $D/ppl-${1#ablations-}-code-8k-ablations$SUF.json ;;
 # passkey at 8K over 10 depths, seed 0: SmolLM2 (the policies of the Locret grid measured there at 1024)
 passkey-smollm2)
     $K bench niah -m smollm2-135m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
-        --json $D/smollm2-135m-passkey-8k-1024-seg64.json --resume ;;
+        --json $D/smollm2-135m-passkey-8k-1024$SUF.json --resume ;;
 # Gemma-3: the file starts as a copy of the 8K grid of the Locret section (InfiniPot 2048/1024, Truncate,
 # StreamingLLM, SnapKV, Locret at 1024 on the same haystacks), so only EdgeInfinite's cases run
 passkey-gemma3)
-    [ -f $D/gemma3-270m-passkey-8k-1024-seg64.json ] || cp docs/bench/niah-gemma3-8k-locret.json $D/gemma3-270m-passkey-8k-1024-seg64.json
+    [ -f $D/gemma3-270m-passkey-8k-1024$SUF.json ] || cp docs/bench/niah-gemma3-8k-locret.json $D/gemma3-270m-passkey-8k-1024$SUF.json
     $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
-        --json $D/gemma3-270m-passkey-8k-1024-seg64.json --resume ;;
+        --json $D/gemma3-270m-passkey-8k-1024$SUF.json --resume ;;
 *) echo "usage: sh docs/bench/edgeinfinite_run.sh ablations-smollm2|ablations-gemma3|passkey-smollm2|passkey-gemma3" >&2; exit 2 ;;
 esac

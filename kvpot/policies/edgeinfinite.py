@@ -36,15 +36,19 @@ class EdgeInfinite(Policy):
               the cache (paper: 2048)
     Left unset (None), fit(budget, chunk) takes the paper's values when they and the memory (M and z in
     f32, counted in f16 KV cells) fit the budget; else the sink takes the paper's share (300 of 2548)
-    of what the budget leaves after the memory, segments are a 64th of the budget and the window
-    the rest. For kvpot's default budget of 1024 cells on SmolLM2 (memory: 65 cells) that is
-    L_sink 112, L_window 831, L_seg 16; on Gemma-3 (257 cells) 90 / 661 / 16. Why small segments: a fold
-    leaves sink + window + r cells, r in [0, L_seg) fixed by the stream's arithmetic, so long segments
-    read with fewer cells than StreamingLLM at the same KV budget (Gemma-3's prose at 8K, gate closed:
-    2.109 with segments of 128, where r was 1; 2.081 with segments of 16; StreamingLLM 2.079). Folds add,
-    so the segment length changes only how many cells stay, not what the memory holds. (Session 13's
-    fit used an eighth, 128; until then all three were scaled in the paper's ratio, 112 / 75 / 772,
-    which left 187 cells after each fold; docs/benchmarks.md.)
+    of what the budget leaves after the memory, segments are one cell and the window takes the rest.
+    For kvpot's default budget of 1024 cells on SmolLM2 (memory: 65 cells) that is L_sink 112,
+    L_window 846, L_seg 1; on Gemma-3 (257 cells) 90 / 676 / 1. Why one cell: a fold leaves sink + window
+    + r cells, r in [0, L_seg) fixed by the stream's arithmetic, and the window is what the budget leaves
+    after sink and segment, so every cell of segment costs a cell of KV: with segments of one every chunk
+    reads with budget - memory - 1 cells, what StreamingLLM at the same KV budget keeps less one (gate
+    shut, Gemma-3's 8K reads: 2.079 on the logbook and 9.746 on the diffutils manual with segments of
+    one, 2.081 and 9.804 with segments of 16, 2.109 on the logbook with segments of 128; StreamingLLM at
+    the same KV 2.079 and 9.736). Folds add (M is a sum over tokens), so the segment length changes only
+    how many cells stay, not what the memory holds, and kvpot folds at chunk boundaries whatever it is,
+    so shorter segments cost no speed. (Session 16: a 64th of the budget, 16; 13-15: an eighth, 128;
+    until then all three scaled in the paper's ratio, 112 / 75 / 772, which left 187 cells after each
+    fold; docs/benchmarks.md.)
 
     Routing (section 3.2.2): while the text fits the budget nothing is folded and the memory is None, so
     attention is the stock computation (with fit's lengths the budget is L_sink + L_window + L_seg plus
@@ -112,13 +116,13 @@ class EdgeInfinite(Policy):
             if rest < 4 * len(unset):
                 raise BudgetTooSmall(f"edgeinfinite: budget {budget} leaves {rest} cells for "
                                      f"{', '.join(n for n, _ in unset)} after the memory ({self._mem_cells} cells)")
-            # below the paper's lengths: the sink keeps its share, segments are a 64th of the budget and the
-            # window takes the rest, so the cache after a fold stays within a segment of the budget (the
+            # below the paper's lengths: the sink keeps its share, segments are one cell and the window
+            # takes the rest, so after a fold the cache holds the budget less the memory and one cell (the
             # docstring; docs/edgeinfinite.md "Budget": the paper's 300 : 200 : 2048 scaled down left 187 of
-            # 1024 cells after each fold, segments of an eighth up to 127 cells)
+            # 1024 cells after each fold, segments of an eighth up to 127 cells fewer, of a 64th up to 15)
             names = [n for n, _ in unset]
             want = {"L_sink": max(1, math.floor(avail * PAPER_SINK / (PAPER_SINK + PAPER_WINDOW + PAPER_SEG))),
-                    "L_seg": max(1, budget // 64)}
+                    "L_seg": 1}
             taker = next(n for n in ("L_window", "L_seg", "L_sink") if n in names)  # takes what is left
             for n in names:
                 if n != taker:
