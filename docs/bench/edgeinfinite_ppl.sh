@@ -50,6 +50,9 @@ code() {  # the first N small stdlib files, each headed by its name
     $PY -c "import glob,os,sys; fs=[f for f in sorted(glob.glob('/usr/lib/python3.11/*.py')) if os.path.getsize(f)<40000]; \
 open(sys.argv[2],'w').write(''.join(f'# file: {os.path.basename(f)}\n'+open(f,errors='replace').read()+'\n' for f in fs[:int(sys.argv[1])]))" $1 $2
 }
+text() {  # kvpot's logbook: 12 logbooks of 400 entries without a fact to find
+    $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $1
+}
 prose() {  # the diffutils manual as plain text
     $PY -c "import gzip,sys; open(sys.argv[1],'w').write(gzip.decompress(open('/usr/share/info/diffutils.info.gz','rb').read()).decode('utf-8','replace').replace(chr(31),''))" $1
 }
@@ -72,10 +75,8 @@ tmp=${TMPDIR:-/tmp}
 case $1 in
 code-8k)  code 40 $tmp/kvpot-ei-code.txt; run $tmp/kvpot-ei-code.txt 8192 ppl-$NAME-code-8k ;;
 code-32k) code 136 $tmp/kvpot-ei-code-all.txt; run $tmp/kvpot-ei-code-all.txt 32768 ppl-$NAME-code-32k ;;
-text-8k)  $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
-          run $tmp/kvpot-ei-text.txt 8192 ppl-$NAME-text-8k ;;
-text-32k) $PY -c "import sys; from kvpot.bench.logbook import logbook; open(sys.argv[1],'w').write(''.join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12)))" $tmp/kvpot-ei-text.txt
-          run $tmp/kvpot-ei-text.txt 32768 ppl-$NAME-text-32k ;;
+text-8k)  text $tmp/kvpot-ei-text.txt; run $tmp/kvpot-ei-text.txt 8192 ppl-$NAME-text-8k ;;
+text-32k) text $tmp/kvpot-ei-text.txt; run $tmp/kvpot-ei-text.txt 32768 ppl-$NAME-text-32k ;;
 prose-8k)  prose $tmp/kvpot-ei-prose.txt; run $tmp/kvpot-ei-prose.txt 8192 ppl-$NAME-prose-8k ;;
 prose-32k) prose $tmp/kvpot-ei-prose.txt; run $tmp/kvpot-ei-prose.txt 32768 ppl-$NAME-prose-32k ;;
 *) echo "usage: GATE=gate.gguf sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|prose-8k|code-32k|text-32k|prose-32k" >&2; exit 2 ;;
