@@ -33,7 +33,7 @@ D5="-d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9"
 S01="--seed 0 --seed 1"
 case $1 in
 8k-gemma-prose) for b in full 1024 4096 2048; do one gemma3-270m 7900 prose "$D3" "$S0" $b; done ;;
-# session 10: the same files completed to 5 depths x 2 seeds (--resume keeps the cases already run)
+# the same files completed to 5 depths x 2 seeds (commit fed2871; --resume keeps the cases already run)
 8k-gemma-prose-5x2) for b in full 2048 4096 1024; do one gemma3-270m 7900 prose "$D5" "$S01" $b; done ;;
 8k-smol-prose)      for b in full 4096 2048; do one smollm2-135m 7900 prose "$D5" "$S0" $b; done ;;
 32k-prose)      for b in full 8192 2048; do one gemma3-270m 31500 prose "-d 0.5" "$S0" $b; done ;;

@@ -1,23 +1,23 @@
 #!/bin/sh
 # EdgeInfinite's perplexity against StreamingLLM (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM",
-# issue 14): SmolLM2-135M, budget 1024 (fit since session 17: L_sink 112, L_window 846, L_seg 1, 65 cells
-# of memory, JSON names end in -seg1; session 16's, ending in -seg64, were read with segments of a 64th,
-# 112 / 831 / 16: SPLIT=seg64 reproduces them; sessions 13-15's, ending in -seg8, with segments of an
-# eighth, 112 / 719 / 128: SPLIT=seg8; sessions 11-12's, with neither, with the paper's ratio 112 / 75 / 772:
-# SPLIT=old),
-# chunk 512. Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
-# training uses 40 KB and more), kvpot's generated logbook prose and (session 17, prose-*) real prose: the GNU
+# issue 14): SmolLM2-135M, budget 1024, chunk 512. The split is fit's unless SPLIT names another, and the
+# JSON names say which: fit's (L_sink 112, L_window 846, L_seg 1, 65 cells of memory) ends in -seg1;
+# SPLIT=seg64, segments of a 64th of the budget (112 / 831 / 16, the split the shipped gates were trained
+# with), in -seg64; SPLIT=seg8, segments of an eighth (112 / 719 / 128), in -seg8; SPLIT=old, the paper's
+# ratio scaled to the budget (112 / 75 / 772), with no suffix.
+# Texts: Python standard-library sources the gate never trained on (files under 40 KB; the
+# training uses 40 KB and more), kvpot's generated logbook prose and (prose-*) real prose: the GNU
 # diffutils manual as Debian installs it (/usr/share/info/diffutils.info.gz, ~50K tokens, one document,
 # info's \037 node marks removed; no gate trained on it). Each phase one `kvpot bench ppl`
 # into its own JSON. GATE (optional): another gate to compare with the shipped one and the untrained one.
-# MODEL=gemma3-270m (session 14): Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 676, L_seg 1
+# MODEL=gemma3-270m: Gemma-3-270M, where fit(1024, 512) gives L_sink 90, L_window 676, L_seg 1
 # (SPLIT=seg64: 90 / 661 / 16; seg8: 90 / 549 / 128) with 257 cells of memory; StreamingLLM keeps 90 sink tokens; JSON names ppl-gemma3-*.
-# KV=1 (session 15): only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
-# SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -seg8-kv
-# (the session that began them; StreamingLLM does not depend on EdgeInfinite's segments).
-# CLOSED=1 (session 16): only EdgeInfinite with its gate shut (gate=closed, g = -30), JSON names end in -closed
-# (session 16's -closed files but ppl-gemma3-text-8k-seg64-closed.json name the policy by a /tmp gate file
-# an earlier version of this script wrote with the same g; the rerun with gate=closed read the same 2.081).
+# KV=1: only StreamingLLM, at EdgeInfinite's KV budget (1024 less the memory's cells: 959 on
+# SmolLM2, 767 on Gemma-3), the issue's "same sink + window + leftover budget"; JSON names end in -kv
+# (whatever SPLIT says: StreamingLLM does not depend on EdgeInfinite's segments).
+# CLOSED=1: only EdgeInfinite with its gate shut (gate=closed, g = -30), JSON names end in -closed
+# (the -seg64-closed files other than ppl-gemma3-text-8k-seg64-closed.json name the policy by a /tmp gate
+# file that this script wrote with the same g at commit 9d4b42f; the rerun with gate=closed read the same 2.081).
 # Usage: [MODEL=gemma3-270m] [GATE=gate.gguf] [KV=1] [NO_STREAMING=1] [NO_INIT=1] [CLOSED=1] sh docs/bench/edgeinfinite_ppl.sh code-8k|text-8k|prose-8k|code-32k|text-32k|prose-32k  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
@@ -39,10 +39,10 @@ esac
 [ "${SPLIT:-}" != seg8 ] || X=",L_sink=$SINK,L_window=$W8,L_seg=128"
 [ "${SPLIT:-}" != seg64 ] || X=",L_sink=$SINK,L_window=$W64,L_seg=16"
 G=${GATE:+-P edgeinfinite:gate=$GATE$X}
-# NO_STREAMING=1 (session 16, at 32K): leave StreamingLLM out; it does not depend on EdgeInfinite's
-# segments, so its 32K figures in the -seg8 files stand, and the speed ratio comes from the 8K runs.
+# NO_STREAMING=1 (used at 32K): leave StreamingLLM out; it does not depend on EdgeInfinite's
+# segments, so its 32K figures already measured stand, and the speed ratio comes from the 8K runs.
 S=$([ "${NO_STREAMING:-}" = 1 ] || echo "-P streaming:n_sink=$SINK")
-# NO_INIT=1 (session 17, at 32K): leave the untrained gate out (its 32K figures with segments of 16 stand)
+# NO_INIT=1 (used at 32K): leave the untrained gate out (its 32K figures with segments of 16 stand)
 I=$([ "${NO_INIT:-}" = 1 ] || echo "-P edgeinfinite:gate=init$X")
 D=docs/bench/edgeinfinite
 mkdir -p $D
@@ -59,7 +59,7 @@ prose() {  # the diffutils manual as plain text
 run() {  # text max_tokens name
     if [ "${KV:-}" = 1 ]; then
         $K bench ppl -m $M -f $1 --max-tokens $2 --budget $((1024 - MEM)) --chunk 512 -t $T \
-            -P streaming:n_sink=$SINK --json $D/$3-seg8-kv.json
+            -P streaming:n_sink=$SINK --json $D/$3-kv.json
         return
     fi
     if [ "${CLOSED:-}" = 1 ]; then  # the gate shut: EdgeInfinite's eviction alone

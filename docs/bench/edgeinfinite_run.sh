@@ -1,9 +1,9 @@
 #!/bin/sh
-# EdgeInfinite's ablations and passkey grids (docs/benchmarks.md, "EdgeInfinite, session 16"; issue 14): budget 1024, chunk 512, the shipped gates (a bare `edgeinfinite` is the gate
+# EdgeInfinite's ablations and passkey grids (docs/benchmarks.md, "EdgeInfinite vs StreamingLLM"; issue 14): budget 1024, chunk 512, the shipped gates (a bare `edgeinfinite` is the gate
 # shipped for the model). Each phase one `kvpot bench` into its own JSON (--resume where it is a grid).
-# JSON names end in -seg1 (fit since session 17: segments of one cell); session 16's, ending in -seg64,
-# were run with segments of a 64th of the budget, sessions 13-15's, ending in -seg8, with segments of an
-# eighth (edgeinfinite_ppl.sh: SPLIT=seg64, SPLIT=seg8).
+# JSON names end in -seg1 (fit's split: segments of one cell); the files ending in -seg64 were run with
+# segments of a 64th of the budget (16 cells, commit 9d4b42f), those ending in -seg8 with segments of an
+# eighth (128 cells) (edgeinfinite_ppl.sh: SPLIT=seg64, SPLIT=seg8).
 # Usage: [THREADS=1] sh docs/bench/edgeinfinite_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}

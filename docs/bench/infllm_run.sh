@@ -1,15 +1,16 @@
 #!/bin/sh
-# InfLLM's grids and memory runs of docs/benchmarks.md ("InfLLM ... session 9", issue 15 point 6): one
+# InfLLM's grids and memory runs of docs/benchmarks.md ("InfLLM", issue 15 point 6): one
 # `kvpot bench` per phase, each into its own JSON (niah with --resume, so an interrupted grid continues).
 # Gemma-3-270M, passkey, 2048 cells in RAM (fit(2048, 512): n_init 64, n_local 1472, topk 8 blocks of 64).
-# THREADS defaults to 1 (session 9 ran two phases side by side on a 2-core machine; accuracy does not
+# THREADS defaults to 1 (two phases can then run side by side on a 2-core machine; accuracy does not
 # depend on it, speed figures from such runs are not quoted).
-# LOOKUP: graph (default; the lookup inside each layer, session 10) or host (session 9's runs: the JSON
-# files without a suffix). EXC: queries per lookup (exc_block_size; default 256, the policy's default at
-# 2048 cells since session 12). Sessions 10-11 read in execution blocks of the chunk (512): their JSON
-# files are NAME-graph.json; these commands write NAME-graph-excN.json (NAME-excN.json for host).
-# DIST: constant (default since session 13: every query sees the memory n_local back, as the paper) or
-# chunk (sessions 9-12: n_local before the chunk); constant adds "-const" to the JSON name.
+# LOOKUP: graph (default; the lookup inside each layer) or host (the previous chunk's queries: the JSON
+# files without a lookup suffix). EXC: queries per lookup (exc_block_size; default 256, the policy's
+# default at 2048 cells). The files named NAME-graph.json (and the host files without -excN) were read in
+# execution blocks of the chunk (512) with the memory at the chunk distance; these commands write
+# NAME-graph-excN.json (NAME-excN.json for host).
+# DIST: constant (default: every query sees the memory n_local back, as the paper) or chunk (n_local
+# before the execution block); constant adds "-const" to the JSON name.
 # Usage: sh docs/bench/infllm_run.sh PHASE  (from the repo root)
 set -e
 K=${KVPOT:-.venv/bin/kvpot}

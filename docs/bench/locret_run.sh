@@ -22,11 +22,11 @@ gemma-prose) $K bench niah -m gemma3-270m -n 7900 --task prose -d 0.1 -d 0.3 -d 
                 --seed 0 --seed 1 --budget 2048 --chunk 512 -P infinipot -P locret -P streaming \
                 --json $D/gemma3-270m-prose-7900-2048.json --resume ;;
 # SmolLM2 passkey at 8K (past its 8,192-token context), 10 depths x 2 seeds, every policy at 1024 cells
-# (session 8 ran seed 0 with 2 threads; session 9 added seed 1 with -t 1 through --resume)
+# (seed 0 ran with 2 threads, commit d25f06b; seed 1 was added with -t 1 through --resume, commit ee306cb)
 smol-8k)    $K bench niah -m smollm2-135m -n 8192 $D10 --seed 0 --seed 1 --budget 1024 --chunk 512 \
                 --task passkey -P locret -P infinipot -P streaming -P snapkv -t ${THREADS:-2} \
                 --json $D/smollm2-135m-passkey-8k-1024.json --resume ;;
-# SmolLM2 passkey at 32K, 5 depths, Locret at 1024 cells (session 9, -t 1)
+# SmolLM2 passkey at 32K, 5 depths, Locret at 1024 cells (run with -t 1, commit 713fb51)
 smol-32k)   $K bench niah -m smollm2-135m -n 32768 -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9 --seed 0 --budget 1024 \
                 --chunk 512 --task passkey -P locret -t ${THREADS:-2} \
                 --json $D/smollm2-135m-passkey-32k-1024.json --resume ;;

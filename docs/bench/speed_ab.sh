@@ -1,14 +1,15 @@
 #!/bin/sh
-# Interleaved reading-speed A/B (docs/benchmarks.md, "session 10"): the policies compared are run one
+# Interleaved reading-speed A/B (docs/benchmarks.md, "Reading speed beside StreamingLLM" and "InfLLM"): the policies compared are run one
 # after another, ROUNDS times, each `kvpot bench throughput` in fresh processes, so a slow minute of the
 # machine hits every policy alike; the figure is the ratio of tokens/s to StreamingLLM's, per round.
 # Stock prefill is cut to 64 tokens (its ratio is not the point here).
 # Usage: sh docs/bench/speed_ab.sh [exc|dist]
-#   (none): session 10's set (InfLLM then read in execution blocks of the chunk, 512; since session 12
-#           its default at 2048 cells is 256, so infllm-graph now measures that), JSON in speed/ab/
-#   exc:    session 12's: InfLLM's default (256) beside execution blocks of 512, JSON in speed/ab-exc/
-#   dist:   session 13's: InfLLM's memory at one distance (the default) beside distance=chunk, and
-#           EdgeInfinite with its new split beside StreamingLLM, JSON in speed/ab-dist/
+#   (none): InfLLM's lookup inside the layer beside lookup=host, and EdgeInfinite beside StreamingLLM,
+#           JSON in speed/ab/ (its JSON were read at commit 6367054, with execution blocks of 512 and the
+#           memory at the chunk distance; infllm-graph now measures the policy's defaults)
+#   exc:    InfLLM's default execution blocks (256 at 2048 cells) beside blocks of 512, JSON in speed/ab-exc/
+#   dist:   InfLLM's memory at one distance (the default) beside distance=chunk, and EdgeInfinite with
+#           fit's split beside StreamingLLM, JSON in speed/ab-dist/
 set -e
 K=${KVPOT:-.venv/bin/kvpot}
 SET=${1:-all}
