@@ -1,6 +1,6 @@
 #!/bin/sh
-# Reading speed beside StreamingLLM on a quiet machine (docs/benchmarks.md, "Reading speed of Locret,
-# InfLLM and EdgeInfinite beside StreamingLLM"): one `kvpot bench throughput` per (model, policy), each
+# Reading speed beside StreamingLLM on a quiet machine (docs/benchmarks.md, "Reading speed beside
+# StreamingLLM"): one `kvpot bench throughput` per (model, policy), each
 # measuring stock llama.cpp's prefill of 8,192 tokens and the pot in fresh processes, into
 # docs/bench/speed/MODEL-POLICY.json. Usage: sh docs/bench/speed_run.sh  (from the repo root, nothing
 # else running: every figure is a ratio within one command, but the ratio to StreamingLLM compares two)
