@@ -49,12 +49,15 @@ test: pull-test-models train-deps
 	$(BIN)/python -m pytest -q
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.
-# The two targets run side by side, each writing its counts to fuzz-report-TARGET.json.
+# One process per target (a tests/test_fuzz*.py file, or a -k selection in tests/test_fuzz.py), side by
+# side, each writing its counts to fuzz-report-TARGET.json.
 FUZZ_EXAMPLES ?= 100000
+FUZZ_TARGETS  ?= $(patsubst tests/test_fuzz_%.py,%,$(wildcard tests/test_fuzz_*.py))
 fuzz: pull-test-models
-	@pids=; for t in context gguf; do \
+	@pids=; for t in context gguf $(FUZZ_TARGETS); do \
+		if [ -f tests/test_fuzz_$$t.py ]; then sel="tests/test_fuzz_$$t.py"; else sel="tests/test_fuzz.py -k $$t"; fi; \
 		KVPOT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KVPOT_FUZZ_REPORT=$(CURDIR)/fuzz-report-$$t.json \
-			$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k $$t & pids="$$pids $$!"; \
+			$(BIN)/python -m pytest -q -p no:cacheprovider $$sel & pids="$$pids $$!"; \
 	done; fail=0; for p in $$pids; do wait $$p || fail=1; done; exit $$fail
 
 # not part of `make test` (a cross build of llama.cpp, ~15 min on 2 cores): libllama + kvpot for aarch64,

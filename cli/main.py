@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import typer
+
+import kvpot
+from kvpot.build.pins import LLAMA_CPP_COMMIT
 
 from . import ask, bench, build, convert, doctor, models, rpc, run, train
 from ._crash import enable_crash_reports
@@ -13,7 +18,32 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # llama.cpp's tools and most CLIs take -h
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def version_line() -> str:
+    """kvpot, the runtime package and the llama.cpp commit it is built from; read from package metadata,
+    so it works (and says so) without loading libllama or with no runtime installed."""
+    try:
+        runtime = f"llama-cpp-python {metadata.version('llama_cpp_python')}"
+    except metadata.PackageNotFoundError:
+        runtime = "no llama-cpp-python runtime installed (make runtime)"
+    return f"kvpot {kvpot.__version__} ({runtime}, llama.cpp {LLAMA_CPP_COMMIT})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="Print kvpot's version, its runtime's and the llama.cpp commit, and exit.")
+          ) -> None:
+    """Long-document inference on small GGUF models with a bounded KV memory (the pot) inside llama.cpp."""
 
 app.command()(ask.ask)
 app.command()(ask.chat)

@@ -1,8 +1,8 @@
 """Property-based fuzzing (Hypothesis) of the two loaders that read files a user hands kvpot before
 any C code sees them: the saved-context reader and the GGUF header checks.
 
-Property: every input is either accepted or refused with one KvpotError line; nothing else
-escapes (no IndexError, MemoryError, RecursionError, ...). Inputs are built three ways so they
+Property (tests/fuzzlib.py): every input is either accepted or refused with one KvpotError line.
+Inputs are built three ways so they
 reach past the first check: raw bytes; structurally valid files with fuzzed fields (the saved
 context's checksum recomputed, so the parser behind it is reached); valid files with fuzzed
 mutations (byte flips, cuts, insertions), checksum recomputed again.
@@ -20,97 +20,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import struct
-import time
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from fuzzlib import FUZZ, MUTATIONS, batch, check, mutate, write_report
+from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import GGUF_MAGIC, read_header_from
 from kvpot.session.context_file import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, parse_context
 
-EXAMPLES = int(os.environ.get("KVPOT_FUZZ_EXAMPLES", "300"))  # inputs per strategy
-# inputs per Hypothesis example: each example costs ~1-2 ms of Hypothesis's own bookkeeping (saving and
-# restoring the global random state, its tree of choices) whatever it draws, more than a raw input takes
-# to check, so the long run draws a batch of inputs per example; the short run one, derandomized
-BATCH = int(os.environ.get("KVPOT_FUZZ_BATCH", "1" if EXAMPLES <= 1000 else "25"))
-FUZZ = settings(max_examples=-(-EXAMPLES // BATCH), deadline=None, derandomize=EXAMPLES <= 1000,
-                suppress_health_check=list(HealthCheck), database=None)
-
-
-def _batch(strategy):
-    return st.lists(strategy, min_size=BATCH, max_size=BATCH)
-
-_stats: dict[str, dict] = {}
-
-
-def _record(target: str, accepted: bool, seconds: float) -> None:
-    s = _stats.setdefault(target, {"inputs": 0, "accepted": 0, "refused": 0, "slowest_s": 0.0})
-    s["inputs"] += 1
-    s["accepted" if accepted else "refused"] += 1
-    s["slowest_s"] = max(s["slowest_s"], round(seconds, 4))
-    if s["inputs"] % 5000 == 0:  # a long run stopped early still leaves its true counts
-        _write_report()
-
-
-def _check(target: str, fn, data: bytes) -> None:
-    t0 = time.perf_counter()
-    try:
-        fn(data)
-        accepted = True
-    except KvpotError as e:
-        msg = str(e)
-        assert msg and "\n" not in msg, repr(msg)
-        accepted = False
-    _record(target, accepted, time.perf_counter() - t0)
-
-
-def _write_report() -> None:
-    report = os.environ.get("KVPOT_FUZZ_REPORT")
-    if report:
-        with open(report, "w") as f:
-            json.dump({"inputs_per_strategy": EXAMPLES, "inputs_per_example": BATCH, "targets": _stats}, f, indent=1)
-
 
 def teardown_module(module) -> None:
-    _write_report()
-
-
-# Every strategy below is built once, at import: a strategy made inside a composite on each draw
-# (st.sampled_from(a_list), a composite called with a new argument) is validated again every time,
-# which made Hypothesis spend most of a structured input's ~5-20 ms on validation and the long run
-# too slow to reach 100,000 inputs (docs/fuzzing.md). Mutations are drawn as a plan (what, where)
-# from a fixed strategy and applied to the bytes in plain Python.
-
-# -- mutations ---------------------------------------------------------------------------------------
-
-_AT = st.integers(0, 1 << 16)  # an offset, taken modulo the input's length
-_RUNS = (b"\xff" * 8, b"\x00" * 8, struct.pack("<Q", 1 << 63), struct.pack("<I", 1 << 31))
-_MUTATIONS = st.lists(st.one_of(
-    st.tuples(st.just("flip"), _AT, st.integers(0, 7)),
-    st.tuples(st.just("cut"), _AT, st.integers(1, 64)),
-    st.tuples(st.just("insert"), _AT, st.binary(min_size=1, max_size=16)),
-    st.tuples(st.just("overwrite"), _AT, st.sampled_from(_RUNS)),
-), min_size=1, max_size=4)
-
-
-def _mutate(base: bytes, plan: list[tuple]) -> bytes:
-    """Byte flips, cuts, insertions and 0xff/0x00/sign-bit runs, at offsets modulo the length."""
-    data = bytearray(base)
-    for kind, at, arg in plan:
-        at = at % len(data) if data else 0
-        if kind == "flip" and data:
-            data[at] ^= 1 << arg
-        elif kind == "cut":
-            del data[at:at + arg]
-        elif kind == "insert":
-            data[at:at] = arg
-        elif kind == "overwrite":
-            data[at:at + len(arg)] = arg
-    return bytes(data)
+    write_report()
 
 
 # -- saved contexts ----------------------------------------------------------------------------------
@@ -166,7 +88,7 @@ def _npy(arr: np.ndarray) -> bytes:
 
 _ARRAY = st.tuples(st.lists(st.integers(0, 4), max_size=3).map(tuple),           # shape
                    st.sampled_from((np.int64, np.float32, np.int8, np.uint16)),    # dtype
-                   st.one_of(st.none(), _MUTATIONS),                               # mutations of its .npy bytes
+                   st.one_of(st.none(), MUTATIONS),                               # mutations of its .npy bytes
                    st.sampled_from(("positions", "policy.x", "a")))                # its name
 _ARRAYS = st.lists(_ARRAY, max_size=3)
 
@@ -176,7 +98,7 @@ def _arrays_strategy(draw) -> bytes:
     items = {}
     for i, (shape, dtype, plan, name) in enumerate(draw(_ARRAYS)):
         raw = _npy(np.zeros(shape, dtype=dtype))
-        items[name if name != "a" else f"a{i}"] = _mutate(raw, plan) if plan else raw
+        items[name if name != "a" else f"a{i}"] = mutate(raw, plan) if plan else raw
     return _arrays_blob(items)
 
 
@@ -203,7 +125,7 @@ _BAD_HEADER = st.one_of(st.none(), st.sampled_from((b"", b"[]", b"{", b"\xff\xfe
 _BLOB = st.binary(max_size=64)
 _VERSION = st.sampled_from((FORMAT_VERSION,) * 6 + (0, 2))
 # mutations, and whether the checksum is recomputed after them (3 times in 4)
-_CONTEXT_MUTATION = st.one_of(st.none(), st.tuples(_MUTATIONS, st.integers(0, 3)))
+_CONTEXT_MUTATION = st.one_of(st.none(), st.tuples(MUTATIONS, st.integers(0, 3)))
 
 
 @st.composite
@@ -216,7 +138,7 @@ def _context_strategy(draw) -> bytes:
     data = _assemble(header, blobs, version=draw(_VERSION))
     mutation = draw(_CONTEXT_MUTATION)
     if mutation is not None:
-        data = _mutate(data, mutation[0])
+        data = mutate(data, mutation[0])
         if mutation[1]:
             data = _with_digest(data)
     return data
@@ -226,17 +148,17 @@ _context_file = _context_strategy()
 
 
 @FUZZ
-@given(_batch(st.binary(max_size=256)))
+@given(batch(st.binary(max_size=256)))
 def test_fuzz_context_raw_bytes(batch):
     for data in batch:
-        _check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
+        check("context, raw bytes", parse_context, MAGIC + data if data[:1] == b"K" else data)
 
 
 @FUZZ
-@given(_batch(_context_file))
+@given(batch(_context_file))
 def test_fuzz_context_structured(batch):
     for data in batch:
-        _check("context, structured and mutated", parse_context, data)
+        check("context, structured and mutated", parse_context, data)
 
 
 def test_good_synthetic_context_is_accepted():
@@ -285,7 +207,7 @@ _GGUF_VERSION = st.sampled_from((3, 3, 3, 2, 1, 4))
 _N_TENSORS = st.integers(0, 10)
 _ONE_IN_FIVE = st.integers(0, 4)
 _U64 = st.integers(0, 2**64 - 1)
-_GGUF_MUTATION = st.one_of(st.none(), _MUTATIONS)
+_GGUF_MUTATION = st.one_of(st.none(), MUTATIONS)
 
 
 @st.composite
@@ -296,7 +218,7 @@ def _gguf_strategy(draw) -> bytes:
     n_kv = len(entries) if draw(_ONE_IN_FIVE) else draw(_U64)  # the true count 4 times in 5
     data = GGUF_MAGIC + struct.pack("<IQQ", version, n_tensors, n_kv) + b"".join(entries)
     plan = draw(_GGUF_MUTATION)
-    return _mutate(data, plan) if plan else data
+    return mutate(data, plan) if plan else data
 
 
 _gguf_file = _gguf_strategy()
@@ -307,17 +229,17 @@ def _read_gguf(data: bytes) -> None:
 
 
 @FUZZ
-@given(_batch(st.binary(max_size=128)))
+@given(batch(st.binary(max_size=128)))
 def test_fuzz_gguf_raw_bytes(batch):
     for data in batch:
-        _check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
+        check("gguf header, raw bytes", _read_gguf, GGUF_MAGIC + data)
 
 
 @FUZZ
-@given(_batch(_gguf_file))
+@given(batch(_gguf_file))
 def test_fuzz_gguf_structured(batch):
     for data in batch:
-        _check("gguf header, structured and mutated", _read_gguf, data)
+        check("gguf header, structured and mutated", _read_gguf, data)
 
 
 def test_gguf_header_of_a_real_model_is_accepted(smollm2_path):
