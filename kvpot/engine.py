@@ -467,7 +467,7 @@ class Engine:
         self.stop_reason = f"the {max_tokens}-token limit"
         if self._fetch_n:
             # the answer reads the blocks the question chose: one generated token's query is a poor
-            # choice of blocks (measured: answers derail, docs/benchmarks.md "InfLLM, session 10")
+            # choice of blocks (measured: answers derail, docs/benchmarks.md, InfLLM)
             self.pot.lookup_hold(True)
         for _ in range(max_tokens):
             tok = int(np.argmax(logits))

@@ -275,7 +275,7 @@ def test_engine_mode_step_is_the_engines_reading(smollm2_path, tmp_path):
         last = policy.chunk_logprobs[-1]
         assert len(policy.chunk_logprobs) == cfg.n_chunks + 1 and len(last) == chunk
         want[name] = -float(np.mean(last[1:]))  # [0] was predicted by the chunk before
-    # measured here (session 17's fit: sink 22, window 168, segments of 1): 0.3 % apart gate closed, 0.2 %
+    # measured here (with fit's geometry: sink 22, window 168, segments of 1): 0.3 % apart gate closed, 0.2 %
     # half open; a window 32 cells longer moves the emulated loss by 11 % (closed) and 4.5 % (half), segments
     # of 16 (window 15 shorter) by 2.3 % and 1.7 %, a sink of 4 (window 18 longer) by 9.1 % and 4.5 %, so 1 %
     # tells the engine's geometry from those near misses (segments of 4, 3 cells fewer, read within 0.4 %)

@@ -45,7 +45,7 @@ def placement(smollm2_path, tmp_path_factory):
     if report:  # docs/pot.md's table is made from this file
         Path(report).write_text(out.read_text())
     placed = json.loads(out.read_text())
-    # the child's load log joins this session's, so conftest checks its models and pot like the others
+    # the child's load log joins this test run's, so conftest checks its models and pot like the others
     devicelib.load_log().extra.extend(placed.pop("load log"))
     return placed
 

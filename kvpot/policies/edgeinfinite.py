@@ -46,9 +46,8 @@ class EdgeInfinite(Policy):
     one, 2.081 and 9.804 with segments of 16, 2.109 on the logbook with segments of 128; StreamingLLM at
     the same KV 2.079 and 9.736). Folds add (M is a sum over tokens), so the segment length changes only
     how many cells stay, not what the memory holds, and kvpot folds at chunk boundaries whatever it is,
-    so shorter segments cost no speed. (Session 16: a 64th of the budget, 16; 13-15: an eighth, 128;
-    until then all three scaled in the paper's ratio, 112 / 75 / 772, which left 187 cells after each
-    fold; docs/benchmarks.md.)
+    so shorter segments cost no speed. (Scaling all three in the paper's ratio, 112 / 75 / 772, would
+    leave up to 187 cells after each fold; docs/edgeinfinite.md "Budget".)
 
     Routing (section 3.2.2): while the text fits the budget nothing is folded and the memory is None, so
     attention is the stock computation (with fit's lengths the budget is L_sink + L_window + L_seg plus
