@@ -26,8 +26,10 @@ def locret(
     The checkpoint is read without running any code it holds (a weights-only reader); unknown keys,
     missing layers and shapes that do not match BASE are refused.
     """
+    from kvpot.converters.adapter import check_adapter_output
     from kvpot.converters.locret import convert_locret
 
+    check_adapter_output(out)
     facts, _ = resolve_model(base)
     with err.status(f"converting {checkpoint.name} for {facts.name}"):
         heads = convert_locret(checkpoint, facts.path, out)

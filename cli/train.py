@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvpot.errors import KvpotError
 from kvpot.models.resolve import resolve_model
+from kvpot.session.checks import check_threads
 
 from ._common import err, user_errors
 
@@ -37,7 +38,7 @@ def locret(
     lr: float = typer.Option(2e-3, "--lr", min=0.0, help="peak learning rate (paper: 5e-4 over 3000 steps)"),
     seed: int = typer.Option(0, "--seed", help="seed of the samples, the initialisation and the sample order"),
     heldout: int = typer.Option(4, "--heldout", min=0, help="held-out samples for the rank correlation"),
-    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    threads: int = typer.Option(2, "--threads", "-t", help="CPU threads (1 to the machine's cores)"),
     dtype: str = typer.Option("f16", "--dtype", help="f16 or f32 weights in the adapter"),
     cache: Path = typer.Option(None, "--cache", help="keep each sample's captured features and labels here "
                                                      "(about 40 MB a sample for SmolLM2): a rerun reads them back"),
@@ -47,15 +48,15 @@ def locret(
     Features ([Q; K; V] before RoPE) and labels (the answer's largest pre-softmax score on each
     prompt token) come from the patched llama.cpp reading the samples; the fit uses torch.
     """
-    from kvpot.train.locret import train_locret
+    from kvpot.converters.adapter import check_adapter_output
+    from kvpot.train.locret import prepare_cache, train_locret
     from kvpot.train.locret_fit import FitConfig, import_torch
 
     if dtype not in ("f16", "f32"):
         raise KvpotError(f"--dtype must be f16 or f32, not {dtype!r}")
-    if out.suffix != ".gguf":
-        raise KvpotError(f"--output {out}: expected a .gguf file name")
-    if not out.parent.is_dir():
-        raise KvpotError(f"--output {out}: directory {out.parent} does not exist")
+    check_threads(threads)
+    check_adapter_output(out)
+    cache = prepare_cache(cache)
     for d in data or []:
         if not d.expanduser().exists():
             raise KvpotError(f"--data {d} does not exist")
@@ -65,6 +66,7 @@ def locret(
         list_files(list(data))  # one line now for directories without text, not after the progress bars
     import_torch()
     facts, _ = resolve_model(model)
+    check_adapter_output(out, inputs=(facts.path,))  # never over the model it reads
     cfg = FitConfig(hidden=hidden, steps=steps, lr=lr, seed=seed, threads=threads)
     with _progress() as progress:
         cap = progress.add_task("reading samples", total=samples + heldout, note="")
@@ -113,12 +115,14 @@ def edgeinfinite(
                                "about the rate a step, so at 0.001 the initial g = -4 barely opens"),
     data: str = typer.Option("code", "--data", help="code: the Python standard library's long sources; mixed: "
                              "those and Debian's licence texts (/usr/share/common-licenses) in turn"),
-    threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads"),
+    threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads (1 to the machine's cores)"),
 ) -> None:
     """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
-    from kvpot.errors import KvpotError
+    from kvpot.converters.adapter import check_adapter_output
     from kvpot.train.edgeinfinite import TrainConfig, train
 
+    check_threads(threads)
+    check_adapter_output(out)
     if (steps < 0 or l_sink < 0 or l_seg < 2 or n_seg < (1 if l_chunk else 2) or lr <= 0 or l_window < 0
             or l_chunk < 0 or l_chunk == 1 or threads < 1 or budget < 0 or n_chunks < 0 or lr_g < 0):
         raise KvpotError("train edgeinfinite: needs steps >= 0, l-sink >= 0, l-seg >= 2, n-seg >= 2 (>= 1 with "
@@ -131,6 +135,7 @@ def edgeinfinite(
     if data not in ("code", "mixed"):
         raise KvpotError(f"train edgeinfinite: --data must be code or mixed, got {data!r}")
     facts, _ = resolve_model(model)
+    check_adapter_output(out, inputs=(facts.path,))  # never over the model it reads
     cfg = TrainConfig(L_sink=l_sink, L_seg=l_seg, n_seg=n_seg, L_window=l_window, L_chunk=l_chunk,
                       budget=budget, n_chunks=n_chunks, steps=steps, lr=lr, lr_g=lr_g, data=data, seed=seed,
                       threads=threads)

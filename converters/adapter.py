@@ -8,6 +8,8 @@ docs/formats.md, "Adapters".
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +18,15 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import check_gguf_header, read_header
 from kvpot.models.model_hash import model_sha256
+from kvpot.safe_write import atomic_write, resolve_target
 
 FORMAT_VERSION = 1
 RETAINING_HEADS = "kvpot.retaining_heads"
+_DIMS = ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")
+# far above any model's layers, heads or widths: a header value past it is damage, and products of
+# two such values stay within what NumPy indexes
+_MAX_DIM = 1 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # the model's hidden_act, which Locret's retaining heads use (section 3; fc2(act(fc1(x)))), by GGUF architecture
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu",
@@ -27,6 +35,62 @@ ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "si
 
 class AdapterError(KvpotError):
     """An adapter file that cannot be used with this model (or at all)."""
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+def check_adapter_output(out: Path | str, option: str = "--output", inputs: tuple = ()) -> Path:
+    """Where an adapter will be written, checked before any work: a .gguf name, new or a regular
+    writable file, in an existing writable folder, and none of the files the command reads (writing
+    over the base model would replace it). Returns the path the bytes will land at."""
+    out = Path(out).expanduser()
+    if out.suffix != ".gguf":
+        raise AdapterError(f"{option} {out}: expected a .gguf file name")
+    target = resolve_target(out, "adapter")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise AdapterError(f"{option} {out}: the file exists and is not writable")
+        for src in inputs:
+            if src is not None and _same_file(target, Path(src)):
+                raise AdapterError(f"{option} {out} is {src}, which this command reads; name a new file")
+    return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _write_adapter(path: Path, arch: str, fields: list[tuple[str, str, object]],
+                   tensors: list[tuple[str, np.ndarray, object]]) -> None:
+    """Write an adapter GGUF atomically (kvpot.safe_write): a failed or interrupted write leaves the
+    target as it was. fields: (kind, key, value) with kind a GGUFWriter adder (uint32, string, array,
+    type); tensors: (name, array, raw GGML type or None)."""
+    import gguf
+
+    w = gguf.GGUFWriter(None, arch=arch)
+    for kind, key, value in fields:
+        if kind == "type":
+            w.add_type(value)
+        else:
+            getattr(w, f"add_{kind}")(key, value)
+    for name, arr, raw_dtype in tensors:
+        if raw_dtype is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw_dtype)
+    with atomic_write(path, "adapter") as f:
+        # the writer opens the temporary file by name; atomic_write renames it once complete
+        try:
+            w.write_header_to_file(path=Path(f.name))
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        except ValueError as e:  # gguf-py's check of a short write
+            raise AdapterError(f"cannot save the adapter to {path}: {e}") from None
+        finally:
+            w.close()
 
 
 @dataclass(frozen=True)
@@ -68,7 +132,7 @@ class BaseIdentity:
         return self.n_head * self.head_dim_k + self.n_head_kv * (self.head_dim_k + self.head_dim_v)
 
     def mismatch(self, other: BaseIdentity) -> str | None:
-        for name in ("arch", "n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd", "sha256"):
+        for name in ("arch", *_DIMS, "sha256"):
             a, b = getattr(self, name), getattr(other, name)
             if a != b:
                 shown = (a[:12] + "…", b[:12] + "…") if name == "sha256" else (a, b)
@@ -124,128 +188,202 @@ def _tensor_names(il: int) -> tuple[str, str]:
     return f"blk.{il}.rh_fc1.weight", f"blk.{il}.rh_fc2.weight"
 
 
-def write_retaining_heads(path: Path, heads: RetainingHeads, dtype: str = "f32", source: str = "") -> None:
-    """Write an adapter GGUF. dtype: f32, f16, or bf16 (exact for heads published in bf16)."""
+def _identity_fields(kind: str, b: BaseIdentity) -> list[tuple[str, str, object]]:
+    fields: list[tuple[str, str, object]] = [("type", "general.type", "adapter"), ("string", "adapter.type", kind),
+                                             ("uint32", "kvpot.format_version", FORMAT_VERSION)]
+    fields += [("uint32", f"kvpot.base.{name}", int(getattr(b, name))) for name in _DIMS]
+    return fields + [("string", "kvpot.base.sha256", b.sha256)]
+
+
+def retaining_heads_contents(heads: RetainingHeads, dtype: str = "f32", source: str = "") -> tuple[list, list]:
+    """The key/values and tensors of a retaining-heads adapter (what write_retaining_heads writes)."""
     import gguf
 
     heads.check_shapes()
-    b = heads.base
-    w = gguf.GGUFWriter(str(path), arch=b.arch)
-    w.add_type("adapter")
-    w.add_string("adapter.type", RETAINING_HEADS)
-    w.add_uint32("kvpot.format_version", FORMAT_VERSION)
-    for name in ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd"):
-        w.add_uint32(f"kvpot.base.{name}", int(getattr(b, name)))
-    w.add_string("kvpot.base.sha256", b.sha256)
-    w.add_uint32("kvpot.retaining_heads.hidden", heads.hidden)
-    w.add_string("kvpot.retaining_heads.activation", heads.activation)
-    w.add_string("kvpot.retaining_heads.input", "q,k,v: the layer's attn_q, attn_k, attn_v of its normed input, "
-                                                "before RoPE (and before any q/k norm)")
+    fields = _identity_fields(RETAINING_HEADS, heads.base) + [
+        ("uint32", "kvpot.retaining_heads.hidden", heads.hidden),
+        ("string", "kvpot.retaining_heads.activation", heads.activation),
+        ("string", "kvpot.retaining_heads.input", "q,k,v: the layer's attn_q, attn_k, attn_v of its normed input, "
+                                                  "before RoPE (and before any q/k norm)")]
     if source:
-        w.add_string("kvpot.source", source)
-    for il in range(b.n_layer):
+        fields.append(("string", "kvpot.source", source))
+    tensors = []
+    for il in range(heads.base.n_layer):
         for name, arr in zip(_tensor_names(il), (heads.fc1[il], heads.fc2[il])):
-            _add_tensor(w, gguf, name, np.asarray(arr, dtype=np.float32), dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            tensors.append(_tensor(gguf, name, np.asarray(arr, dtype=np.float32), dtype))
+    return fields, tensors
 
 
-def _add_tensor(w, gguf, name: str, arr: np.ndarray, dtype: str) -> None:
+def write_retaining_heads(path: Path, heads: RetainingHeads, dtype: str = "f32", source: str = "") -> None:
+    """Write an adapter GGUF. dtype: f32, f16, or bf16 (exact for heads published in bf16)."""
+    fields, tensors = retaining_heads_contents(heads, dtype, source)
+    _write_adapter(path, heads.base.arch, fields, tensors)
+
+
+def _tensor(gguf, name: str, arr: np.ndarray, dtype: str) -> tuple[str, np.ndarray, object]:
     if dtype == "f32":
-        w.add_tensor(name, arr)
-    elif dtype == "f16":
-        w.add_tensor(name, arr.astype(np.float16))
-    elif dtype == "bf16":
+        return name, arr, None
+    if dtype == "f16":
+        return name, arr.astype(np.float16), None
+    if dtype == "bf16":
         bits = arr.view(np.uint32)
         if np.any(bits & 0xFFFF):
             raise AdapterError(f"{name} is not exactly representable in bf16; write it as f32")
-        w.add_tensor(name, (bits >> 16).astype(np.uint16), raw_shape=arr.shape,
-                     raw_dtype=gguf.GGMLQuantizationType.BF16)
-    else:
-        raise ValueError(f"dtype {dtype!r}")
+        return name, (bits >> 16).astype(np.uint16), gguf.GGMLQuantizationType.BF16
+    raise ValueError(f"dtype {dtype!r}")
 
 
-def _as_f32(t) -> np.ndarray:
-    import gguf
+# -- reading --------------------------------------------------------------------------------------------
 
-    data = np.asarray(t.data)
-    shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # GGUF lists ne[0] first
-    if t.tensor_type == gguf.GGMLQuantizationType.F32:
-        out = data.astype(np.float32)
-    elif t.tensor_type == gguf.GGMLQuantizationType.F16:
-        out = data.astype(np.float32)
-    elif t.tensor_type == gguf.GGMLQuantizationType.BF16:
-        out = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    else:
-        raise AdapterError(f"tensor {t.name} has type {t.tensor_type.name}; adapters hold f32, f16 or bf16")
-    return out.reshape(shape)
+@dataclass(frozen=True)
+class ModelTarget:
+    """What an adapter is checked against: the base model's identity and the layers its pot holds,
+    read once from the model's header (a path given to a reader is turned into one)."""
+
+    base: BaseIdentity
+    pot_layers: tuple[int, ...]
+    name: str
+
+    @classmethod
+    def of(cls, model: Path | str | ModelTarget) -> ModelTarget:
+        if isinstance(model, ModelTarget):
+            return model
+        path = Path(model)
+        return cls(base=BaseIdentity.of_model(path), pot_layers=tuple(pot_layer_ids(path)), name=path.name)
 
 
 def _adapter_header(path: Path, kind: str, keep_arrays: frozenset = frozenset()) -> dict:
     """An adapter GGUF's header, refused in one line unless it is a kvpot adapter of this kind and format."""
-    check_gguf_header(path, what="adapter")
-    kv = read_header(path, keep_arrays=keep_arrays)  # one clear line for a truncated or malformed header
+    try:
+        check_gguf_header(path, what="adapter")
+        kv = read_header(path, keep_arrays=keep_arrays)  # one clear line for a truncated or malformed header
+    except AdapterError:
+        raise
+    except KvpotError as e:
+        raise AdapterError(str(e)) from None
     if kv.get("general.type") != "adapter":
-        raise AdapterError(f"{path} is not an adapter GGUF (general.type = {kv.get('general.type')!r})")
+        raise AdapterError(f"{path} is not an adapter GGUF (general.type = {_shown(kv.get('general.type'))})")
     if kv.get("adapter.type") != kind:
-        raise AdapterError(f"{path} is a {kv.get('adapter.type')!r} adapter, not {kind}")
-    if kv.get("kvpot.format_version") != FORMAT_VERSION:
-        raise AdapterError(f"{path}: adapter format version {kv.get('kvpot.format_version')!r}, "
+        raise AdapterError(f"{path} is a {_shown(kv.get('adapter.type'))} adapter, not {kind}")
+    if kv.get("kvpot.format_version") != FORMAT_VERSION or isinstance(kv.get("kvpot.format_version"), bool):
+        raise AdapterError(f"{path}: adapter format version {_shown(kv.get('kvpot.format_version'))}, "
                            f"this kvpot reads {FORMAT_VERSION}")
     return kv
 
 
-def _base_identity(kv: dict) -> BaseIdentity:
-    """The base model an adapter was made for, as its header records it (KeyError etc. when incomplete)."""
-    return BaseIdentity(arch=str(kv["general.architecture"]),
-                        **{n: int(kv[f"kvpot.base.{n}"]) for n in
-                           ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")},
-                        sha256=str(kv["kvpot.base.sha256"]))
+def _shown(value) -> str:
+    """A header value in an error line, cut short (a damaged string may be long or hold newlines)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_retaining_heads(path: Path, model: Path | None = None) -> RetainingHeads:
-    """Read and check an adapter; with `model`, refuse it unless it was made for that model."""
-    path = Path(path)
-    kv = _adapter_header(path, RETAINING_HEADS)
-    try:
-        base = _base_identity(kv)
-        activation = str(kv["kvpot.retaining_heads.activation"])
-        hidden = int(kv["kvpot.retaining_heads.hidden"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise AdapterError(f"{path}: the adapter lacks its base-model identity ({e})") from None
-    if model is not None:
-        why = base.mismatch(BaseIdentity.of_model(model))
-        if why:
-            raise AdapterError(f"{path} was made for another model ({why}); train or convert heads for {Path(model).name}")
-    tensors = _read_tensors(path)
-    heads = RetainingHeads(base=base, activation=activation)
-    for il in range(base.n_layer):
-        names = _tensor_names(il)
-        missing = [n for n in names if n not in tensors]
-        if missing:
-            raise AdapterError(f"{path}: layer {il} has no {missing[0]}")
-        heads.fc1.append(tensors.pop(names[0]))
-        heads.fc2.append(tensors.pop(names[1]))
-    if tensors:
-        raise AdapterError(f"{path}: unexpected tensor {sorted(tensors)[0]} (the model has {base.n_layer} layers)")
-    heads.check_shapes()
-    if heads.hidden != hidden:
-        raise AdapterError(f"{path}: hidden size {heads.hidden} in the tensors, {hidden} in the header")
-    return heads
+def _header_int(kv: dict, key: str, path: Path, least: int = 1) -> int:
+    """A whole-number header field in [least, _MAX_DIM], or one line naming it."""
+    if key not in kv:
+        raise AdapterError(f"{path}: the adapter lacks {key} (its base-model identity is incomplete)")
+    v = kv[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not least <= v <= _MAX_DIM:
+        raise AdapterError(f"{path}: {key} is {_shown(v)}, expected a whole number from {least} to {_MAX_DIM}")
+    return v
 
 
-def _read_tensors(path: Path) -> dict[str, np.ndarray]:
+def _header_str(kv: dict, key: str, path: Path, allowed=None) -> str:
+    v = kv.get(key)
+    if not isinstance(v, str) or not v or (allowed is not None and v not in allowed):
+        want = " or ".join(allowed) if allowed else "a non-empty string"
+        raise AdapterError(f"{path}: {key} is {_shown(v)}, expected {want}")
+    return v
+
+
+def _base_identity(kv: dict, path: Path) -> BaseIdentity:
+    """The base model an adapter was made for, as its header records it, every field checked."""
+    base = BaseIdentity(arch=_header_str(kv, "general.architecture", path),
+                        **{n: _header_int(kv, f"kvpot.base.{n}", path) for n in _DIMS},
+                        sha256=_header_str(kv, "kvpot.base.sha256", path))
+    if not _SHA256.fullmatch(base.sha256):
+        raise AdapterError(f"{path}: kvpot.base.sha256 is {_shown(base.sha256)}, not a SHA-256 in hex")
+    if base.n_head % base.n_head_kv:
+        raise AdapterError(f"{path}: {base.n_head} query heads do not share {base.n_head_kv} KV heads evenly")
+    return base
+
+
+def _check_for_model(path: Path, base: BaseIdentity, target: ModelTarget, what: str) -> None:
+    why = base.mismatch(target.base)
+    if why:
+        raise AdapterError(f"{path} was made for another model ({why}); {what} for {target.name}")
+
+
+def _read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The adapter's tensors as float32, each checked by its declared name, shape and type, and the
+    data regions checked not to overlap, before any is converted: memory stays within the file's size."""
     import gguf
 
     try:
         reader = gguf.GGUFReader(str(path))
-        return {t.name: _as_f32(t) for t in reader.tensors}
-    except AdapterError:
-        raise
+        infos = list(reader.tensors)
     except Exception as e:  # gguf-py raises many kinds on a damaged file; all mean the same to a user
         raise AdapterError(f"{path} is a damaged adapter GGUF ({type(e).__name__}: {str(e)[:80]})") from None
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    names = [t.name for t in infos]
+    for name in sorted(expected):
+        if name not in names:
+            raise AdapterError(f"{path}: the adapter has no tensor {name}")
+    extra = sorted(set(names) - set(expected))
+    if extra:
+        raise AdapterError(f"{path}: unexpected tensor {_shown(extra[0])} (not one this adapter type holds)")
+    if len(names) != len(set(names)):
+        raise AdapterError(f"{path}: a tensor name appears twice")
+    for t in infos:
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # GGUF lists ne[0] first
+        if shape != expected[t.name]:
+            raise AdapterError(f"{path}: tensor {t.name} is {list(shape)}, expected {list(expected[t.name])} "
+                               "(is the adapter for this model?)")
+        if t.tensor_type not in floats:
+            raise AdapterError(f"{path}: tensor {t.name} has type {t.tensor_type.name}; adapters hold f32, f16 or bf16")
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in infos)
+    if any(end > nxt for (_, end), (nxt, _) in zip(spans, spans[1:])):
+        raise AdapterError(f"{path}: the data of two tensors overlap (a damaged adapter GGUF)")
+    try:
+        return {t.name: _as_f32(t, expected[t.name]) for t in infos}
+    except Exception as e:
+        raise AdapterError(f"{path} is a damaged adapter GGUF ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _as_f32(t, shape: tuple[int, ...]) -> np.ndarray:
+    import gguf
+
+    data = np.asarray(t.data)
+    if t.tensor_type == gguf.GGMLQuantizationType.BF16:
+        out = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        out = data.astype(np.float32)
+    return out.reshape(shape)
+
+
+def read_retaining_heads(path: Path, model: Path | ModelTarget | None = None) -> RetainingHeads:
+    """Read and check an adapter; with `model`, refuse it unless it was made for that model."""
+    path = Path(path)
+    kv = _adapter_header(path, RETAINING_HEADS)
+    base = _base_identity(kv, path)
+    activation = _header_str(kv, "kvpot.retaining_heads.activation", path, allowed=("silu", "gelu"))
+    hidden = _header_int(kv, "kvpot.retaining_heads.hidden", path)
+    if model is not None:
+        _check_for_model(path, base, ModelTarget.of(model), "train or convert heads")
+    expected = {}
+    for il in range(base.n_layer):
+        fc1, fc2 = _tensor_names(il)
+        expected[fc1], expected[fc2] = (hidden, base.qkv_width()), (base.n_head_kv, hidden)
+    tensors = _read_tensors(path, expected)
+    heads = RetainingHeads(base=base, activation=activation)
+    for il in range(base.n_layer):
+        fc1, fc2 = _tensor_names(il)
+        heads.fc1.append(tensors[fc1])
+        heads.fc2.append(tensors[fc2])
+    try:
+        heads.check_shapes()
+    except AdapterError as e:
+        raise AdapterError(f"{path}: {e}") from None
+    return heads
 
 
 # -- EdgeInfinite's memory gate (adapter.type = kvpot.memory_gate) ------------------------------------
@@ -271,71 +409,63 @@ def initial_memory_gate(model: Path, d_h: int | None = None):
     return MemoryGate.initial(pot_layer_ids(model), base.head_dim_v, base.n_head, d_h=d_h, base=base)
 
 
+def memory_gate_contents(gate, source: str = "") -> tuple[list, list]:
+    """The key/values and tensors of a memory-gate adapter (what write_memory_gate writes)."""
+    gate.check_shapes()
+    fields = _identity_fields(MEMORY_GATE, gate.base) + [
+        ("array", "kvpot.memory_gate.layers", [int(i) for i in gate.layers]),
+        ("uint32", "kvpot.memory_gate.hidden", gate.d_h),
+        ("string", "kvpot.memory_gate.sigma", "elu+1"),
+        ("string", "kvpot.memory_gate.query", "the layer's attention queries after RoPE and any q norm, in the "
+                                              "unscaled convention (q * kq_scale * sqrt(d_k)); keys and values as cached")]
+    if source:
+        fields.append(("string", "kvpot.source", source))
+    tensors = [(f"blk.{il}.{name}", np.ascontiguousarray(arr, dtype=np.float32), None)
+               for i, il in enumerate(gate.layers)
+               for name, arr in zip(_GATE_TENSORS, (gate.w1[i], gate.b1[i], gate.w2[i], gate.b2[i], gate.g[i]))]
+    return fields, tensors
+
+
 def write_memory_gate(path: Path, gate, source: str = "") -> None:
     """Write EdgeInfinite's memory-gating module (kvpot.policies.edgeinfinite_memory.MemoryGate with .base) as an adapter GGUF."""
-    import gguf
-
-    gate.check_shapes()
-    b = gate.base
-    w = gguf.GGUFWriter(str(path), arch=b.arch)
-    w.add_type("adapter")
-    w.add_string("adapter.type", MEMORY_GATE)
-    w.add_uint32("kvpot.format_version", FORMAT_VERSION)
-    for name in ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd"):
-        w.add_uint32(f"kvpot.base.{name}", int(getattr(b, name)))
-    w.add_string("kvpot.base.sha256", b.sha256)
-    w.add_array("kvpot.memory_gate.layers", [int(i) for i in gate.layers])
-    w.add_uint32("kvpot.memory_gate.hidden", gate.d_h)
-    w.add_string("kvpot.memory_gate.sigma", "elu+1")
-    w.add_string("kvpot.memory_gate.query", "the layer's attention queries after RoPE and any q norm, in the "
-                                            "unscaled convention (q * kq_scale * sqrt(d_k)); keys and values as cached")
-    if source:
-        w.add_string("kvpot.source", source)
-    for i, il in enumerate(gate.layers):
-        for name, arr in zip(_GATE_TENSORS, (gate.w1[i], gate.b1[i], gate.w2[i], gate.b2[i], gate.g[i])):
-            w.add_tensor(f"blk.{il}.{name}", np.ascontiguousarray(arr, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    fields, tensors = memory_gate_contents(gate, source)
+    _write_adapter(path, gate.base.arch, fields, tensors)
 
 
-def read_memory_gate(path: Path, model: Path | None = None):
+def _gate_layers(kv: dict, path: Path, n_layer: int) -> list[int]:
+    """The gate's layer ids: model layers in increasing order, at least one."""
+    key = "kvpot.memory_gate.layers"
+    v = kv.get(key)
+    if (not isinstance(v, list) or not v or any(not isinstance(i, int) or isinstance(i, bool) for i in v)
+            or any(not 0 <= i < n_layer for i in v) or any(a >= b for a, b in zip(v, v[1:]))):
+        raise AdapterError(f"{path}: {key} is {_shown(v)}, expected increasing layer ids below {n_layer}")
+    return v
+
+
+def read_memory_gate(path: Path, model: Path | ModelTarget | None = None):
     """Read and check a memory-gate adapter; with `model`, refuse it unless it was made for that model."""
     from kvpot.policies.edgeinfinite_memory import MemoryGate
 
     path = Path(path)
     kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
-    try:
-        base = _base_identity(kv)
-        layers = [int(i) for i in kv["kvpot.memory_gate.layers"]]
-        hidden = int(kv["kvpot.memory_gate.hidden"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise AdapterError(f"{path}: the adapter lacks its base-model identity ({e})") from None
+    base = _base_identity(kv, path)
+    layers = _gate_layers(kv, path, base.n_layer)
+    hidden = _header_int(kv, "kvpot.memory_gate.hidden", path)
     if model is not None:
-        why = base.mismatch(BaseIdentity.of_model(model))
-        if not why and layers != pot_layer_ids(model):
-            why = f"layers {layers} (adapter) vs {pot_layer_ids(model)} (model)"
-        if why:
-            raise AdapterError(f"{path} was made for another model ({why}); train a gate for {Path(model).name}")
-    tensors = _read_tensors(path)
-    parts: dict[str, list[np.ndarray]] = {n: [] for n in _GATE_TENSORS}
-    for il in layers:
-        for n in _GATE_TENSORS:
-            t = tensors.pop(f"blk.{il}.{n}", None)
-            if t is None:
-                raise AdapterError(f"{path}: layer {il} has no {n}")
-            parts[n].append(t)
-    if tensors:
-        raise AdapterError(f"{path}: unexpected tensor {sorted(tensors)[0]}")
+        target = ModelTarget.of(model)
+        _check_for_model(path, base, target, "train a gate")
+        if layers != list(target.pot_layers):
+            raise AdapterError(f"{path} was made for another model (layers {_shown(layers)} (adapter) vs "
+                               f"{_shown(list(target.pot_layers))} (model)); train a gate for {target.name}")
+    d_v = base.head_dim_v
+    shapes = {"mg_w1.weight": (hidden, d_v), "mg_w1.bias": (hidden,), "mg_w2.weight": (d_v, hidden),
+              "mg_w2.bias": (d_v,), "mg_g": (base.n_head, d_v)}
+    tensors = _read_tensors(path, {f"blk.{il}.{n}": shape for il in layers for n, shape in shapes.items()})
+    parts = {n: np.stack([tensors[f"blk.{il}.{n}"] for il in layers]) for n in _GATE_TENSORS}
+    gate = MemoryGate(layers=layers, w1=parts["mg_w1.weight"], b1=parts["mg_w1.bias"], w2=parts["mg_w2.weight"],
+                      b2=parts["mg_w2.bias"], g=parts["mg_g"], base=base)
     try:
-        gate = MemoryGate(layers=layers, w1=np.stack(parts["mg_w1.weight"]), b1=np.stack(parts["mg_w1.bias"]),
-                          w2=np.stack(parts["mg_w2.weight"]), b2=np.stack(parts["mg_w2.bias"]),
-                          g=np.stack(parts["mg_g"]), base=base)
         gate.check_shapes()
-    except (KvpotError, ValueError) as e:
+    except KvpotError as e:
         raise AdapterError(f"{path}: {e}") from None
-    if gate.d_h != hidden or gate.d_v != base.head_dim_v or gate.n_head != base.n_head:
-        raise AdapterError(f"{path}: gate shapes do not fit the identity (hidden {hidden}, head dim "
-                           f"{base.head_dim_v}, {base.n_head} heads)")
     return gate

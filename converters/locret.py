@@ -14,7 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kvpot.converters.adapter import ACTIVATIONS, AdapterError, BaseIdentity, RetainingHeads, write_retaining_heads
+from kvpot.converters.adapter import (
+    ACTIVATIONS,
+    AdapterError,
+    BaseIdentity,
+    RetainingHeads,
+    check_adapter_output,
+    write_retaining_heads,
+)
 from kvpot.converters.torch_checkpoint import read_state_dict
 
 _KEY = re.compile(r"model\.layers\.(\d+)\.self_attn\.(fc1|fc2)\.weight")
@@ -50,7 +57,9 @@ def heads_from_state_dict(state: dict[str, np.ndarray], base: BaseIdentity, wher
 
 
 def convert_locret(checkpoint: Path, base_model: Path, out: Path) -> RetainingHeads:
-    """Read the checkpoint without running any of it, check it against the base model, write the adapter."""
+    """Read the checkpoint without running any of it, check it against the base model, write the adapter
+    (where: checked before anything is read; never over the checkpoint or the model)."""
+    check_adapter_output(out, inputs=(checkpoint, base_model))
     base = BaseIdentity.of_model(base_model)
     heads = heads_from_state_dict(read_state_dict(checkpoint), base, str(checkpoint))
     # bf16 weights stay exactly what was published; anything else is kept at f32

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest, keep_ends
+from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
 
 
 @dataclass
@@ -81,16 +81,20 @@ class Locret(Policy):
     def after_chunk(self, view: PotView) -> None:
         n_new = view.chunk_positions.size
         L, H = view.positions.shape[:2]
+        if view.head_scores is None and n_new:
+            # ranking unscored cells would keep an arbitrary set while the run looks like Locret's
+            raise KvpotError("locret: the chunk came back without retaining-head scores (the heads did not run); "
+                             "Locret cannot rank the cells it read")
         if self._score is None:
             self._score = np.zeros((L, H, 0), dtype=np.float32)
-        new = view.head_scores if view.head_scores is not None else np.zeros((L, H, n_new), dtype=np.float32)
+        new = view.head_scores if n_new else np.zeros((L, H, 0), dtype=np.float32)
         if new.shape != (L, H, n_new):
-            raise ValueError(f"locret: chunk scores {new.shape} do not fit the chunk {(L, H, n_new)}")
+            raise KvpotError(f"locret: chunk scores {new.shape} do not fit the chunk {(L, H, n_new)}")
         # the chunk is the last n_new cells; cells this policy never saw scored (a context reopened
         # from before it was chosen) rank lowest but above nothing: score 0
         unseen = view.n_cells - n_new - self._score.shape[2]
         if unseen < 0 or self._score.shape[:2] != (L, H):
-            raise ValueError(f"locret: {self._score.shape} scores do not fit a pot of {view.positions.shape}")
+            raise KvpotError(f"locret: {self._score.shape} scores do not fit a pot of {view.positions.shape}")
         self._score = np.concatenate([self._score, np.zeros((L, H, unseen), np.float32), new.astype(np.float32)],
                                      axis=2)
 
@@ -99,7 +103,9 @@ class Locret(Policy):
         if view.n_cells <= budget:
             return None
         if self._score is None or self._score.shape != view.positions.shape:
-            return keep_ends(view.positions, 0, budget)  # nothing scored: the most recent cells
+            got = "no scores" if self._score is None else f"scores for {self._score.shape}"
+            raise KvpotError(f"locret: {got} for a pot of {view.positions.shape} cells; Locret evicts only "
+                             "by its retaining heads' scores")
         # Algorithm 1: the newest n_s cells get +inf, then the top b by score, per (layer, head)
         rank = self._score.astype(np.float64).copy()
         order = np.argsort(view.positions, axis=-1, kind="stable")

@@ -286,8 +286,12 @@ def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, 
 def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] = print,
           init_gate=None) -> dict:
     """Train a gate for `model`, write it to `out` (adapter GGUF); returns a summary."""
+    from kvpot.converters.adapter import check_adapter_output, initial_memory_gate, write_memory_gate
+    from kvpot.session.checks import check_threads
+
+    check_adapter_output(out, inputs=(model,))  # before the work, not after it
+    check_threads(cfg.threads)
     torch = _torch()
-    from kvpot.converters.adapter import initial_memory_gate, write_memory_gate
     from kvpot.runtime.llama import LlamaModel
     from kvpot.train.gguf_torch import load_weights
 

@@ -9,12 +9,16 @@ predicted scores with the labels, per (layer, KV head), averaged.
 from __future__ import annotations
 
 import hashlib
+import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from kvpot.converters.adapter import BaseIdentity, RetainingHeads, write_retaining_heads
+from kvpot.converters.adapter import BaseIdentity, RetainingHeads, check_adapter_output, write_retaining_heads
+from kvpot.errors import KvpotError
+from kvpot.safe_write import atomic_write
 from kvpot.train.documents import Sample, default_sources, make_samples
 from kvpot.train.locret_capture import Captured, Capturer
 from kvpot.train.locret_fit import FitConfig, evaluate, fit, import_torch, to_heads
@@ -62,6 +66,41 @@ def _cache_file(cache: Path, base: BaseIdentity, s: Sample) -> Path:
     return cache / f"locret-{h.hexdigest()[:32]}.npz"
 
 
+def prepare_cache(cache: Path | str | None) -> Path | None:
+    """The capture cache folder, made if missing and checked usable before any sample is read."""
+    if cache is None:
+        return None
+    cache = Path(cache).expanduser()
+    if cache.exists() and not cache.is_dir():
+        raise KvpotError(f"--cache {cache}: it exists and is not a folder")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KvpotError(f"--cache {cache}: cannot make the folder ({e.strerror})") from None
+    if not os.access(cache, os.R_OK | os.W_OK | os.X_OK):
+        raise KvpotError(f"--cache {cache}: the folder is not readable and writable")
+    return cache
+
+
+def _load_cached(f: Path, sample: Sample, base: BaseIdentity, n_layers: int) -> Captured | None:
+    """A cached capture, or None when it is missing or not what this sample's capture would be
+    (damaged, or written by another kvpot): it is then captured again and rewritten."""
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            x, y = z["x"], z["y"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if (x.shape != (n_layers, sample.n_prompt, base.qkv_width()) or y.shape != (n_layers, sample.n_prompt, base.n_head_kv)
+            or x.dtype != np.float16 or y.dtype != np.float32):
+        return None
+    return Captured(x=x, y=y, kind=sample.kind)
+
+
+def _save_cached(f: Path, cap: Captured) -> None:
+    with atomic_write(f, "captured sample") as out:
+        np.savez(out, x=cap.x, y=cap.y)
+
+
 def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, threads: int,
                 on_sample=None, cache: Path | None = None) -> tuple[list[Captured], list[int]]:
     """Decode each sample once with capture on; returns the captured data and the pot's layer ids.
@@ -79,16 +118,13 @@ def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, thr
         out = []
         for i, s in enumerate(samples):
             f = _cache_file(cache, base, s) if cache else None
-            if f is not None and f.is_file():
-                with np.load(f) as z:
-                    out.append(Captured(x=z["x"], y=z["y"], kind=s.kind))
+            cached = _load_cached(f, s, base, pot.n_layers) if f is not None and f.is_file() else None
+            if cached is not None:
+                out.append(cached)
             else:
                 out.append(cap.run(s))
                 if f is not None:
-                    cache.mkdir(parents=True, exist_ok=True)
-                    tmp = f.with_name(f.stem + ".tmp.npz")
-                    np.savez(tmp, x=out[-1].x, y=out[-1].y)
-                    tmp.replace(f)
+                    _save_cached(f, out[-1])
             if on_sample:
                 on_sample(i, s)
         return out, list(pot.layer_ids)
@@ -101,7 +137,10 @@ def train_locret(model_path: Path, out: Path, *, sources: list[Path] | None = No
                  length: int = 768, n_heldout: int = 4, cfg: FitConfig | None = None, dtype: str = "f16",
                  on_capture=None, on_step=None, cache: Path | None = None) -> TrainReport:
     """Train retaining heads for the model at model_path and write them to out (an adapter GGUF)."""
-    import_torch()  # before minutes of capture: a missing extra is one line, now
+    # before minutes of capture: where the results go, and a missing extra, are one line now
+    check_adapter_output(out, inputs=(model_path,))
+    cache = prepare_cache(cache)
+    import_torch()
     from kvpot.runtime.llama import LlamaModel
 
     cfg = cfg or FitConfig()
