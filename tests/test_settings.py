@@ -21,7 +21,7 @@ def test_layers_override_in_order(tmp_path):
 
 @pytest.mark.parametrize("text, needle", [
     ("[defaults]\nbudjet = 5\n", "unknown setting 'budjet'"),
-    ("[defaults]\nbudget = 'big'\n", "budget must be an integer"),
+    ("[defaults]\nbudget = 'big'\n", "budget must be a number of cells or 'auto'"),
     ("[defaults\n", "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, needle):

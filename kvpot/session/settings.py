@@ -1,9 +1,13 @@
 """Settings for `ask` and `chat`: built-in defaults < the model's registry defaults < the config
 file in the kvpot home (`config.toml`: a [defaults] table and [models."NAME"] tables) < the
-command line. Each layer sets only the keys it names."""
+command line. Each layer sets only the keys it names.
+
+Every value is checked by `setting_problem` wherever it comes from (the config file, the registry,
+the command line, a saved context's header), so a value llama.cpp cannot take never reaches it."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -12,7 +16,12 @@ import tomllib
 
 from kvpot import paths
 from kvpot.errors import KvpotError
+from kvpot.session.checks import MAX_CELLS
 from kvpot.session.prompting import PROMPT_CHOICES
+
+AUTO = "auto"
+MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
+MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
 
 
 @dataclass(frozen=True)
@@ -28,18 +37,10 @@ class RunSettings:
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--max-tokens", or "max_tokens in config.toml")."""
         n = lambda key: (names or {}).get(key, "--" + key.replace("_", "-"))  # noqa: E731
-        if isinstance(self.budget, str) and self.budget != AUTO:
-            raise KvpotError(f"{n('budget')} must be a number of cells or {AUTO!r}, got {self.budget!r}")
-        if self.budget != AUTO and self.budget < 16:
-            raise KvpotError(f"{n('budget')} {self.budget} is too small: the pot needs at least 16 cells")
-        if self.chunk < 16:
-            raise KvpotError(f"{n('chunk')} {self.chunk} is too small: read at least 16 tokens per step")
-        if self.prompt not in PROMPT_CHOICES:
-            raise KvpotError(f"{n('prompt')} must be one of {', '.join(PROMPT_CHOICES)}, got {self.prompt!r}")
-        if self.max_tokens < 1:
-            raise KvpotError(f"{n('max_tokens')} must be at least 1, got {self.max_tokens}")
-        if self.threads < 0:
-            raise KvpotError(f"{n('threads')} must be at least 1 (0: every core), got {self.threads}")
+        for key in KEYS:
+            problem = setting_problem(key, getattr(self, key))
+            if problem:
+                raise KvpotError(f"{n(key)} {problem}")
         if self.budget != AUTO:  # a budget the policy can never work with: said now, not at its first compaction
             from kvpot.session.checks import check_budget
 
@@ -47,55 +48,139 @@ class RunSettings:
         return replace(self, threads=self.threads or default_threads())
 
 
-AUTO = "auto"
-
-
 def default_threads() -> int:
     """Threads when none are asked for: every core (llama.cpp's own default is the same)."""
     return max(1, os.cpu_count() or 1)
-KEYS = {f.name: f.type for f in fields(RunSettings)}
+
+
+KEYS = tuple(f.name for f in fields(RunSettings))
+_INTS = {"budget", "chunk", "threads", "max_tokens"}
+
+
+def describe(value) -> str:
+    """A value as a TOML or JSON reader handed it over, for an error line."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, (int, float, str)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"
+
+
+def setting_problem(key: str, value) -> str | None:
+    """What is wrong with one setting's value, as the rest of a sentence that starts with its name
+    (None: nothing). Integers are bounded by what llama.cpp addresses (ctypes would wrap larger ones)."""
+    if key == "budget" and value == AUTO:
+        return None
+    if key in _INTS and (not isinstance(value, int) or isinstance(value, bool)):
+        return f"must be {'a number of cells or ' + repr(AUTO) if key == 'budget' else 'an integer'}, got {describe(value)}"
+    if key not in _INTS and not isinstance(value, str):
+        return f"must be a string, got {describe(value)}"
+    if key == "budget" and value < MIN_CELLS:
+        return f"{value} is too small: the pot needs at least {MIN_CELLS} cells"
+    if key == "chunk" and value < MIN_CELLS:
+        return f"{value} is too small: read at least {MIN_CELLS} tokens per step"
+    if key == "max_tokens" and value < 1:
+        return f"must be at least 1, got {value}"
+    if key == "threads" and not 0 <= value <= MAX_THREADS:
+        return f"must be 1 to {MAX_THREADS} (0: every core), got {value}"
+    if key in ("budget", "chunk", "max_tokens") and value > MAX_CELLS:
+        return f"{value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)"
+    if key == "prompt" and value not in PROMPT_CHOICES:
+        return f"must be one of {', '.join(PROMPT_CHOICES)}, got {describe(value)}"
+    if key == "policy":
+        from kvpot.policies import make_policy
+
+        try:
+            make_policy(value)
+        except KvpotError as e:
+            return f"{describe(value)} is not a policy spec kvpot can run: {e}"
+    return None
 
 
 def config_path() -> Path:
     return paths.home() / "config.toml"
 
 
-def _layer(table: dict, where: str) -> dict:
-    out = {}
+def _suggest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    if not close:
+        close = [k for k in known if k.lower() == name.lower()]
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _check_table(table, where: str) -> dict:
+    """One table of settings ([defaults], [models."NAME"]): known keys, each value's type and range."""
+    if not isinstance(table, dict):
+        raise KvpotError(f"{where} must be a table of settings, got {describe(table)}")
     for key, value in table.items():
         if key not in KEYS:
-            raise KvpotError(f"{where}: unknown setting {key!r} (known: {', '.join(KEYS)})")
-        want = int if KEYS[key].startswith("int") else str
-        if key == "budget" and value == AUTO:
-            pass
-        elif not isinstance(value, want) or isinstance(value, bool):
-            what = "n integer" + (f" or {AUTO!r}" if key == "budget" else "") if want is int else " string"
-            raise KvpotError(f"{where}: {key} must be a{what}, got {value!r}")
-        out[key] = value
-    return out
+            raise KvpotError(f"{where}: unknown setting {key!r} ({_suggest(key, KEYS)}known: {', '.join(KEYS)})")
+        problem = setting_problem(key, value)
+        if problem:
+            raise KvpotError(f"{where}: {key} {problem}")
+    return table
+
+
+def check_config(cfg: dict, path: Path) -> dict:
+    """The whole file's structure: only [defaults] and [models."NAME"] for known models, then every value."""
+    from kvpot.models.registry import KNOWN
+
+    for key in cfg:
+        if key not in ("defaults", "models"):
+            raise KvpotError(f"config file {path}: unknown table or key {key!r} "
+                             f"({_suggest(key, ('defaults', 'models'))}allowed: [defaults] and [models.\"NAME\"])")
+    _check_table(cfg.get("defaults", {}), f"config file {path}: [defaults]")
+    models = cfg.get("models", {})
+    if not isinstance(models, dict):
+        raise KvpotError(f"config file {path}: models must hold [models.\"NAME\"] tables, got {describe(models)}")
+    for name, table in models.items():
+        if name not in KNOWN:
+            raise KvpotError(f"config file {path}: [models.{name!r}] is not a known model "
+                             f"({_suggest(name, KNOWN)}known: {', '.join(KNOWN)})")
+        _check_table(table, f"config file {path}: [models.\"{name}\"]")
+    return cfg
 
 
 def load_config(path: Path | None = None) -> dict:
+    """The config file, checked whole (a file that is not there is an empty config)."""
     path = path or config_path()
-    if not path.exists():
-        return {}
     try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise KvpotError(f"config file {path} is not valid TOML: {e}") from None
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except IsADirectoryError:
+        raise KvpotError(f"config file {path} is a directory") from None
+    except UnicodeDecodeError:
+        raise KvpotError(f"config file {path} is not valid TOML: it is not UTF-8 text") from None
+    except OSError as e:
+        raise KvpotError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise KvpotError(f"config file {path} is not valid TOML: {_one_line(e)}") from None
+    return check_config(cfg, path)
+
+
+def _one_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict, path: Path | None = None) -> RunSettings:
     """Merge the layers; `cli` holds only the options the user gave (None values are ignored)."""
+    path = path or config_path()
     cfg = load_config(path)
-    where = str(path or config_path())
     merged: dict = {}
     names: dict[str, str] = {}  # where each key was set, to name it in an error
-    layers = [(_layer({k: v for k, v in registry_defaults.items() if k in KEYS}, "model registry"), "in the model registry"),
-              (_layer(cfg.get("defaults", {}), f"{where} [defaults]"), f"in {where} [defaults]")]
+    layers = [({k: v for k, v in registry_defaults.items() if k in KEYS}, "in the model registry"),
+              (cfg.get("defaults", {}), f"in {path} [defaults]")]
     if model_name:
-        layers.append((_layer(cfg.get("models", {}).get(model_name, {}), f"{where} [models.{model_name}]"),
-                       f"in {where} [models.{model_name}]"))
+        layers.append((cfg.get("models", {}).get(model_name, {}), f"in {path} [models.\"{model_name}\"]"))
     for values, origin in layers:
         merged.update(values)
         names.update({k: f"{k} {origin}" for k in values})
