@@ -3,6 +3,8 @@ the pot with retaining heads converted from a checkpoint in the published layout
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli, unknown_twin
@@ -73,6 +75,23 @@ def test_refusals_are_one_line():
     with pytest.raises(KvpotError, match="locret needs retaining heads"):
         Locret().retaining_heads("model.gguf")
     assert Locret(heads="x").stabilizers(4096) == 1024 and Locret(heads="x").stabilizers(40000) == 2500
+
+
+def test_unscored_cells_are_refused_not_ranked():
+    """Without its heads' scores Locret has nothing to rank by: it says so instead of keeping some cells."""
+    L, H, n, budget = 2, 1, 12, 8
+    positions = np.broadcast_to(np.arange(n), (L, H, n)).copy()
+    view = PotView(n_layer=L, n_head_kv=H, n_cells=n, positions=positions, scores=None, logprobs=None,
+                   chunk_positions=np.arange(n), tokens_seen=n, head_scores=None)
+    with pytest.raises(KvpotError, match="without retaining-head scores"):
+        Locret(heads="x", n_s=2).after_chunk(view)
+    with pytest.raises(KvpotError, match="no scores for a pot"):
+        Locret(heads="x", n_s=2).select(view, budget)
+    with pytest.raises(KvpotError, match="do not fit the chunk"):
+        Locret(heads="x", n_s=2).after_chunk(replace(view, head_scores=np.zeros((L, H, n - 1), np.float32)))
+    scored = Locret(heads="x", n_s=2)
+    scored.after_chunk(replace(view, head_scores=np.arange(L * H * n, dtype=np.float32).reshape(L, H, n)))
+    assert scored.select(view, budget).shape == (L, H, budget)
 
 
 @pytest.fixture(scope="module")

@@ -64,3 +64,44 @@ def write_checkpoint(path: Path, tensors: dict[str, np.ndarray], *, bf16: bool =
         for key, raw in blobs.items():
             zf.writestr(f"{archive}/data/{key}", raw)
         zf.writestr(f"{archive}/version", "3\n")
+
+
+# -- hostile checkpoints --------------------------------------------------------------------------
+
+def tensor_pickle(tensors: list[tuple[str, str, str, int, int, list[int], list[int]]]) -> bytes:
+    """A state dict's pickle with views chosen freely: (name, storage tag, storage key, storage numel,
+    offset, size, stride) each, so sizes and strides need not fit the storage."""
+    pkl = b"\x80\x02" + _global("collections", "OrderedDict") + b")R"
+    for name, tag, key, numel, offset, size, stride in tensors:
+        storage = _tuple([_str("storage"), _global("torch", tag), _str(key), _str("cpu"), _int(numel)]) + b"Q"
+        args = _tuple([storage, _int(offset), _tuple([_int(n) for n in size]), _tuple([_int(s) for s in stride]),
+                       b"\x89", _global("collections", "OrderedDict") + b")R"])
+        pkl += _str(name) + _global("torch._utils", "_rebuild_tensor_v2") + args + b"R" + b"s"
+    return pkl + b"."
+
+
+def zeros_deflated(n: int) -> tuple[bytes, int]:
+    """n zero bytes as a raw deflate stream (a zip bomb's payload: ~1000x smaller) and their CRC-32."""
+    import zlib
+
+    comp = zlib.compressobj(1, zlib.DEFLATED, -15)
+    piece, crc, out = bytes(1 << 20), 0, []
+    for i in range(0, n, len(piece)):
+        chunk = piece[: min(len(piece), n - i)]
+        crc = zlib.crc32(chunk, crc)
+        out.append(comp.compress(chunk))
+    out.append(comp.flush())
+    return b"".join(out), crc
+
+
+def write_raw_zip(path: Path, entries: list[tuple[str, bytes, int, int, int]]) -> None:
+    """A zip written field by field: (name, payload, method 0 stored / 8 deflated, crc, declared size) each,
+    so an entry may declare another size than its payload inflates to (sizes below 4 GiB)."""
+    local, central = b"", b""
+    for name, payload, method, crc, size in entries:
+        nb = name.encode()
+        common = struct.pack("<HHHHHIIIHH", 20, 0, method, 0, 0, crc, len(payload), size, len(nb), 0)
+        central += b"PK\x01\x02" + struct.pack("<H", 20) + common + struct.pack("<HHHII", 0, 0, 0, 0, len(local)) + nb
+        local += b"PK\x03\x04" + common + nb + payload
+    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, len(entries), len(entries), len(central), len(local), 0)
+    Path(path).write_bytes(local + central + end)
