@@ -159,16 +159,15 @@ def _archive_prefix(zf: zipfile.ZipFile) -> str:
 
 
 def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int) -> bytearray:
-    """The first n bytes of an entry (n <= its declared size), decompressed in bounded pieces."""
-    buf = bytearray(n)
-    got = 0
+    """The first n bytes of an entry (n <= its declared size), decompressed in bounded pieces; the
+    buffer grows with what arrives, so an entry that declares more than it holds costs only what it holds."""
+    buf = bytearray()
     with zf.open(info) as f:
-        while got < n:
-            piece = f.read(min(_PIECE, n - got))
+        while len(buf) < n:
+            piece = f.read(min(_PIECE, n - len(buf)))
             if not piece:
-                raise CheckpointError(f"{info.filename} holds {got} bytes, its header says {info.file_size}")
-            buf[got:got + len(piece)] = piece
-            got += len(piece)
+                raise CheckpointError(f"{info.filename} holds {len(buf)} bytes, its header says {info.file_size}")
+            buf += piece
     return buf
 
 
