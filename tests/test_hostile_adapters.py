@@ -6,6 +6,7 @@ address-space limit, so a reader that allocates what a header claims fails the t
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import zlib
@@ -26,6 +27,7 @@ from kvpot.converters.adapter import (
     read_retaining_heads,
     retaining_heads_contents,
 )
+from kvpot.converters.torch_checkpoint import MAX_PICKLE_BYTES
 from kvpot.policies.edgeinfinite_memory import MemoryGate
 
 BASE = BaseIdentity(arch="llama", n_layer=2, n_head=2, n_head_kv=1, head_dim_k=8, head_dim_v=8, n_embd=16,
@@ -191,11 +193,12 @@ def test_only_what_the_tensors_view_is_inflated(tmp_path, bomb):
 
 
 @pytest.mark.parametrize(("pkl", "needle"), [
-    (b"\x80\x02N" + b"r\x00\x00\x00\x80" + b".", "memo index 2147483648"),             # LONG_BINPUT
+    (b"\x80\x02N" + b"r" + struct.pack("<I", 1 << 31) + b".", f"memo index {1 << 31}"),  # LONG_BINPUT
     (b"\x80\x04\x8e" + (3 << 30).to_bytes(8, "little") + b"abc.", "pickle is damaged"),  # BINBYTES8
     (tensor_pickle([(f"w{i}", "FloatStorage", "0", 1 << 18, 0, [1 << 18], [1]) for i in range(600)]),
      "the same data viewed many times over"),
-    (tensor_pickle([("w", "FloatStorage", "0", 1 << 18, 0, [1 << 18], [1])]) + bytes(2 << 20), "at most 1,048,576"),
+    (tensor_pickle([("w", "FloatStorage", "0", 1 << 18, 0, [1 << 18], [1])]) + bytes(MAX_PICKLE_BYTES),
+     f"at most {MAX_PICKLE_BYTES:,}"),
     (tensor_pickle([("w", "FloatStorage", "0", 4, 0, [2, 2, 2], [1, 2, 4])]), "reaches element 8 of storage 0"),
     (tensor_pickle([("w", "FloatStorage", "0", 4, 0, [-1], [1])]), "negative offset, size or stride"),
 ])
