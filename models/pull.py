@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import re
 import shutil
 import subprocess
@@ -120,17 +121,37 @@ def pull_hf(spec: str) -> Path:
         raise KvpotError("huggingface-hub is not installed: pip install huggingface-hub") from None
     # its retry warnings would bury the one line the user needs
     hf_logging.set_verbosity_error()
-    local = paths.models_dir() / "hf" / m["repo"]
+    dest = hf_cached_path(spec)
+    with _scratch_dir(paths.models_dir()) as scratch:
+        try:
+            got = Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=scratch))
+        except Exception as e:  # network, auth and not-found errors all come as different classes
+            name = type(e).__name__
+            if "Offline" in name or "LocalEntryNotFound" in name or "Connect" in name or "Timeout" in name:
+                raise KvpotError(f"cannot reach Hugging Face to fetch {spec} (offline?); "
+                                 "copy the .gguf file here by hand and pass its path to --model") from None
+            first = str(e).strip().splitlines()[0] if str(e).strip() else name
+            raise KvpotError(f"cannot fetch {spec}: {first}") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got, dest)  # the same file system: the file appears whole or not at all
+    return dest
+
+
+@contextlib.contextmanager
+def _scratch_dir(models: Path) -> Iterator[Path]:
+    """A folder in the models dir for one download (huggingface-hub keeps its .cache/huggingface
+    bookkeeping beside the file), removed however the download ends (an error, Ctrl-C): a pull that
+    fails leaves the models dir as it was, and one that succeeds leaves only the model."""
+    made = not models.exists()
+    models.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".pull-", dir=models))
     try:
-        got = Path(hf_hub_download(repo_id=m["repo"], filename=m["file"], local_dir=local))
-    except Exception as e:  # network, auth and not-found errors all come as different classes
-        name = type(e).__name__
-        if "Offline" in name or "LocalEntryNotFound" in name or "Connect" in name or "Timeout" in name:
-            raise KvpotError(f"cannot reach Hugging Face to fetch {spec} (offline?); "
-                             "copy the .gguf file here by hand and pass its path to --model") from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else name
-        raise KvpotError(f"cannot fetch {spec}: {first}") from None
-    return got
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):  # not empty: another pull put a model there meanwhile
+                models.rmdir()
 
 
 def hf_cached_path(spec: str) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_cli
@@ -11,7 +12,7 @@ from conftest import assert_one_line_error, run_cli
 from kvpot.errors import KvpotError
 from kvpot.hashing import sha256_file
 from kvpot.models.gguf_file import read_model_facts
-from kvpot.models.pull import pull, pull_known
+from kvpot.models.pull import hf_cached_path, pull, pull_known
 from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
 
 
@@ -65,3 +66,53 @@ def test_hf_unreachable_host_gives_one_clear_line(tmp_path):
 def test_bad_hf_spec_is_refused():
     with pytest.raises(KvpotError, match="expected hf:OWNER/REPO/FILE.gguf"):
         pull("hf:just-a-name")
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else None
+
+
+def test_failed_hf_pull_leaves_the_models_folder_as_it_was(tmp_path):
+    """huggingface-hub keeps .cache/huggingface beside what it downloads: a failed pull leaves none of it."""
+    models = tmp_path / "models"
+    (models / "hf").mkdir(parents=True)
+    (models / "mine.gguf").write_bytes(b"GGUF")
+    before = _tree(models)
+    res = run_cli("pull", "hf:someone/some-model/model.Q4_0.gguf", env={"KVPOT_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "cannot reach Hugging Face")
+    assert _tree(models) == before
+
+
+def _fake_download(then):
+    """A hf_hub_download that writes what huggingface-hub writes (its bookkeeping, part of the file), then `then`."""
+    def download(repo_id, filename, local_dir):
+        meta = Path(local_dir) / ".cache" / "huggingface" / "download"
+        meta.mkdir(parents=True)
+        (meta / f"{filename}.incomplete").write_bytes(b"GG")
+        return then(Path(local_dir) / filename)
+    return download
+
+
+def _finish(path):
+    path.write_bytes(b"GGUF model")
+    return str(path)
+
+
+def _interrupt(path):
+    raise KeyboardInterrupt
+
+
+def test_interrupted_hf_pull_leaves_nothing_and_a_finished_one_only_the_model(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setenv("KVPOT_HOME", str(tmp_path))
+    spec = "hf:someone/some-model/model.Q4_0.gguf"
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", _fake_download(_interrupt))
+    with pytest.raises(KeyboardInterrupt):
+        pull(spec)
+    assert _tree(tmp_path / "models") is None
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", _fake_download(_finish))
+    got = pull(spec)
+    assert got == hf_cached_path(spec) and got.read_bytes() == b"GGUF model"
+    assert _tree(tmp_path / "models") == ["hf", "hf/someone", "hf/someone/some-model", "hf/someone/some-model/model.Q4_0.gguf"]
