@@ -459,18 +459,22 @@ class Engine:
         self.pos_next += n
         return stream
 
-    def generate(self, logits: np.ndarray, max_tokens: int = 64) -> Iterator[str]:
-        """Greedy answer from the given logits, streamed as text pieces (UTF-8 safe). Every token
-        yielded except the last is in the cache; it stops at end-of-generation, at max_tokens, or
-        when the cache must keep room for the next turn."""
+    def generate(self, logits: np.ndarray, max_tokens: int = 64,
+                 pick: Callable[[np.ndarray, list[int]], int] | None = None) -> Iterator[str]:
+        """An answer from the given logits, streamed as text pieces (UTF-8 safe). `pick(logits, tokens so
+        far)` chooses each token (kvpot.session.sampling); greedy without it. Every token yielded except
+        the last is in the cache; it stops at end-of-generation, at max_tokens, or when the cache must
+        keep room for the next turn."""
         pending = b""
+        chosen: list[int] = []
         self.stop_reason = f"the {max_tokens}-token limit"
         if self._fetch_n:
             # the answer reads the blocks the question chose: one generated token's query is a poor
             # choice of blocks (measured: answers derail, docs/benchmarks.md, InfLLM)
             self.pot.lookup_hold(True)
         for _ in range(max_tokens):
-            tok = int(np.argmax(logits))
+            tok = int(np.argmax(logits)) if pick is None else pick(logits, chosen)
+            chosen.append(tok)
             if self.model.is_eog(tok):
                 self.stop_reason = f"end-of-generation ({self.model.piece(tok).decode('utf-8', 'replace') or tok})"
                 break

@@ -11,8 +11,9 @@ from kvpot.bench.logbook import logbook
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
+from kvpot.session.answer import _partial_stop
 from kvpot.session.context_file import read_context, write_context
-from kvpot.session.session import ReadingStopped, Session, _partial_stop
+from kvpot.session.session import ReadingStopped, Session
 from kvpot.session.settings import RunSettings
 
 SMALL = RunSettings(budget=512, chunk=128, threads=2, prompt="completion", max_tokens=12)

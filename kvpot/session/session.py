@@ -21,9 +21,11 @@ from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
 from kvpot.policies import make_policy
 from kvpot.runtime import library
+from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
+from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
@@ -32,17 +34,6 @@ SAVE_LOGITS_ENV = "KVPOT_SAVE_LOGITS"
 QUESTION_ROOM = 128
 # assumed bytes per token before any text has been tokenized
 BYTES_PER_TOKEN_GUESS = 4.0
-
-
-def _partial_stop(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest end of `text` that is the beginning of a stop string."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
-                best = max(best, n)
-                break
-    return best
 
 
 def answer_reserve(settings: RunSettings) -> int:
@@ -149,8 +140,10 @@ class Session:
         return out
 
     def ask(self, question: str, max_tokens: int | None = None,
-            on_progress: Callable[[ReadProgress], None] | None = None) -> Iterator[str]:
+            on_progress: Callable[[ReadProgress], None] | None = None,
+            sampler: Sampler | None = None, stop: tuple[str, ...] = ()) -> Iterator[str]:
         """Stream the answer to a question; the exchange stays in the pot for the next turn.
+        `sampler`: how each token is chosen (greedy without one); `stop`: strings that also end the answer.
 
         `on_progress`: called as a question too long for the free cells is read through the pot,
         chunk by chunk (first with 0 tokens read, before the first chunk); never for a short one."""
@@ -176,22 +169,20 @@ class Session:
         self.turns += 1
         if os.environ.get(SAVE_LOGITS_ENV):  # diagnostics: compare answers across processes
             np.save(Path(os.environ[SAVE_LOGITS_ENV]) / f"turn-{self.turns}.npy", logits)
-        held = ""  # text that may be the start of a stop string is held until it is decided
-        for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens):
-            held += piece
-            cut = min((held.find(x) for x in self.format.stop if x in held), default=-1)
-            if cut >= 0:  # a base model starts the next exchange: stop before it
-                stop = next(x for x in self.format.stop if held.find(x) == cut)
-                self.engine.stop_reason = f"the stop string {stop!r}"
-                if cut:
-                    yield held[:cut]
-                return
-            keep = _partial_stop(held, self.format.stop)
-            if len(held) > keep:
-                yield held[:len(held) - keep]
-                held = held[len(held) - keep:]
-        if held:
-            yield held
+        text = AnswerText(stops=self.format.stop + tuple(stop), one_line=self.format.name == "completion")
+        self.answer_loop = False
+        pick = None if sampler is None else sampler.pick
+        for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens, pick):
+            shown = text.feed(piece)
+            if shown:
+                yield shown
+            if text.stopped is not None:
+                break
+        shown = text.finish()
+        if shown:
+            yield shown
+        if text.stopped is not None:
+            self.engine.stop_reason, self.answer_loop = text.stopped, text.loop
 
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""
@@ -247,17 +238,23 @@ class Session:
         if sha != h["model"]["sha256"]:
             raise KvpotError(f"{path} was saved with model {h['model']['name']} (sha256 {h['model']['sha256'][:12]}…), "
                              f"not {model_name} (sha256 {sha[:12]}…)")
-        try:
-            settings = RunSettings(**dict(h["settings"], **({"threads": threads} if threads else {})))
-        except TypeError:
-            raise KvpotError(f"{path} holds settings this kvpot does not know: {sorted(h['settings'])}") from None
+        # read_context checked every field (context_file.check_saved): the settings as `ask` checks them
+        settings = RunSettings(**dict(h["settings"], **({"threads": threads} if threads else {})))
         s = cls(facts, model_name, settings, n_ctx=h["n_ctx"])
-        if s.policy_spec != h["policy"]:
-            raise KvpotError(f"{path}: saved policy {h['policy']} does not match its settings")
         try:
             s.engine.import_state(saved.state)
+            s._check_restored(saved.state)
         except KvpotError as e:
+            s.close()
             raise KvpotError(f"{path} cannot be restored: {e}") from None
         s.sources, s.doc_tokens, s.turns = h["sources"], h["tokens_read"], h["turns"]
         s._after_reading = saved.state if s.turns == 0 else None
         return s
+
+    def _check_restored(self, state: EngineState) -> None:
+        """The engine's next position against the cache llama.cpp restored: the next decode must continue
+        it (llama.cpp refuses a gap, and says so in its own words, only when that decode runs)."""
+        restored = self.engine.pot.stats().pos_next
+        if state.values["pos_next"] != restored:
+            raise KvpotError(f"the engine's next position {state.values['pos_next']} does not follow the restored "
+                             f"cache (which ends at position {restored - 1})")
