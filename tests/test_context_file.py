@@ -11,15 +11,21 @@ from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
 
 
 def _saved() -> SavedContext:
+    """A context with every field a saved one has (read_context checks them all), made without a model."""
     rng = np.random.default_rng(0)
-    arrays = {"positions": rng.integers(0, 1000, size=(2, 3, 5))}
-    policy = encode_tree({"_nuc": rng.random((2, 3, 5)).astype(np.float32), "_plan": (7, np.arange(3)), "_q": None},
-                         arrays, "policy")
-    state = EngineState(seq=bytes(rng.integers(0, 256, 999, dtype=np.uint8)), pot=b"KVPS" + bytes(24),
-                        values={"tokens_seen": 42, "policy": policy}, arrays=arrays)
-    header = {"runtime": {"abi": 4, "llama_commit": "abc"}, "model": {"name": "m", "path": "/m.gguf", "sha256": "ab" * 32},
-              "policy": "streaming", "settings": {"budget": 16}, "n_ctx": 256, "tokens_read": 42, "sources": [],
-              "turns": 0}
+    arrays = {"positions": rng.integers(0, 42, size=(2, 3, 5))}
+    policy = encode_tree({"_retention": rng.random((2, 5)).astype(np.float32), "_plan": (7, np.arange(3), np.arange(3)),
+                          "_declared": None}, arrays, "policy")
+    # kvpot's C state for 2 layers x 3 KV heads, nothing compacted yet (docs/formats.md, POT)
+    pot = np.array([int.from_bytes(b"KVPS", "little"), 2, 2, 3, 0, 16, 0, 0, 0], dtype="<i4").tobytes()
+    values = {"tokens_seen": 42, "pos_next": 42, "n_compactions": 0, "compact_seconds": 0.0, "nll_sum": 0.0,
+              "nll_count": 0, "_carry_lp": 0.5, "_bos_done": True, "step": 2, "policy": policy}
+    state = EngineState(seq=bytes(rng.integers(0, 256, 999, dtype=np.uint8)), pot=pot, values=values, arrays=arrays)
+    settings = {"policy": "imdc:pruner=snapkv", "budget": 16, "chunk": 16, "threads": 1, "prompt": "auto", "max_tokens": 4}
+    header = {"format": "kvpot saved context", "kvpot_version": "0", "runtime": {"abi": 4, "llama_commit": "abc"},
+              "model": {"name": "m", "path": "/m.gguf", "sha256": "ab" * 32, "architecture": "llama"},
+              "policy": "imdc:pruner=snapkv", "settings": settings, "n_ctx": 256, "prompt_format": "completion", "tokens_read": 42,
+              "sources": [], "turns": 0}
     return SavedContext(header=header, state=state)
 
 
@@ -35,7 +41,7 @@ def test_round_trip(tmp_path):
     for k, v in saved.state.arrays.items():
         np.testing.assert_array_equal(back.state.arrays[k], v)
     tree = decode_tree(back.state.values["policy"], back.state.arrays)
-    assert tree["_plan"][0] == 7 and isinstance(tree["_plan"], tuple) and tree["_q"] is None
+    assert tree["_plan"][0] == 7 and isinstance(tree["_plan"], tuple) and tree["_declared"] is None
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,15 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write
-from kvpot.session.engine_state import EngineState
+from kvpot.session.checks import MAX_CELLS
+from kvpot.session.engine_state import (
+    INT32_MAX,
+    INT64_MAX,
+    EngineState,
+    check_engine_values,
+    check_policy_state,
+    check_pot_bytes,
+)
 
 MAGIC = b"KVPOTCTX"
 FORMAT_VERSION = 1
@@ -128,13 +137,83 @@ def check_context_path(path: Path | str) -> Path:
 
 
 def read_context(path: Path) -> SavedContext:
-    """Read and check a saved context; anything wrong is one clear KvpotError."""
+    """Read and check a saved context, the header's every field included (check_saved): anything
+    wrong is one clear KvpotError, before any of it is used."""
     path = check_context_path(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise KvpotError(f"cannot read saved context {path}: {e.strerror}") from None
-    return parse_context(data, path)
+    saved = parse_context(data, path)
+    check_saved(saved, path)
+    return saved
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PROMPT_FORMATS = ("chat", "completion")
+_MAX_SOURCES = 1 << 20
+
+
+def check_saved(saved: SavedContext, path: Path | str = "saved context") -> None:
+    """Every header field's type and range, and the engine's state against them (positions and cell
+    counts within int32 and the context's size, settings as `ask` checks them, a policy spec kvpot
+    runs, arrays and kvpot's C state of the shapes the header implies). A file with a right checksum
+    can still be crafted or hand-edited: nothing in it reaches the engine or C code unchecked. Needs
+    no model, so it runs before one loads (and under the fuzzer)."""
+    try:
+        _check_header(saved.header)
+        st = saved.state
+        n_ctx = saved.header["n_ctx"]
+        check_engine_values(st.values, st.arrays, n_ctx)
+        if saved.header["tokens_read"] > st.values["tokens_seen"]:
+            raise ValueError("tokens_read is more than the engine's tokens_seen")
+        check_pot_bytes(st.pot, st.arrays["positions"], st.values["pos_next"])
+        from kvpot.policies import make_policy
+
+        check_policy_state(make_policy(saved.header["policy"]), st.values["policy"], st.arrays)
+    except (ValueError, KvpotError) as e:
+        raise KvpotError(f"saved context {path} is malformed: {_one_line(e)}") from None
+
+
+def _check_header(h: dict) -> None:
+    from kvpot.session.settings import KEYS, describe, setting_problem
+
+    schema = {k: v for k, v in _HEADER_SCHEMA.items() if k != "engine"}  # the engine's part is parsed apart
+    _check_shape(h, schema | {"format": str, "kvpot_version": str, "prompt_format": str}, "")
+    if h["format"] != "kvpot saved context":
+        raise ValueError(f"header field format is {describe(h['format'])}")
+    if not _SHA256.match(h["model"]["sha256"]) or not isinstance(h["model"].get("architecture"), str):
+        raise ValueError("header field model holds no sha256 digest or architecture")
+    settings = h["settings"]
+    if set(settings) != set(KEYS):
+        raise ValueError(f"header field settings has keys {sorted(settings)[:8]}, not {list(KEYS)}")
+    for key in KEYS:
+        problem = setting_problem(key, settings[key])
+        if problem:
+            raise ValueError(f"settings.{key} {problem}")
+    if not isinstance(settings["budget"], int) or settings["threads"] < 1:
+        raise ValueError("settings hold an unresolved budget or thread count")
+    if settings["policy"] != h["policy"]:
+        raise ValueError(f"policy {describe(h['policy'])} is not the one its settings name")
+    if h["prompt_format"] not in _PROMPT_FORMATS:
+        raise ValueError(f"prompt_format must be one of {', '.join(_PROMPT_FORMATS)}")
+    if not 1 <= h["n_ctx"] <= MAX_CELLS:
+        raise ValueError(f"n_ctx {h['n_ctx']} is outside 1..{MAX_CELLS}")
+    for key, hi in (("tokens_read", INT64_MAX), ("turns", INT32_MAX)):
+        if not 0 <= h[key] <= hi:
+            raise ValueError(f"{key} {h[key]} is outside 0..{hi}")
+    _check_sources(h["sources"])
+
+
+def _check_sources(sources: list) -> None:
+    if len(sources) > _MAX_SOURCES:
+        raise ValueError(f"header lists {len(sources)} sources")
+    for src in sources:
+        if not isinstance(src, dict) or not isinstance(src.get("name"), str):
+            raise ValueError("a source in the header has no name")
+        size = src.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= INT64_MAX):
+            raise ValueError(f"source {src['name'][:40]!r} has size {repr(size)[:40]}")
 
 
 def parse_context(data: bytes, path: Path | str = "saved context") -> SavedContext:
