@@ -150,17 +150,22 @@ def load_config(path: Path | None = None) -> dict:
     """The config file, checked whole (a file that is not there is an empty config)."""
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
     except IsADirectoryError:
         raise KvpotError(f"config file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise KvpotError(f"config file {path} is not valid TOML: it is not UTF-8 text") from None
     except OSError as e:
         raise KvpotError(f"cannot read config file {path}: {e.strerror or e}") from None
+    return parse_config(data, path)
+
+
+def parse_config(data: bytes, path: Path | str) -> dict:
+    """The bytes of a config file, parsed and checked (the part the fuzzer drives)."""
     try:
-        cfg = tomllib.loads(text)
+        cfg = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise KvpotError(f"config file {path} is not valid TOML: it is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise KvpotError(f"config file {path} is not valid TOML: {_one_line(e)}") from None
     return check_config(cfg, path)
@@ -174,7 +179,12 @@ def _one_line(e: Exception) -> str:
 def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict, path: Path | None = None) -> RunSettings:
     """Merge the layers; `cli` holds only the options the user gave (None values are ignored)."""
     path = path or config_path()
-    cfg = load_config(path)
+    return merge_settings(load_config(path), path, model_name, registry_defaults, cli)
+
+
+def merge_settings(cfg: dict, path: Path | str, model_name: str | None, registry_defaults: dict,
+                   cli: dict) -> RunSettings:
+    """The layers over a checked config (load_config), checked together (a budget the policy cannot use)."""
     merged: dict = {}
     names: dict[str, str] = {}  # where each key was set, to name it in an error
     layers = [({k: v for k, v in registry_defaults.items() if k in KEYS}, "in the model registry"),
