@@ -178,7 +178,7 @@ int32_t kvpot_blocks_truncate(kvpot_blocks * bs, int32_t n_blocks) {
             return blocks_fail("block store is NULL or the count is negative");
         }
         std::string why;
-        return bs->store->truncate((uint32_t) n_blocks, why) ? 0 : blocks_fail(why);
+        return bs->store->limit((uint32_t) n_blocks, why) ? 0 : blocks_fail(why);
     });
 }
 

@@ -18,10 +18,32 @@ namespace {
 // header fields after the 8-byte magic, all little-endian uint32 (the rest of the 64 bytes is zero)
 enum : uint32_t { H_VERSION, H_HEADER_BYTES, H_N_LAYER, H_N_HEAD_KV, H_D_K, H_D_V, H_BLOCK_SIZE, H_N_FIELDS };
 
-// record of (block, layer): pos i32[bs] | repr f32[H][dk] | k f16[H][bs][dk] | v f16[H][bs][dv], padded to 64 bytes
+// a shape field above this is a corrupt header (no model has 2^20 layers, heads or head dims)
+constexpr uint32_t MAX_FIELD = 1u << 20;
+// nor a block of more than 64 GiB over its layers: refusing it keeps every size below in 64 bits
+constexpr uint64_t MAX_BLOCK_BYTES = 1ull << 36;
+
+// record of (block, layer): pos i32[bs] | repr f32[H][dk] | k f16[H][bs][dk] | v f16[H][bs][dv], padded to 64 bytes.
+// With every field <= MAX_FIELD the sum is < 2^63: no overflow.
 uint64_t record_bytes_of(const kvpot_blocks_shape & s) {
-    const uint64_t b = 4ull*s.block_size + 4ull*s.n_head_kv*s.d_k + 2ull*s.n_head_kv*s.block_size*(s.d_k + s.d_v);
+    const uint64_t b = 4ull*s.block_size + 4ull*s.n_head_kv*s.d_k + 2ull*s.n_head_kv*s.block_size*((uint64_t) s.d_k + s.d_v);
     return (b + 63) & ~63ull;
+}
+
+// a shape whose block (all layers) fits MAX_BLOCK_BYTES, else why not
+std::string check_shape(const kvpot_blocks_shape & s) {
+    const uint32_t have[5] = {s.n_layer, s.n_head_kv, s.d_k, s.d_v, s.block_size};
+    const char * names[5] = {"layers", "KV heads", "key dim", "value dim", "block_size"};
+    for (int i = 0; i < 5; ++i) {
+        if (have[i] == 0 || have[i] > MAX_FIELD) {
+            return std::string(names[i]) + " " + std::to_string(have[i]) + " is out of range";
+        }
+    }
+    const uint64_t rec = record_bytes_of(s);
+    if (rec > MAX_BLOCK_BYTES || rec*s.n_layer > MAX_BLOCK_BYTES) { // rec <= 2^36, n_layer <= 2^20: no overflow
+        return "a block would take more than 64 GiB";
+    }
+    return "";
 }
 
 std::string errno_text(const std::string & what) {
@@ -66,17 +88,27 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
         why = "max_cached_block must be at least 1";
         return nullptr;
     }
-    s->fd = ::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0644);
+    if (create) {
+        if (const std::string bad = check_shape(shape); !bad.empty()) {
+            why = "block store shape: " + bad;
+            return nullptr;
+        }
+    }
+    // a new store is a new file: O_EXCL refuses any existing path (a document, a model, another
+    // context's store, a symlink), so no name given here can replace a file
+    s->fd = ::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0644);
+    if (s->fd < 0 && !create && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+        // a store a saved context references is read-only: it is read, never written
+        s->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        s->writable = false;
+    }
     if (s->fd < 0) {
-        why = errno_text("block store " + path);
+        why = errno == EEXIST ? "block store " + path + " already exists (a new store never replaces a file)"
+                              : errno_text("block store " + path);
         return nullptr;
     }
     uint32_t f[H_N_FIELDS] = {};
     if (create) {
-        if (!shape.n_layer || !shape.n_head_kv || !shape.d_k || !shape.d_v || !shape.block_size) {
-            why = "block store shape must be positive";
-            return nullptr;
-        }
         uint8_t hdr[HEADER_BYTES] = {};
         memcpy(hdr, MAGIC, 8);
         f[H_VERSION] = VERSION; f[H_HEADER_BYTES] = HEADER_BYTES; f[H_N_LAYER] = shape.n_layer;
@@ -91,6 +123,10 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
         struct stat st {};
         if (fstat(s->fd, &st) != 0) {
             why = errno_text("block store " + path);
+            return nullptr;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            why = path + " is not a kvpot block store (not a regular file)";
             return nullptr;
         }
         uint8_t hdr[HEADER_BYTES] = {};
@@ -109,14 +145,20 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
             return nullptr;
         }
         const kvpot_blocks_shape file{f[H_N_LAYER], f[H_N_HEAD_KV], f[H_D_K], f[H_D_V], f[H_BLOCK_SIZE]};
+        if (const std::string bad = check_shape(file); !bad.empty()) {
+            why = path + ": block store header is corrupt (" + bad + ")";
+            return nullptr;
+        }
+        for (size_t i = 8 + sizeof(f); i < HEADER_BYTES; ++i) {
+            if (hdr[i] != 0) {
+                why = path + ": block store header is corrupt (reserved bytes are not zero)";
+                return nullptr;
+            }
+        }
         const uint32_t want[5] = {shape.n_layer, shape.n_head_kv, shape.d_k, shape.d_v, shape.block_size};
         const uint32_t have[5] = {file.n_layer, file.n_head_kv, file.d_k, file.d_v, file.block_size};
         const char * names[5] = {"layers", "KV heads", "key dim", "value dim", "block_size"};
         for (int i = 0; i < 5; ++i) {
-            if (have[i] == 0 || have[i] > (1u << 20)) {
-                why = path + ": block store header is corrupt (" + names[i] + ")";
-                return nullptr;
-            }
             if (want[i] && want[i] != have[i]) {
                 why = path + ": block store was made for " + std::to_string(have[i]) + " " + names[i] + ", not "
                     + std::to_string(want[i]);
@@ -154,8 +196,10 @@ bool kvpot_block_store::map(std::string & why) {
         base = nullptr;
         mapped = 0;
     }
-    // map with headroom so appends do not remap every time; pages past the end are never touched
-    const uint64_t len = std::max<uint64_t>(need, HEADER_BYTES) + 64*rec*shp.n_layer;
+    // map with headroom so appends do not remap every time (up to 64 blocks, at most 1 GiB of address
+    // space); pages past the end are never touched
+    const uint64_t per_block = rec*shp.n_layer;
+    const uint64_t len = std::max<uint64_t>(need, HEADER_BYTES) + per_block*std::clamp<uint64_t>((1ull << 30)/per_block, 1, 64);
     void * p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         why = errno_text("cannot map block store " + path);
@@ -189,6 +233,17 @@ int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const
     }
     if (nblk == INT32_MAX) {
         why = "block store is full";
+        return -1;
+    }
+    if (!writable) {
+        why = "block store " + path + " is read-only (a saved context references it)";
+        return -1;
+    }
+    // blocks go only after the file's end: a store showing fewer blocks than its file holds (limit) or
+    // one another process grew would otherwise overwrite blocks a saved context references
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || (uint64_t) st.st_size != file_bytes()) {
+        why = "block store " + path + " holds blocks after this reading's (another context's); it is not written";
         return -1;
     }
     const uint32_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
@@ -310,13 +365,9 @@ bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_
     return true;
 }
 
-bool kvpot_block_store::truncate(uint32_t n, std::string & why) {
+bool kvpot_block_store::limit(uint32_t n, std::string & why) {
     if (n > nblk) {
-        why = "cannot cut " + std::to_string(nblk) + " blocks back to " + std::to_string(n);
-        return false;
-    }
-    if (ftruncate(fd, (off_t) (HEADER_BYTES + (uint64_t) n*shp.n_layer*rec)) != 0) {
-        why = errno_text("cannot cut block store " + path);
+        why = "cannot show " + std::to_string(n) + " of " + std::to_string(nblk) + " blocks";
         return false;
     }
     nblk = n;

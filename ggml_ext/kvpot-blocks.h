@@ -38,9 +38,11 @@ public:
 
     ~kvpot_block_store();
 
-    // create (truncating) or open a store; on failure returns nullptr and sets why. Opening checks the
-    // magic, version, header size, shape (a shape field of 0 takes the file's) and that the file holds
-    // whole blocks, so a truncated or foreign file is refused before any block is read.
+    // create a new store (the path must not exist: O_EXCL) or open one; on failure returns nullptr and
+    // sets why. Opening checks the magic, version, header size, shape (a shape field of 0 takes the
+    // file's; every size bounded so none overflows) and that the file holds whole blocks, so a
+    // truncated or foreign file is refused before any block is read. A store the process may not write
+    // (read-only: a saved context references it) opens for reading only.
     static kvpot_block_store * open(const std::string & path, kvpot_blocks_shape shape, uint32_t max_cached,
                                     bool create, std::string & why);
 
@@ -64,8 +66,9 @@ public:
     // summed): sum over heads of q_h . repr_h; the top k block indices, best first (ties: lower index)
     bool topk(uint32_t layer, const float * q, uint32_t k, int32_t * out, float * scores, std::string & why);
 
-    // cut the store back to its first n blocks (a reopened context continues after the blocks it saved)
-    bool truncate(uint32_t n, std::string & why);
+    // show only the first n blocks (a reopened context's); the file is never cut, and append refuses
+    // from then on while the file holds more
+    bool limit(uint32_t n, std::string & why);
 
     // flush written blocks to the disk (before a saved context references the store)
     bool sync(std::string & why);
@@ -86,6 +89,7 @@ private:
     uint64_t           rec  = 0;
     uint32_t           nblk = 0;
     uint32_t           cap  = 0;
+    bool               writable = true;
 
     // LRU of decoded blocks, key = layer * 2^32 + block
     std::list<uint64_t> order; // most recent first

@@ -235,7 +235,7 @@ struct kvpot_blocks_info {
     int64_t misses;       // LRU reads from the file
 };
 
-// create (create = true: a new, empty store; an existing file is truncated) or open a block store.
+// create (create = true: a new, empty store; an existing path is refused, never replaced) or open a block store.
 // Opening checks magic, version, shape (a size argument of 0 takes the file's) and that the file holds
 // whole blocks; NULL with kvpot_last_error() when it does not.
 KVPOT_API struct kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k,
@@ -260,7 +260,8 @@ KVPOT_API int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int
 KVPOT_API int32_t kvpot_blocks_topk(struct kvpot_blocks * bs, int32_t layer, const float * q, int32_t k,
                                     int32_t * out, float * scores);
 
-// cut the store back to its first n_blocks blocks (a reopened context goes on after the blocks it saved)
+// show only the first n_blocks blocks (a reopened context's); the file is never cut, and appending is refused
+// while it holds more
 KVPOT_API int32_t kvpot_blocks_truncate(struct kvpot_blocks * bs, int32_t n_blocks);
 
 // flush the file to the disk (before a saved context references it)

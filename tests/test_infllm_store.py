@@ -170,3 +170,26 @@ def test_topk_matches_numpy(tmp_path, n_blocks):
             if trial == 2:
                 assert got[0] == 1
     store.close()
+
+
+def test_limit_shows_a_prefix_and_never_writes_over_the_rest(tmp_path):
+    """A reopened context sees only its blocks; the file keeps the later ones (another context's), and
+    appending there is refused rather than written over them."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "s.kvblk"
+    store, blocks = make_store(path, rng, 5)
+    store.close()
+    before = path.read_bytes()
+    again = BlockStore(path)
+    again.limit(3)
+    assert again.n_blocks == 3
+    check_same(again, blocks[:3])
+    with pytest.raises(BlockStoreError, match="not in the store"):
+        again.read(0, 3)
+    assert again.topk(0, np.ones((3, 8), np.float32), 3)[1].shape == (3,)
+    with pytest.raises(BlockStoreError, match="holds blocks after"):
+        again.append(*random_block(rng, 2, 3, 8, 6, 4))
+    with pytest.raises(BlockStoreError, match="cannot show 4 of 3"):
+        again.limit(4)
+    again.close()
+    assert path.read_bytes() == before

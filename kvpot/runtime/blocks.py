@@ -40,13 +40,18 @@ def _f32(a: np.ndarray):
 
 
 class BlockStore(Owned):
-    """An open store; close() (or the context manager) frees it. Shapes: L pot layers, H KV heads."""
+    """An open store; close() (or the context manager) frees it. Shapes: L pot layers, H KV heads.
+
+    create=True makes a new file and refuses an existing one (O_EXCL in the C open: no path replaces a
+    file); create=False opens a store kvpot wrote, checked against the file's length before any read."""
 
     def __init__(self, path: str | os.PathLike, *, n_layer: int = 0, n_head_kv: int = 0, d_k: int = 0, d_v: int = 0,
                  block_size: int = 0, max_cached: int = 32, create: bool = False):
         self.lib = load_runtime()
         self.path = os.fspath(path)
-        ptr = self.lib.kvpot_blocks_open(self.path.encode(), n_layer, n_head_kv, d_k, d_v, block_size, max_cached, create)
+        if "\0" in self.path:  # C would read the name only up to it
+            raise BlockStoreError(f"block store path {self.path!r} holds a NUL character")
+        ptr = self.lib.kvpot_blocks_open(os.fsencode(self.path), n_layer, n_head_kv, d_k, d_v, block_size, max_cached, create)
         if not ptr:
             raise BlockStoreError(self.lib.kvpot_last_error().decode(errors="replace"))
         self._ptr = ptr
@@ -115,8 +120,9 @@ class BlockStore(Owned):
             self.ptr, layer, _f32(q), k, out.ctypes.data_as(api.c_i32_p), _f32(scores)))
         return out, scores
 
-    def truncate(self, n_blocks: int) -> None:
-        """Cut the store back to its first n_blocks blocks."""
+    def limit(self, n_blocks: int) -> None:
+        """Show only the first n_blocks blocks (a reopened context's); the file is never cut, and the
+        store then refuses to append (its end is not the file's)."""
         self._check("kvpot_blocks_truncate", self.lib.kvpot_blocks_truncate(self.ptr, n_blocks))
 
     def sync(self) -> None:
