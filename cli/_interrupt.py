@@ -1,9 +1,11 @@
 """Ctrl-C as a flag: long work checks it at safe points (between chunks, between answer tokens)
-instead of being torn apart mid-update. A second Ctrl-C while the first is pending stops at once."""
+instead of being torn apart mid-update. A second Ctrl-C while the first is pending stops at once.
+SIGTERM and SIGHUP end the command at once, but as an exit that runs the cleanup (exit_cleanly_on_signals)."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 
@@ -29,3 +31,26 @@ class Interrupts:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
             self._old = None
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP: the process ends as after an error, so `finally` blocks, context managers and
+    exit handlers run (InfLLM deletes its block store; a save in progress removes its temporary file)."""
+
+
+def exit_cleanly_on_signals() -> None:
+    """Called once by the CLI before any command runs: SIGTERM and SIGHUP end it with exit status
+    128 + signal number, the status a shell reports for a process the signal killed, after the
+    cleanup above. A signal the process ignores stays ignored (`nohup` leaves SIGHUP ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        # one line, then the usual unwinding; a second signal during cleanup is the same exit again
+        sys.stderr.write(f"kvpot: stopped by {signal.Signals(signum).name}\n")
+        raise Terminated(128 + signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, handler)

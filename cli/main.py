@@ -11,6 +11,7 @@ from kvpot.build.pins import LLAMA_CPP_COMMIT
 
 from . import ask, bench, build, convert, doctor, models, rpc, run, train
 from ._crash import enable_crash_reports
+from ._interrupt import exit_cleanly_on_signals
 
 app = typer.Typer(
     name="kvpot",
@@ -61,4 +62,5 @@ app.add_typer(train.app, name="train")
 
 def main() -> None:
     enable_crash_reports()
+    exit_cleanly_on_signals()
     app()
