@@ -1,13 +1,20 @@
-"""What every command shares: stderr console for diagnostics and the one-line error contract."""
+"""What every command shares: stderr console for diagnostics, stdout for answers, and the one-line
+error contract."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import io
+import os
+import sys
 
 import typer
 from rich.console import Console
 
 from kvpot.errors import KvpotError
+from kvpot.safe_write import protection_scope
 
 # `ask` and `run` exit with this when the model produced no answer (nothing but whitespace): the
 # command ran, but its one product is missing, and a script must be able to tell that from an answer
@@ -18,13 +25,91 @@ NO_ANSWER_EXIT = 5
 err = Console(stderr=True, highlight=False)
 
 
+class OutputFailed(KvpotError):
+    """stdout cannot take the answer (closed, a full disk, a reader that went away)."""
+
+
+def require_stdout() -> None:
+    """Commands that print an answer check stdout before any work: a closed one, or one open only for
+    reading, would otherwise be found after the whole document was read. (A full device such as
+    /dev/full can only be found by writing: see write_out.)"""
+    if sys.stdout is None:  # Python starts with no sys.stdout when fd 1 is closed
+        raise OutputFailed("stdout is closed: kvpot writes the answer there "
+                           "(redirect it to a file, or to /dev/null to discard it)")
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return  # an in-memory stream (a test runner's): nothing to check
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        raise OutputFailed("stdout is closed: kvpot writes the answer there "
+                           "(redirect it to a file, or to /dev/null to discard it)") from None
+    if flags & os.O_ACCMODE == os.O_RDONLY:
+        raise OutputFailed("stdout is open for reading only: kvpot writes the answer there "
+                           "(redirect it to a file, or to /dev/null to discard it)")
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed, point fd 1 at /dev/null so the text still buffered goes nowhere when
+    Python flushes at exit, instead of a second error ("Exception ignored ... BrokenPipeError")."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        fd = sys.stdout.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def write_out(text: str) -> None:
+    """Write (and flush) answer text to stdout; a failure is one line (OutputFailed)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        _quiet_stdout()
+        raise OutputFailed(f"cannot write the answer to stdout: {e.strerror or e}") from None
+
+
+def _flush_stdout(report: bool) -> None:
+    """Flush stdout at the end of a command, so a failure is said here (`report`) or silenced, never
+    left to Python's exit."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:
+        _quiet_stdout()
+        if report:
+            raise OutputFailed(f"cannot write to stdout: {e.strerror or e}") from None
+
+
+def _run_and_flush(fn, *args, **kwargs):
+    """Run the command, then flush stdout: a failure to write what it printed is the command's
+    error (after an error of its own, that one is said and the flush is silenced)."""
+    try:
+        result = fn(*args, **kwargs)
+    except (KvpotError, KeyboardInterrupt, BrokenPipeError):
+        _flush_stdout(report=False)
+        raise
+    except typer.Exit:
+        _flush_stdout(report=True)
+        raise
+    _flush_stdout(report=True)
+    return result
+
+
 def user_errors(fn):
-    """Turn KvpotError into one red line on stderr and its exit code; Ctrl-C into exit 130."""
+    """Turn KvpotError into one red line on stderr and its exit code; Ctrl-C into exit 130. The files
+    the command protects from saves (kvpot.safe_write.protect) are protected while it runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with protection_scope():
+                return _run_and_flush(fn, *args, **kwargs)
+        except BrokenPipeError:  # a table or text printed by the command, to a reader that went away
+            _quiet_stdout()
+            err.print("[red]error:[/red] cannot write to stdout: its reader closed it (broken pipe)", soft_wrap=True)
+            raise typer.Exit(1) from None
         except KvpotError as e:
             err.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(e.exit_code) from None

@@ -5,7 +5,6 @@ session itself (kvpot.session.session) knows nothing about terminals."""
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,13 +12,15 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
 from kvpot.models.registry import KNOWN
 from kvpot.models.resolve import resolve_model
-from kvpot.policies import make_policy
+from kvpot.policies import Policy, make_policy
+from kvpot.policies.base import Wrapping
+from kvpot.safe_write import protect, resolve_target
 from kvpot.session.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.session.settings import AUTO, RunSettings, resolve_settings
 
-from ._common import err
+from ._common import err, write_out
 from ._interrupt import Interrupts
 from .reading import QuestionProgress
 
@@ -47,15 +48,60 @@ def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens)
     return settings
 
 
-def new_session(inputs: list[str], glob: str, model: str, question: str | None, **opts) -> tuple[Session, SourceSet]:
+def _innermost(policy: Policy) -> Policy:
+    while isinstance(policy, Wrapping):
+        policy = policy.wrapped
+    return policy
+
+
+def policy_files(policy: Policy, model_path: Path) -> list[tuple[Path, str]]:
+    """The files a policy reads or writes beside the model, with what each is: Locret's retaining
+    heads and EdgeInfinite's memory gate (named in the spec, else the ones shipped for the model), and
+    InfLLM's block store (store=; a store of its own making is new, under KVPOT_HOME)."""
+    from kvpot.models.registry import shipped_adapter_for
+
+    inner = _innermost(policy)
+    out: list[tuple[Path, str]] = []
+    for field, kind, role in (("heads", "locret", "the retaining-heads adapter"),
+                              ("gate", "edgeinfinite", "the memory-gate adapter")):
+        if inner.name != kind:
+            continue
+        named = getattr(inner, field, "")
+        if named and named not in ("init", "closed"):  # gate=init / gate=closed are built, not read
+            out.append((Path(named).expanduser(), role))
+        elif not named:
+            shipped = shipped_adapter_for(kind, model_path)
+            if shipped is not None:
+                out.append((shipped, role))
+    store = getattr(inner, "store", None) if inner.name == "infllm" else None
+    if store:
+        out.append((Path(store).expanduser(), "the InfLLM block store"))
+    return out
+
+
+def protect_session_files(policy_spec: str, model_path: Path, save_to: Path | str | None) -> None:
+    """The model and the policy's files are never replaced by a save of this command, and a
+    --save-context that names one of them (or an input, protected as it was collected) is refused
+    now, before anything is read."""
+    protect(model_path, "the model")
+    for path, role in policy_files(make_policy(policy_spec), model_path):
+        protect(path, role)
+    if save_to is not None:
+        resolve_target(save_to, "context")
+
+
+def new_session(inputs: list[str], glob: str, model: str, question: str | None, save_to: Path | str | None = None,
+                **opts) -> tuple[Session, SourceSet]:
     """A session for new inputs, with everything that can be refused refused before the model loads
-    (options, inputs, the budget, the memory), and the question set when it is known (CaP-Q)."""
+    (options, inputs, the budget, the memory, a save that would replace a file the session reads),
+    and the question set when it is known (CaP-Q)."""
     settings = run_settings(model, **opts)  # options first: they are cheap to check
     def notice(msg: str) -> None:
         err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
 
     sources = collect_sources(inputs, glob, notice=notice)
     facts, known = resolve_model(model)
+    protect_session_files(settings.policy, facts.path, save_to)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice)
     if plan.note:
@@ -78,15 +124,18 @@ def _estimated_tokens(sources: SourceSet) -> int | None:
     return int(sources.total_bytes / BYTES_PER_TOKEN_GUESS) if sources.total_bytes else None
 
 
-def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None) -> Session:
+def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None,
+                   save_to: Path | str | None = None) -> Session:
     from kvpot.session.context_file import check_context_path, read_context
 
     check_threads(threads)
     context = check_context_path(context)
-    name = model or read_context(context).header["model"]["name"]
+    header = read_context(context).header
+    name = model or header["model"]["name"]
     if model is None and name not in KNOWN:
-        name = read_context(context).header["model"]["path"]
+        name = header["model"]["path"]
     facts, known = resolve_model(name)
+    protect_session_files(header["policy"], facts.path, save_to)
     with err.status(f"reopening {context}"):
         session = Session.reopen(context, facts, known.name if known else facts.name, threads)
     if max_tokens is not None:  # the answer's length is not part of the saved state
@@ -119,14 +168,12 @@ def answer(session: Session, question: str) -> Answered:
             progress.close()
         for piece in itertools.chain([] if first is None else [first], pieces):
             said += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            write_out(piece)
             if stop.hit:
-                sys.stdout.write("\n")
+                write_out("\n")
                 err.print("[yellow]answer stopped[/yellow]")
                 return Answered(said, stopped=True)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    write_out("\n")
     done = Answered(said, stopped=False)
     if done.empty:
         err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",

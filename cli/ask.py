@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
 from kvpot.session.session import Session
 
-from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, user_errors
+from ._common import NO_ANSWER_EXIT, RPC_HELP, OutputFailed, connect_rpc, err, require_stdout, user_errors
 from ._session import answer, new_session, reopen_session, save
 from .reading import read_with_progress
 
@@ -54,7 +55,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
                   rpc: str | None, model: str | None, glob: str, missing: str, **opts) -> Session:
     """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
     What cannot work is said before a model loads: options a saved context fixes, both files and
-    --context, no files, a --save-context path that cannot be written."""
+    --context, no files, a --save-context path that cannot be written or that names a file the
+    session reads (an input, the model, an adapter, a block store)."""
     _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
                                 "--prompt": opts["prompt"], "--glob": None if glob == "*" else glob})
     if save_context is not None:
@@ -63,11 +65,11 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
-        return reopen_session(context, model, opts["threads"], opts["max_tokens"])
+        return reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context)
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)
-    session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, **opts)
+    session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, save_to=save_context, **opts)
     try:
         read_with_progress(session, sources)
     except BaseException:
@@ -96,6 +98,7 @@ def ask(
 
     The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Memory stays at --budget cells however long the input is.
     """
+    require_stdout()  # the answer's destination, before any reading
     *inputs, question = args
     if not inputs and context is None and looks_like_input(question):
         raise KvpotError(f"no question: {question} is an input; pass the question after it "
@@ -178,6 +181,9 @@ def chat(
 
     Every exchange stays in the same bounded memory: when it fills, the policy compacts it again.
     """
+    require_stdout()
+    if sys.stdin is None:  # Python starts with no sys.stdin when fd 0 is closed
+        raise KvpotError("stdin is closed: chat reads your questions from it (use kvpot ask for one question)")
     inputs = inputs or []
     if "-" in inputs:
         raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
@@ -207,5 +213,7 @@ def _chat_loop(session: Session, save_context: Path | None) -> None:
             continue
         try:
             answer(session, line)
+        except OutputFailed:
+            raise  # no later answer could be written either
         except KvpotError as e:
             err.print(f"[red]error:[/red] {e}")

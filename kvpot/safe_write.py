@@ -7,6 +7,9 @@
 - SIGTERM and SIGHUP while writing remove the temporary file before the process ends; a file left
   by a kill -9 (its PID no longer runs) is removed by the next write to the same target.
 - OS errors (full disk, file-size limit, permissions) become one KvpotError line.
+- A file the running command reads or runs (its inputs, the model, an adapter, a block store) is
+  never replaced: a command registers each with `protect`, and every write refuses a target that
+  is one of them (the same file through a symlink or a hard link included).
 """
 
 from __future__ import annotations
@@ -28,6 +31,48 @@ from kvpot.errors import KvpotError
 _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 
 
+# files the running command reads or runs: real path -> what it is, for the refusal ("the model")
+_protected: dict[str, str] = {}
+
+
+def protect(path: Path | str, role: str) -> None:
+    """Never let a save replace `path` (through any name) while this command runs. A path that does
+    not exist yet (a block store made while reading) is protected by its name."""
+    _protected.setdefault(os.path.realpath(Path(path).expanduser()), role)
+
+
+@contextlib.contextmanager
+def protection_scope() -> Iterator[None]:
+    """Files protected inside the block are forgotten after it (one CLI command, one test)."""
+    saved = dict(_protected)
+    try:
+        yield
+    finally:
+        _protected.clear()
+        _protected.update(saved)
+
+
+def protected_role(path: Path | str) -> str | None:
+    """What `path` is to the running command when a save there would replace a protected file: the
+    same name, or the same inode (st_dev, st_ino) as one, each compared now (an inode number a
+    deleted file freed may belong to another file since)."""
+    real = os.path.realpath(Path(path).expanduser())
+    if real in _protected:
+        return _protected[real]
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    for known, role in _protected.items():
+        try:
+            other = os.stat(known)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return role
+    return None
+
+
 def resolve_target(path: Path | str, what: str = "file") -> Path:
     """The path the bytes will land at (a symlink followed), checked to be a regular file or new."""
     if str(path) == "":
@@ -46,6 +91,10 @@ def resolve_target(path: Path | str, what: str = "file") -> Path:
             raise KvpotError(f"cannot save the {what} to {path}: it is a directory (name a file inside it)")
         if not stat.S_ISREG(st.st_mode):
             raise KvpotError(f"cannot save the {what} to {path}: it exists and is not a regular file")
+    role = protected_role(path)
+    if role is not None:
+        raise KvpotError(f"cannot save the {what} to {path}: it is {role}, which this command uses "
+                         "(saving would replace it); name another file")
     folder = path.parent
     if not folder.is_dir():
         raise KvpotError(f"cannot save the {what}: folder {folder} does not exist")

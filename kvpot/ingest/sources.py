@@ -8,6 +8,7 @@ Invalid UTF-8 is replaced with U+FFFD and counted; binary files are skipped with
 from __future__ import annotations
 
 import codecs
+import errno
 import io
 import os
 import stat
@@ -20,6 +21,7 @@ from typing import BinaryIO
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
+from kvpot.safe_write import protect
 
 PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
 STDIN = "-"
@@ -63,7 +65,7 @@ class SourceSet:
         for i, src in enumerate(self.sources):
             if src.size is not None or src.complete:
                 continue
-            stream = src.stream if src.path is not None else (stdin or sys.stdin.buffer)
+            stream = src.stream if src.path is not None else stdin_buffer(stdin)
             read = getattr(stream, "read1", None) or stream.read
             head, ended = bytearray(src.head), False
             with _SayIfBlocked(notice, f"reading {src.name} ahead (up to {max_bytes:,} bytes) to learn its length"):
@@ -93,7 +95,7 @@ class SourceSet:
             if src.complete:  # a stream read ahead to its end
                 yield from self._decode(io.BytesIO(src.head), piece_bytes, src.name)
             elif src.path is None:
-                yield from self._decode(_Prefixed(src.head, stdin or sys.stdin.buffer), piece_bytes, src.name)
+                yield from self._decode(_Prefixed(src.head, stdin_buffer(stdin)), piece_bytes, src.name)
             elif src.stream is not None:
                 try:
                     yield from self._decode(_Prefixed(src.head, src.stream), piece_bytes, src.name)
@@ -126,6 +128,15 @@ class SourceSet:
             raise KvpotError("stdin was empty (closed before any text arrived)")
 
 
+def stdin_buffer(stdin: BinaryIO | None = None) -> BinaryIO:
+    """The binary stdin to read `-` from; Python starts with no sys.stdin when fd 0 is closed."""
+    if stdin is not None:
+        return stdin
+    if sys.stdin is None:
+        raise KvpotError("stdin is closed: there is nothing to read for - (pipe the document in, or pass a file)")
+    return sys.stdin.buffer
+
+
 class _Prefixed:
     """A binary stream with bytes already taken from it put back in front."""
 
@@ -156,9 +167,12 @@ class _SayIfBlocked:
         self._timer.cancel()
 
 
-def _read_head(stream: BinaryIO) -> bytes:
+def _read_head(stream: BinaryIO, name: str = STDIN) -> bytes:
     read1 = getattr(stream, "read1", None)
-    return read1(SNIFF_BYTES) if read1 else stream.read(SNIFF_BYTES)
+    try:
+        return read1(SNIFF_BYTES) if read1 else stream.read(SNIFF_BYTES)
+    except OSError as e:
+        raise KvpotError(f"cannot read {'stdin' if name == STDIN else name}: {e.strerror}") from None
 
 
 def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: None) -> bytes:
@@ -214,16 +228,59 @@ def _sniff(path: Path) -> bytes:
         raise KvpotError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _walk(root: Path, glob: str) -> list[Path]:
-    """Files under root matching glob, sorted, hidden files and folders (.git, ...) left out."""
+def _walk(root: Path, glob: str, notice: Callable[[str], None]) -> list[Path]:
+    """Files under root whose path ends with glob (as Path.rglob matches it), sorted, hidden files
+    and folders (.git, ...) left out, symlinked folders not followed. A folder that cannot be listed
+    or searched is refused with its reason when it is root, and skipped with a notice inside it."""
+    failed: dict[str, str] = {}  # folder -> why it could not be read
+
+    def listing_failed(e: OSError) -> None:
+        failed.setdefault(e.filename, e.strerror)
+
     out = []
-    for p in sorted(root.rglob(glob)):
-        rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        if p.is_file():
-            out.append(p)
-    return out
+    for folder, dirs, files in os.walk(root, onerror=listing_failed):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            p = Path(folder) / name
+            if name.startswith(".") or not p.relative_to(root).match(glob):
+                continue
+            try:
+                regular = stat.S_ISREG(os.stat(p).st_mode)
+            except OSError as e:
+                if e.errno == errno.EACCES:  # listed but not searchable: nothing in the folder can be read
+                    failed.setdefault(folder, e.strerror)
+                continue  # a broken symlink or a loop: not a file to read
+            if regular:
+                out.append(p)
+    for folder, why in failed.items():
+        if os.path.realpath(folder) == os.path.realpath(root):
+            raise KvpotError(f"cannot read directory {root}: {why}")
+        notice(f"skipping folder {folder}: {why}")
+    return sorted(p for p in out if not any(str(p).startswith(os.path.join(f, "")) for f in failed))
+
+
+# what an OS error on an input path means, said in the words of the path the user typed
+_PATH_ERRORS = {
+    errno.ENOENT: "does not exist",
+    errno.EACCES: "cannot be reached: permission denied (a folder on its path is not searchable)",
+    errno.ELOOP: "is a symlink loop (too many levels of symbolic links)",
+    errno.ENOTDIR: "does not exist: a part of its path is a file, not a folder",
+    errno.ENAMETOOLONG: "has a name too long for the filesystem",
+}
+
+
+def stat_input(item: str, what: str = "input") -> os.stat_result:
+    """os.stat of an input path (symlinks followed), every failure one line that says which:
+    missing, unreachable (permissions), a symlink loop or a broken symlink, a file used as a folder."""
+    try:
+        return os.stat(item)
+    except ValueError:  # a NUL byte in the name
+        raise KvpotError(f"{what} path {item!r} holds a NUL byte") from None
+    except OSError as e:
+        if e.errno == errno.ENOENT and os.path.islink(item):
+            raise KvpotError(f"{what} {item} is a broken symlink (to {os.readlink(item)}, which does not exist)") from None
+        why = _PATH_ERRORS.get(e.errno, f"cannot be read: {e.strerror}")
+        raise KvpotError(f"{what} {item} {why}") from None
 
 
 def looks_like_input(arg: str) -> bool:
@@ -242,18 +299,14 @@ def _open_stream(path: Path, item: str, notice: Callable[[str], None]) -> Source
     with _SayIfBlocked(notice, f"waiting for input on {item}"):
         try:
             f = open(path, "rb")
-            head = _read_head(f)
+            head = _read_head(f, item)
         except OSError as e:
             raise KvpotError(f"cannot read {item}: {e.strerror}") from None
     return Source(item, path, None, head=head, stream=f)
 
 
-def _is_stream(path: Path) -> bool:
+def _is_stream(path: Path, st: os.stat_result) -> bool:
     """Not a regular file, or one whose size says nothing (files under /proc and /sys report 0)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
     return not stat.S_ISREG(st.st_mode) or st.st_size == 0 and _pseudo_fs(path)
 
 
@@ -264,7 +317,8 @@ def _pseudo_fs(path: Path) -> bool:
 
 def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], None] = lambda msg: None,
                     stdin: BinaryIO | None = None) -> SourceSet:
-    """Resolve the user's inputs into sources; refuse what cannot be read with one clear line."""
+    """Resolve the user's inputs into sources; refuse what cannot be read with one clear line. Every
+    file found is protected from this command's saves (kvpot.safe_write.protect)."""
     if not inputs:
         raise KvpotError("no input: pass a file, a directory, or - for stdin")
     if inputs.count(STDIN) > 1:
@@ -273,14 +327,14 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
     skipped: list[str] = []
     for item in inputs:
         if item == STDIN:
-            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin or sys.stdin.buffer, notice)))
+            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin_buffer(stdin), notice)))
             continue
         if not item.strip():
             raise KvpotError("an input path is empty")
         path = Path(item)
-        if not path.exists():
-            raise KvpotError(f"input {item} does not exist")
-        if not path.is_dir() and _is_stream(path):
+        st = stat_input(item)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if not is_dir and _is_stream(path, st):
             src = _open_stream(path, item, notice)
             if looks_binary(src.head):
                 src.stream.close()
@@ -291,8 +345,8 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
             else:
                 sources.append(src)
             continue
-        if path.is_dir():
-            files = _walk(path, glob)
+        if is_dir:
+            files = _walk(path, glob, notice)
             text_files = []
             for p in files:
                 head = _sniff(p)
@@ -308,11 +362,14 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
         if looks_binary(head):
             skipped.append(str(path))
             continue
-        sources.append(Source(str(path), path, path.stat().st_size))
+        sources.append(Source(str(path), path, st.st_size))
     if not sources:
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
     for name in skipped:  # told only when there is something else to read
         notice(f"skipping binary file {name}")
     if all(s.size == 0 for s in sources):  # streams have no size (None): they held text
         raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
+    # no save of this command may replace an input, read or skipped (kvpot.safe_write)
+    for name in [s.name for s in sources if s.path is not None] + skipped:
+        protect(name, f"the input {name}")
     return SourceSet(sources=sources, skipped=skipped)
