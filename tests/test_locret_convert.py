@@ -49,6 +49,19 @@ def test_identity_of_the_test_models(smol_base, gemma_path):
     assert (gemma.n_layer, gemma.n_head, gemma.n_head_kv, gemma.head_dim_k) == (18, 4, 1, 256)
 
 
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py, LlamaModel.permute, on q_proj (n_head) and k_proj (n_head_kv) rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_columns(base: BaseIdentity) -> np.ndarray:
+    """For a llama-arch base: [Q; K; V]_gguf = [Q; K; V]_hf[cols] (llama_permute on the row indices; V stays)."""
+    d = base.head_dim_k
+    nq, nk = base.n_head * d, base.n_head_kv * d
+    return np.concatenate([llama_permute(np.arange(nq), base.n_head), nq + llama_permute(np.arange(nk), base.n_head_kv),
+                           np.arange(nq + nk, base.qkv_width())])
+
+
 def test_convert_keeps_the_published_weights_and_scores(smol_base, smollm2_path, tmp_path):
     weights = published_layout(smol_base)
     ckpt = tmp_path / "smollm2-135m.bin"
@@ -57,17 +70,74 @@ def test_convert_keeps_the_published_weights_and_scores(smol_base, smollm2_path,
     convert_locret(ckpt, smollm2_path, out)
     heads = read_retaining_heads(out, model=smollm2_path)
     assert heads.hidden == HIDDEN and heads.activation == "silu"
+    cols = gguf_columns(smol_base)
     rng = np.random.default_rng(1)
     for il in (0, 17, 29):
         w1 = bf16(weights[f"model.layers.{il}.self_attn.fc1.weight"])
         w2 = bf16(weights[f"model.layers.{il}.self_attn.fc2.weight"])
-        np.testing.assert_array_equal(heads.fc1[il], w1)  # bf16 kept bit for bit
+        np.testing.assert_array_equal(heads.fc1[il][:, np.argsort(cols)], w1)  # bf16 kept bit for bit, Q/K reordered
         np.testing.assert_array_equal(heads.fc2[il], w2)
-        # the module the checkpoint came from: fc2(silu(fc1(x))) on [Q; K; V]
+        # the module the checkpoint came from: fc2(silu(fc1(x))) on [Q; K; V] in the HF layout, while the
+        # graph hands the heads the GGUF's Q and K
         x = rng.standard_normal((5, smol_base.qkv_width()))
         h = x @ w1.astype(np.float64).T
         want = (h / (1 + np.exp(-h))) @ w2.astype(np.float64).T
-        np.testing.assert_allclose(heads.scores(il, x), want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(heads.scores(il, x[:, cols]), want, rtol=1e-12, atol=1e-12)
+
+
+def exact_layout(base: BaseIdentity, seed: int) -> dict[str, np.ndarray]:
+    """Weights that bf16 holds exactly and whose products with small integers float64 sums exactly, so two
+    orders of summation agree to the bit: k / 2**14 for integer k in [-127, 127] (small enough that the
+    heads' hidden values stay within a few units, where silu is not saturated)."""
+    rng = np.random.default_rng(seed)
+    return {f"model.layers.{il}.self_attn.{fc}.weight": rng.integers(-127, 128, shape).astype(np.float32) / 2**14
+            for il in range(base.n_layer)
+            for fc, shape in (("fc1", (HIDDEN, base.qkv_width())), ("fc2", (base.n_head_kv, HIDDEN)))}
+
+
+def test_llama_gguf_q_and_k_rows_are_permuted_for_the_heads(smol_base, smollm2_path, tmp_path):
+    """llama.cpp's converter reorders each head's q/k rows for the llama architecture (its RoPE rotates
+    adjacent pairs); the published heads were trained on the HF layout (rotate_half: first half, second half).
+    The converted heads on the GGUF's Q/K must score what the published ones score on HF's Q/K."""
+    assert smol_base.arch == "llama"
+    weights = exact_layout(smol_base, seed=5)
+    write_checkpoint(tmp_path / "smol.bin", weights)
+    convert_locret(tmp_path / "smol.bin", smollm2_path, tmp_path / "heads.gguf")
+    heads = read_retaining_heads(tmp_path / "heads.gguf", model=smollm2_path)
+    b = smol_base
+    nq, nk = b.n_head * b.head_dim_k, b.n_head_kv * b.head_dim_k
+    # one layer's q/k/v projections as the checkpoint's model has them and as the GGUF holds them, applied to
+    # a few tokens' normed inputs (small integers throughout: every product and sum below is exact)
+    rng = np.random.default_rng(6)
+    n_embd = 24
+    wq, wk, wv = (rng.integers(-3, 4, (n, n_embd)).astype(np.float64) for n in (nq, nk, nk))
+    x = rng.integers(-3, 4, (7, n_embd)).astype(np.float64)
+    qkv_hf = np.concatenate([x @ wq.T, x @ wk.T, x @ wv.T], axis=1)
+    qkv_gguf = np.concatenate([x @ llama_permute(wq, b.n_head).T, x @ llama_permute(wk, b.n_head_kv).T, x @ wv.T],
+                              axis=1)
+    np.testing.assert_array_equal(qkv_gguf, qkv_hf[:, gguf_columns(b)])
+    for il in (0, 11, 29):
+        w1 = weights[f"model.layers.{il}.self_attn.fc1.weight"].astype(np.float64)
+        w2 = weights[f"model.layers.{il}.self_attn.fc2.weight"].astype(np.float64)
+        # the two layouts differ for this weight, in Q and in K: fc1 copied as published would be caught
+        assert not np.array_equal(qkv_gguf[:, :nq] @ w1[:, :nq].T, qkv_hf[:, :nq] @ w1[:, :nq].T)
+        assert not np.array_equal(qkv_gguf[:, nq:nq + nk] @ w1[:, nq:nq + nk].T, qkv_hf[:, nq:nq + nk] @ w1[:, nq:nq + nk].T)
+        h = qkv_hf @ w1.T
+        np.testing.assert_array_equal(qkv_gguf @ heads.fc1[il].astype(np.float64).T, h)
+        np.testing.assert_array_equal(heads.scores(il, qkv_gguf), (h / (1 + np.exp(-h))) @ w2.T)
+
+
+def test_gemma3_gguf_keeps_the_hf_layout(gemma_path, tmp_path):
+    """gemma3 (like qwen2, qwen3, phi3) rotates halves in llama.cpp as in HF: no row is moved, nor any column."""
+    base = BaseIdentity.of_model(gemma_path)
+    assert base.arch == "gemma3"
+    weights = exact_layout(base, seed=7)
+    write_checkpoint(tmp_path / "gemma.bin", weights)
+    convert_locret(tmp_path / "gemma.bin", gemma_path, tmp_path / "heads.gguf")
+    heads = read_retaining_heads(tmp_path / "heads.gguf", model=gemma_path)
+    for il in range(base.n_layer):
+        np.testing.assert_array_equal(heads.fc1[il], weights[f"model.layers.{il}.self_attn.fc1.weight"])
+        np.testing.assert_array_equal(heads.fc2[il], weights[f"model.layers.{il}.self_attn.fc2.weight"])
 
 
 @pytest.mark.parametrize(("damage", "needle"), [
