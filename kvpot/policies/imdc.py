@@ -8,6 +8,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.policies.base import DEAD, BudgetTooSmall, Policy, PotView, Wrapping, select_per_layer
+from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.imdc_schedule import (
     FUNCTIONS,
     PER_LAYER,
@@ -19,6 +20,28 @@ from kvpot.policies.imdc_schedule import (
     square_sqrt_layers,
 )
 
+# IMDC sizes every step itself: the tokens it reads (chunk_size), when it compacts (wants_compaction) and
+# the cells that survive (budget_at); its pruner only chooses which cells those are, within the budget it
+# is handed. A policy that sizes one of these its own way, or keeps cells outside that budget, would hold
+# more than m_i (or m_max): it cannot be IMDC's pruner.
+_OWN_SIZING = {
+    "budget_at": "keeps a number of cells of its own after each step (not IMDC's m_i)",
+    "chunk_size": "reads in steps of its own size (not IMDC's c_i)",
+    "wants_compaction": "decides its own compactions",
+    "recall": "brings back cells from a memory outside the pot after each compaction",
+    "memory_fold": "folds cells into a memory of its own",
+}
+
+
+def unfit_pruner(cls: type) -> str | None:
+    """Why a pruner of policy class `cls` cannot keep within the budgets IMDC hands it, or None when it can."""
+    if cls.select in (Policy.select, FullAttention.select):
+        return "keeps every cell it reads"
+    for hook, why in _OWN_SIZING.items():
+        if getattr(cls, hook) is not getattr(Policy, hook):
+            return why
+    return None
+
 
 @dataclass
 class IMDC(Wrapping):
@@ -27,7 +50,9 @@ class IMDC(Wrapping):
     IMDC decides how many tokens each step reads and how many cells survive it; the pruner
     (SnapKV, StreamingLLM, ...) decides which cells those are.
 
-    pruner:            the policy that chooses the cells to keep (taps, select, CR-RoPE are its own)
+    pruner:            the policy that chooses the cells to keep (taps, select, CR-RoPE are its own),
+                       within the budget IMDC hands it; a policy that keeps every cell (full) or sizes
+                       its steps or memory itself (infinipot, edgeinfinite, infllm) is refused
     m_max:             maximum memory size, the cells kept after the last chunk (default: --budget;
                        an m_max above --budget is refused)
     chunk:             c, the average chunk size (default: --chunk, or m_max / 2 when that is larger:
@@ -80,6 +105,13 @@ class IMDC(Wrapping):
             raise KvpotError(f"imdc: function must be one of {', '.join(FUNCTIONS)}, got {self.function!r}")
         if not isinstance(self.pruner, Policy) or isinstance(self.pruner, IMDC):
             raise KvpotError(f"imdc: pruner must be a pruning policy (e.g. SnapKV()), got {self.pruner!r}")
+        unfit = unfit_pruner(type(self.pruner))
+        if unfit:
+            from kvpot.policies import POLICIES
+
+            fit = ", ".join(n for n, cls in POLICIES.items() if cls is not IMDC and unfit_pruner(cls) is None)
+            raise KvpotError(f"imdc: pruner {self.pruner.name} {unfit}, so the memory would not stay within IMDC's "
+                             f"budget; choose a pruner that drops cells to the budget it is given ({fit})")
         if self.function in PER_LAYER and type(self.pruner).after_compaction is not Policy.after_compaction:
             # a per-cell score carried across compactions (H2O) would have to follow padded keep lists
             raise KvpotError(f"imdc: function={self.function} sizes each layer separately and works with "

@@ -36,10 +36,24 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int)
     """Tokens the session will read (BOS, the prompt format's opening, the sources), exactly; None
     when unknown (stdin). Past `limit` it stops counting and returns a number above the limit (a
     lower bound of the input's tokens)."""
+    counted = count_input(facts, prompt, sources, limit)
+    return None if counted is None else counted.tokens
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    tokens: int      # the input's tokens, or, when not complete, fewer than it has (counting stopped)
+    complete: bool   # every token was counted
+
+
+def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) -> TokenCount | None:
+    """count_tokens, saying whether the count is the input's whole length or stopped past `limit`
+    (the input has more tokens than it says)."""
     if sources.total_bytes is None:
         return None
     if sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
-        return sources.total_bytes // MAX_BYTES_PER_TOKEN  # a lower bound, already past the limit
+        # a lower bound, already past the limit: no token holds more than MAX_BYTES_PER_TOKEN bytes on average
+        return TokenCount(sources.total_bytes // MAX_BYTES_PER_TOKEN - 1, complete=False)
     from kvpot.runtime.llama import LlamaModel
     from kvpot.session.prompting import choose_format
 
@@ -48,11 +62,13 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int)
         n = len(vocab.bos())
         n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open())
         tok = IncrementalTokenizer(vocab.tokenize)
-        for toks in tok.stream(SourceSet(sources=list(sources.sources)).pieces()):  # a copy: its own counters
+        pieces = tok.stream(SourceSet(sources=list(sources.sources)).pieces())  # a copy: its own counters
+        for toks in pieces:
             n += len(toks)
             if n > limit:
-                break
-        return n
+                # stopped here, unless this was the last piece: then the count is whole
+                return TokenCount(n, complete=next(pieces, None) is None)
+        return TokenCount(n, complete=True)
     finally:
         vocab.close()
 
@@ -78,9 +94,10 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that
     # ends within it is counted (and read whole, as a file of that size would be), not sent to the pot
     sources.read_ahead(min(limit, n_ctx_train) * MAX_BYTES_PER_TOKEN, notice=notice)
-    tokens = count_tokens(facts, settings.prompt, sources, min(limit, n_ctx_train))
+    counted = count_input(facts, settings.prompt, sources, min(limit, n_ctx_train))
+    tokens = None if counted is None else counted.tokens
     if full:
-        exact = tokens is None or tokens <= min(limit, n_ctx_train)
+        exact = counted is None or counted.complete
         cells = device_budget.full_context(n_ctx_train, tokens, reserve, chunk, limit, exact=exact,
                                            asked=settings.budget != AUTO)
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
