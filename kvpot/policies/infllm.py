@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
+import stat
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -19,6 +21,52 @@ from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Fetch, Policy, PotView,
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
 # i.e. of the 6272 cells attention sees, 2 % initial, 65 % local, 33 % retrieved blocks.
 PAPER = dict(block_size=128, n_init=128, n_local=4096, topk=16, repr_topk=4, max_cached_block=32, exc_block_size=512)
+
+# a store kvpot makes under KVPOT_HOME/blocks is named <random id>.<pid of the process that made it>.kvblk
+# (docs/formats.md, "InfLLM block store"): a later run can tell one a killed process left
+OWN_STORE = re.compile(r"^[0-9a-f]{32}\.(?P<pid>[0-9]+)\.kvblk$")
+STORE_MAGIC = b"KVPOTBLK"
+
+
+def new_store_path() -> Path:
+    from kvpot.paths import blocks_dir
+
+    return blocks_dir(create=True) / f"{uuid.uuid4().hex}.{os.getpid()}.kvblk"
+
+
+def reclaim_stores() -> list[Path]:
+    """Delete the stores killed processes left under KVPOT_HOME/blocks: kvpot's name, an owner that no
+    longer runs, and still writable (a store a saved context references was made read-only when the
+    context was saved, so it is never reclaimed; neither is any file of another name)."""
+    from kvpot.paths import blocks_dir
+    from kvpot.safe_write import _pid_alive
+
+    folder = blocks_dir()
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    removed = []
+    for name in names:
+        m = OWN_STORE.match(name)
+        if not m or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
+            continue
+        path = folder / name
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o222:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def _remove_own_store(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def default_split(budget: int, chunk: int) -> dict[str, int]:
@@ -61,7 +109,7 @@ class InfLLM(Policy):
     repr_topk:        r_k, representative tokens per block (default 4, the public code's)
     max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
-    store:            block store file (default: a new file under KVPOT_HOME/blocks/)
+    store:            block store file, which must not exist yet (default: a new file under KVPOT_HOME/blocks/)
     distance:         "constant" (default): every query sees the initial tokens and the retrieved blocks
                       n_local positions back, as the paper does (a per-head bias on those cells' logits,
                       ggml_ext/kvpot-distance.h); "chunk": they sit n_local before the chunk that reads
@@ -123,10 +171,21 @@ class InfLLM(Policy):
     _store_path: str | None = field(default=None, init=False, repr=False, compare=False)
     _store_blocks: int = field(default=0, init=False, repr=False, compare=False)
     _store_hash: str | None = field(default=None, init=False, repr=False, compare=False)
-    # a store made here that no save references is deleted when the document is forgotten, and also when
-    # the policy is collected or the interpreter exits without a reset (a script or bench that never
-    # closed its engine left a file per run, ~3 KB per token read). Only a killed process leaves one.
-    _store_cleanup: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
+    # a store of kvpot's own made here that no saved context references is deleted when the document is
+    # forgotten, and also when the policy is collected or the interpreter exits (also after SIGTERM or
+    # SIGHUP in the CLI) without a reset (a script or bench that never closed its engine left a file per
+    # run, ~3 KB per token read). One an exported state references (a session's snapshot after reading,
+    # which chat's /reset imports again) stays until then. A killed process's store is reclaimed by the
+    # next run (reclaim_stores). Path -> its deletion, while pending.
+    _cleanups: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _exported: set = field(default_factory=set, init=False, repr=False, compare=False)
+    # whether this reading may append to the open store: a store a saved context brought is borrowed,
+    # and never written (its blocks after the context's may belong to another saved context)
+    _store_own: bool = field(default=False, init=False, repr=False, compare=False)
+    # the `store=PATH` file this policy made (st_dev, st_ino), and whether a saved context references it:
+    # a later document may replace only a file made here that nothing references
+    _made: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _made_kept: bool = field(default=False, init=False, repr=False, compare=False)
     _blocks = None  # the open BlockStore (kvpot.runtime.blocks), never saved
 
     def __post_init__(self) -> None:
@@ -166,6 +225,12 @@ class InfLLM(Policy):
                 f"plus a block ({p['block_size']}); raise the budget or lower topk/block_size")
         if self.repr_topk > p["block_size"]:
             raise BudgetTooSmall(f"infllm: repr_topk ({self.repr_topk}) exceeds block_size ({p['block_size']})")
+        if self.store is None:
+            from kvpot.paths import blocks_dir
+
+            blocks_dir()  # KVPOT_HOME/blocks must be a folder (or not exist yet)
+            reclaim_stores()  # what killed processes left there
+        self._check_store_target(reopening=True)
         self._fit = p
 
     def _p(self, name: str) -> int:
@@ -181,9 +246,54 @@ class InfLLM(Policy):
     def chunk_size(self, step: int, chunk: int) -> int:
         return self._p("exc_block_size") if self._fit else chunk
 
+    # -- the store's file ---------------------------------------------------------------------------
+
+    def _check_store_target(self, reopening: bool = False) -> None:
+        """Refuse, before reading, a store this reading could not make without harming a file: a
+        `store=PATH` that exists (a text file, a model, another context's store), a folder, or a path
+        in a folder that does not exist (kvpot creates no folder of the user's). `reopening`: the
+        engine is being made and a saved context may follow whose store is PATH, so an existing block
+        store there is refused later, at the first chunk, if no context brought it."""
+        if self.store is None:
+            return
+        path = Path(self.store).expanduser()
+        what = f"infllm: store={self.store}"
+        if self.store == "" or path.name in ("", ".", ".."):
+            raise KvpotError(f"{what}: name a new file")
+        if not path.parent.is_dir():
+            raise KvpotError(f"{what}: folder {path.parent} does not exist (kvpot does not create it)")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise KvpotError(f"{what} is a symbolic link to a missing file; name a new file") from None
+            if not os.access(path.parent, os.W_OK | os.X_OK):
+                raise KvpotError(f"{what}: folder {path.parent} is not writable") from None
+            return
+        except OSError as e:
+            raise KvpotError(f"{what}: {e.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise KvpotError(f"{what} is a folder; name a new file (e.g. {path / 'blocks.kvblk'})")
+        if self._made == (st.st_dev, st.st_ino) and not self._made_kept:
+            return  # made by this policy for an earlier document and referenced by no saved context
+        if reopening and stat.S_ISREG(st.st_mode) and self._is_block_store(path):
+            return
+        raise KvpotError(f"{what} exists; a block store must be a new file (kvpot never replaces a file), "
+                         "name one that does not exist")
+
+    @staticmethod
+    def _is_block_store(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return f.read(len(STORE_MAGIC)) == STORE_MAGIC
+        except OSError:
+            return False
+
     # -- reading ---------------------------------------------------------------------------------
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
+        if self._blocks is None and self._store_path is None and self._fit is not None:
+            self._check_store_target()  # no saved context brought the store: the reading makes a new one
         # every row taps (attention received while local); the queries are looked up at angle n_local
         angle = self._p("n_local") if self._fit and self.lookup == "host" else None
         return TapRequest(tap_last=-1, tap_what="logits", query_angle=angle)
@@ -279,7 +389,7 @@ class InfLLM(Policy):
         if not np.array_equal(cells, np.arange(cells[0], cells[0] + cells.size)):
             raise KvpotError("internal: infllm's evicted tokens are not in consecutive cells")
         k, v = view.read_cells(int(cells[0]), int(cells.size), 0)
-        store = self._open_store(view.n_layer, view.n_head_kv, k.shape[3], v.shape[3])
+        store = self._store_for_append(view.n_layer, view.n_head_kv, k.shape[3], v.shape[3])
         bs, r = self._p("block_size"), self.repr_topk
         stream = pos[cells]
         idx = stream - self._local_start
@@ -298,20 +408,63 @@ class InfLLM(Policy):
         self._local_rows = self._local_rows[drop:]
         self._local_start += drop
 
-    def _open_store(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int):
-        if self._blocks is not None:
+    def _store_for_append(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int):
+        """The store new blocks go to: this reading's own (made now if there is none), never a borrowed one."""
+        if self._blocks is not None and self._store_own:
             return self._blocks
-        from kvpot.paths import blocks_dir
+        if self._blocks is not None:
+            return self._copy_borrowed_store()
         from kvpot.runtime.blocks import BlockStore
 
-        path = self.store or str(blocks_dir() / f"{uuid.uuid4().hex}.kvblk")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._check_store_target()
+        if self.store is None:
+            path = str(new_store_path())
+        else:
+            path = str(Path(self.store).expanduser())
+            if self._made is not None and os.path.exists(path):
+                os.unlink(path)  # this policy's own file for an earlier document (_check_store_target)
+        # create=True makes the file with O_EXCL: an existing file is refused, never replaced
         self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
                                   block_size=self._p("block_size"), max_cached=self._p("max_cached_block"), create=True)
-        self._store_path = path
+        self._store_path, self._store_own = path, True
         if self.store is None:
-            self._store_cleanup = weakref.finalize(self, Path(path).unlink, missing_ok=True)
+            self._cleanups[path] = weakref.finalize(self, _remove_own_store, path)
+        else:
+            st = os.stat(path)
+            self._made, self._made_kept = (st.st_dev, st.st_ino), False
         return self._blocks
+
+    def _copy_borrowed_store(self):
+        """A reopened context goes on reading: its blocks are copied into a new store of its own first.
+        Appending to the borrowed file instead would write where a later saved context sharing it keeps
+        its blocks (or, cut back, lose them); the copy costs one pass over this context's blocks, once,
+        and only when the reopened context evicts again."""
+        from kvpot.runtime.blocks import BlockStore
+
+        src = self._blocks
+        info = src.info()
+        length = 64 + self._store_blocks * info.n_layer * info.record_bytes
+        dst = new_store_path()
+        try:
+            with open(self._store_path, "rb") as fin, open(dst, "xb") as fout:
+                left = length
+                while left > 0:
+                    piece = fin.read(min(left, 1 << 20))
+                    if not piece:
+                        raise KvpotError(f"block store {self._store_path} is shorter than the saved context's blocks")
+                    fout.write(piece)
+                    left -= len(piece)
+            store = BlockStore(dst, max_cached=self._p("max_cached_block"))
+        except OSError as e:
+            _remove_own_store(str(dst))
+            raise KvpotError(f"cannot copy block store {self._store_path} to {dst}: {e.strerror}") from None
+        except KvpotError:
+            _remove_own_store(str(dst))
+            raise
+        src.close()
+        self._blocks, self._store_path, self._store_own = store, str(dst), True
+        self._cleanups[str(dst)] = weakref.finalize(self, _remove_own_store, str(dst))
+        return store
 
     # -- lookup ----------------------------------------------------------------------------------
 
@@ -409,12 +562,24 @@ class InfLLM(Policy):
                ("_local_start", "_local_score", "_local_rows", "_init_k", "_init_v", "_queries", "_runtime", "_store_path", "_store_blocks")}
         out["_fit"] = dict(self._fit) if self._fit else None
         out["_store_hash"] = self.store_digest() if self._blocks is not None else None
+        if self._store_path:
+            self._exported.add(self._store_path)
         return {k: v for k, v in out.items() if v is not None}
 
     def keep_on_disk(self) -> None:
-        # a state held in memory (a session's snapshot after reading) does not keep the store; a file does
-        if self._store_cleanup is not None:
-            self._store_cleanup.detach()
+        # a state held in memory (a session's snapshot after reading) does not keep the store; a file does.
+        # A store of kvpot's own becomes read-only: the mark that a saved context references it (so no
+        # later run reclaims it), kept in the file's mode, which no crash can leave half-changed. This
+        # reading may still append to it through its open descriptor, after the blocks the context uses.
+        cleanup = self._cleanups.pop(self._store_path, None)
+        if cleanup is not None:
+            cleanup.detach()
+            try:
+                os.chmod(self._store_path, stat.S_IMODE(os.stat(self._store_path).st_mode) & ~0o222)
+            except OSError as e:
+                raise KvpotError(f"cannot mark block store {self._store_path} as kept: {e.strerror}") from None
+        if self.store is not None and self._store_own and self._store_path == str(Path(self.store).expanduser()):
+            self._made_kept = True
 
     def load_state_dict(self, state: dict) -> None:
         self.reset()
@@ -431,24 +596,26 @@ class InfLLM(Policy):
                 raise KvpotError(f"the saved context's block store {self._store_path} is missing")
             self._blocks = BlockStore(self._store_path, block_size=self._p("block_size"),
                                       max_cached=self._p("max_cached_block"))
+            self._store_own = False  # borrowed: never written (_copy_borrowed_store)
             if self._blocks.n_blocks < self._store_blocks:
                 raise KvpotError(f"block store {self._store_path} holds {self._blocks.n_blocks} blocks; "
                                  f"the saved context needs {self._store_blocks}")
             want, self._store_hash = self._store_hash, None
             if self.store_digest() != want:
                 raise KvpotError(f"block store {self._store_path} does not match the saved context (hash differs)")
-            # blocks a later reading appended belong to a continuation that was not saved
-            self._blocks.truncate(self._store_blocks)
+            # blocks after the context's may belong to a later context sharing the store: the open store
+            # shows only this context's (the file is not changed)
+            self._blocks.limit(self._store_blocks)
 
     def reset(self) -> None:
         """Forget the document; a store this policy made under KVPOT_HOME that no saved context
-        references is deleted with it."""
+        references is deleted with it (one an exported state references, when the process exits)."""
         if self._blocks is not None:
             self._blocks.close()
-        if self._store_cleanup is not None:
-            self._store_cleanup()  # unlinks, once; a detached one does nothing
+        if self._store_path not in self._exported and self._store_path in self._cleanups:
+            self._cleanups.pop(self._store_path)()  # unlinks, once
         self._blocks = None
-        self._store_cleanup = None
+        self._store_own = False
         self._local_start = -1
         self._local_score = None
         self._local_rows = None
