@@ -57,7 +57,8 @@ def _view(n_cells: int) -> PotView:
     positions = np.broadcast_to(np.arange(n_cells), (2, 2, n_cells)).copy()
     return PotView(n_layer=2, n_head_kv=2, n_cells=n_cells, positions=positions,
                    scores=rng.random((2, 2, n_cells), dtype=np.float32), logprobs=None,
-                   chunk_positions=np.arange(n_cells - 4, n_cells), tokens_seen=n_cells)
+                   chunk_positions=np.arange(n_cells - 4, n_cells), tokens_seen=n_cells,
+                   head_scores=rng.random((2, 2, 4), dtype=np.float32))
 
 
 @pytest.mark.parametrize("name", sorted(LEAST))
@@ -71,11 +72,18 @@ def test_check_budget_refuses_what_select_would(name):
         policy.check_budget(least - 1)
     assert e.value.least == least and "\n" not in str(e.value)
     # the policy's own selection refuses the same budget, with the same line
-    policy.reset()
     with pytest.raises(BudgetTooSmall, match=re.escape(str(e.value).split("(")[0])):
-        policy.select(_view(64), least - 1)
+        policy.select(_read_chunk(policy), least - 1)
+    assert policy.select(_read_chunk(policy), least) is not None
+
+
+def _read_chunk(policy) -> PotView:
+    """A pot of 64 cells whose last 4 the policy has just read, as the engine hands it over."""
+    view = _view(64)
     policy.reset()
-    assert policy.select(_view(64), least) is not None
+    policy.before_chunk(4)
+    policy.after_chunk(view)
+    return view
 
 
 def test_imdc_checks_its_pruner_at_m_max_and_at_m_0():

@@ -67,8 +67,11 @@ def random_view(rng: np.random.Generator, n_cells: int, *, with_scores: bool = T
             positions[layer, head] = rng.permutation(rng.choice(tokens_seen, n_cells, replace=False))
     scores = rng.random((n_layer, n_head, n_cells), dtype=np.float32) + np.float32(1e-3) if with_scores else None
     chunk = np.arange(max(0, tokens_seen - 16), tokens_seen, dtype=np.int64)
+    # the retaining heads' scores of the chunk, which the engine returns whenever a policy asks for them
+    # (with_scores is about attention taps, which a pot may lack)
+    head_scores = rng.random((n_layer, n_head, chunk.size), dtype=np.float32)
     return PotView(n_layer=n_layer, n_head_kv=n_head, n_cells=n_cells, positions=positions, scores=scores,
-                   logprobs=None, chunk_positions=chunk, tokens_seen=tokens_seen)
+                   logprobs=None, chunk_positions=chunk, tokens_seen=tokens_seen, head_scores=head_scores)
 
 
 def view_of(positions: np.ndarray, scores: np.ndarray | None = None, tokens_seen: int | None = None) -> PotView:
@@ -173,8 +176,9 @@ def test_engine_loop_stays_within_budget(policy: Policy):
         seen += chunk
         n = positions.shape[-1]
         scores = rng.random((L, H, n), dtype=np.float32) if req.tap_last != 0 else None
+        heads = rng.random((L, H, chunk), dtype=np.float32) if req.head_scores else None
         view = PotView(n_layer=L, n_head_kv=H, n_cells=n, positions=positions, scores=scores, logprobs=None,
-                       chunk_positions=np.arange(seen - chunk, seen), tokens_seen=seen)
+                       chunk_positions=np.arange(seen - chunk, seen), tokens_seen=seen, head_scores=heads)
         policy.after_chunk(view)
         keep = policy.select(view, budget)
         if keep is not None:
