@@ -17,6 +17,7 @@ from kvpot.policies.base import Wrapping
 from kvpot.safe_write import protect, resolve_target
 from kvpot.session.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
 from kvpot.session.reading_plan import plan_reading
+from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.session.settings import AUTO, RunSettings, resolve_settings
 
@@ -155,14 +156,15 @@ class Answered:
         return not self.text.strip()
 
 
-def answer(session: Session, question: str) -> Answered:
+def answer(session: Session, question: str, sampler: Sampler | None = None,
+           stop_at: tuple[str, ...] = ()) -> Answered:
     """Stream the answer to stdout; Ctrl-C stops it. An empty answer is said on stderr (never a
-    silent blank line)."""
+    silent blank line), and so is an answer the loop guard ended."""
     said = ""
     progress = QuestionProgress()  # shown only when the question is read through the pot
     with Interrupts() as stop:
         try:
-            pieces = session.ask(question, on_progress=progress.update)
+            pieces = session.ask(question, on_progress=progress.update, sampler=sampler, stop=stop_at)
             first = next(pieces, None)
         finally:
             progress.close()
@@ -174,6 +176,8 @@ def answer(session: Session, question: str) -> Answered:
                 err.print("[yellow]answer stopped[/yellow]")
                 return Answered(said, stopped=True)
     write_out("\n")
+    if session.answer_loop:
+        err.print(f"[yellow]answer stopped[/yellow] by {session.engine.stop_reason}", soft_wrap=True)
     done = Answered(said, stopped=False)
     if done.empty:
         err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",

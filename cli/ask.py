@@ -14,9 +14,22 @@ from kvpot.ingest import looks_like_input
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
+from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, OutputFailed, connect_rpc, err, require_stdout, user_errors
+from ._sampling import (
+    DEFAULTS,
+    MinPOpt,
+    RepeatPenaltyOpt,
+    SeedOpt,
+    StopOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    make_sampler,
+    stops,
+)
 from ._session import answer, new_session, reopen_session, save
 from .reading import read_with_progress
 
@@ -93,12 +106,20 @@ def ask(
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
     rpc: RpcOpt = None,
+    temp: TempOpt = DEFAULTS["temp"],
+    top_k: TopKOpt = DEFAULTS["top_k"],
+    top_p: TopPOpt = DEFAULTS["top_p"],
+    min_p: MinPOpt = DEFAULTS["min_p"],
+    repeat_penalty: RepeatPenaltyOpt = DEFAULTS["repeat_penalty"],
+    seed: SeedOpt = DEFAULTS["seed"],
+    stop: StopOpt = None,
 ) -> None:
     """Read files of any length, then answer one question about them.
 
     The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Memory stays at --budget cells however long the input is.
     """
     require_stdout()  # the answer's destination, before any reading
+    sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     *inputs, question = args
     if not inputs and context is None and looks_like_input(question):
         raise KvpotError(f"no question: {question} is an input; pass the question after it "
@@ -113,7 +134,7 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        said = answer(session, question)
+        said = answer(session, question, sampler, stops(stop))
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:
@@ -176,12 +197,20 @@ def chat(
     max_tokens: MaxTokensOpt = None,
     glob: GlobOpt = "*",
     rpc: RpcOpt = None,
+    temp: TempOpt = DEFAULTS["temp"],
+    top_k: TopKOpt = DEFAULTS["top_k"],
+    top_p: TopPOpt = DEFAULTS["top_p"],
+    min_p: MinPOpt = DEFAULTS["min_p"],
+    repeat_penalty: RepeatPenaltyOpt = DEFAULTS["repeat_penalty"],
+    seed: SeedOpt = DEFAULTS["seed"],
+    stop: StopOpt = None,
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 
     Every exchange stays in the same bounded memory: when it fills, the policy compacts it again.
     """
     require_stdout()
+    sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     if sys.stdin is None:  # Python starts with no sys.stdin when fd 0 is closed
         raise KvpotError("stdin is closed: chat reads your questions from it (use kvpot ask for one question)")
     inputs = inputs or []
@@ -190,10 +219,10 @@ def chat(
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
     with _open_session(inputs, None, context, save_context, rpc, model, glob,
                        "pass the files to read (or --context PATH)", **opts) as session:
-        _chat_loop(session, save_context)
+        _chat_loop(session, save_context, sampler, stops(stop))
 
 
-def _chat_loop(session: Session, save_context: Path | None) -> None:
+def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...]) -> None:
     if save_context is not None:
         save(session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
@@ -212,7 +241,7 @@ def _chat_loop(session: Session, save_context: Path | None) -> None:
                 break
             continue
         try:
-            answer(session, line)
+            answer(session, line, sampler, stop)
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:

@@ -17,6 +17,18 @@ from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import DEFAULT_MODEL
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, require_stdout, user_errors
+from ._sampling import (
+    DEFAULTS,
+    MinPOpt,
+    RepeatPenaltyOpt,
+    SeedOpt,
+    StopOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    make_sampler,
+    stops,
+)
 from ._session import answer, new_session
 from .reading import read_with_progress
 
@@ -40,6 +52,13 @@ def run(
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: all cores)"),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="longest answer, in tokens"),
     rpc: str = typer.Option(None, "--rpc", help=RPC_HELP),
+    temp: TempOpt = DEFAULTS["temp"],
+    top_k: TopKOpt = DEFAULTS["top_k"],
+    top_p: TopPOpt = DEFAULTS["top_p"],
+    min_p: MinPOpt = DEFAULTS["min_p"],
+    repeat_penalty: RepeatPenaltyOpt = DEFAULTS["repeat_penalty"],
+    seed: SeedOpt = DEFAULTS["seed"],
+    stop: StopOpt = None,
 ) -> None:
     """Answer a question about a document, llama.cpp style (-f FILE -p QUESTION).
 
@@ -48,6 +67,7 @@ def run(
     chunks and keeps at most --budget cells per layer and KV head. Answers the same way as `kvpot ask`.
     """
     require_stdout()  # the answer's destination, before any reading
+    sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     if ctx is not None:
         if policy.partition(":")[0].strip().lower() != FULL:
             raise KvpotError("--ctx sizes full attention's context; a pot policy takes --budget")
@@ -63,7 +83,7 @@ def run(
                                    threads=threads, prompt=None, max_tokens=max_tokens)
     with session:
         read_with_progress(session, sources)
-        said = answer(session, prompt)
+        said = answer(session, prompt, sampler, stops(stop))
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

@@ -1,0 +1,49 @@
+"""The answer's sampling and stop options, shared by ask, chat and run, with llama.cpp's names and defaults
+(except --temp: 0, greedy, so the same question on the same document gives the same answer)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvpot.session.sampling import (
+    DEFAULT_MIN_P,
+    DEFAULT_REPEAT_PENALTY,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    REPEAT_LAST_N,
+    Sampler,
+)
+
+PANEL = "Sampling"
+TempOpt = Annotated[float, typer.Option(
+    "--temp", rich_help_panel=PANEL, help="temperature; 0 is greedy (the most likely token, the same answer every "
+                                          "time); llama.cpp's default is 0.8")]
+TopKOpt = Annotated[int, typer.Option("--top-k", rich_help_panel=PANEL,
+                                      help="sample among the k most likely tokens (0: all)")]
+TopPOpt = Annotated[float, typer.Option("--top-p", rich_help_panel=PANEL,
+                                        help="sample among the most likely tokens whose mass reaches p (1.0: all)")]
+MinPOpt = Annotated[float, typer.Option("--min-p", rich_help_panel=PANEL,
+                                        help="drop tokens less likely than p times the most likely one (0.0: off)")]
+RepeatPenaltyOpt = Annotated[float, typer.Option(
+    "--repeat-penalty", rich_help_panel=PANEL,
+    help=f"penalize tokens among the answer's last {REPEAT_LAST_N} (1.0: off)")]
+SeedOpt = Annotated[int, typer.Option("--seed", "-s", rich_help_panel=PANEL,
+                                      help="random seed for --temp > 0 (-1: a new one each run)")]
+StopOpt = Annotated[list[str], typer.Option(
+    "--stop", rich_help_panel=PANEL, metavar="TEXT",
+    help="end the answer where this text appears (not shown); repeatable")]
+
+DEFAULTS = dict(temp=0.0, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P, min_p=DEFAULT_MIN_P,
+                repeat_penalty=DEFAULT_REPEAT_PENALTY, seed=-1)
+
+
+def make_sampler(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int) -> Sampler:
+    """The options as a Sampler; a value out of range is one line naming the option."""
+    return Sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                   seed=None if seed == -1 else seed)
+
+
+def stops(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(v for v in (values or []) if v)
