@@ -19,7 +19,7 @@ def test_a_stop_string_at_once_is_no_answer_and_says_so(tmp_path, smollm2_path, 
     doc.write_text("The gate code is 4411. The bridge code is 7302.\n")
 
     # the model's first pieces begin the next exchange: the session cuts them, nothing is left
-    def starts_next_exchange(self, logits, max_tokens=64):
+    def starts_next_exchange(self, logits, max_tokens=64, pick=None):
         self.stop_reason = "the 6-token limit"
         yield from ["\n", "Question", ":", " what"]
 
@@ -36,7 +36,7 @@ def test_end_of_generation_at_once_is_no_answer(tmp_path, smollm2_path, monkeypa
     real_ask = Session.ask
 
     def eog_first(self, question, max_tokens=None, **kw):
-        self.engine.generate = lambda logits, n: _eog(self.engine)
+        self.engine.generate = lambda logits, n, pick=None: _eog(self.engine)
         return real_ask(self, question, max_tokens, **kw)
 
     def _eog(engine):
