@@ -220,9 +220,12 @@ class Session:
             "sources": self.sources,
             "turns": self.turns,
         }
-        written = write_context(path, SavedContext(header=header, state=self.engine.export_state()))
-        self.engine.policy.keep_on_disk()  # the file now references the policy's disk data (InfLLM's store)
-        return written
+        state = self.engine.export_state()
+        # the file will reference the policy's disk data (InfLLM's store): mark it kept before the file exists,
+        # so no moment has a saved context whose store a signal's cleanup would delete (a save that then
+        # fails leaves a kept store behind, never a context without its store)
+        self.engine.policy.keep_on_disk()
+        return write_context(path, SavedContext(header=header, state=state))
 
     @classmethod
     def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None) -> Session:
