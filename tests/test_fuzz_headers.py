@@ -192,7 +192,8 @@ def _kv(key: str, value) -> bytes:
         return k + struct.pack("<I?", 7, value)
     if isinstance(value, int):
         vtype = 5 if -2**31 <= value < 0 else 4 if 0 <= value < 2**32 else 11 if value < 0 else 10
-        return k + struct.pack("<I", vtype) + struct.pack(_KV_TYPES[vtype], value % 2**64 if vtype == 10 else value)
+        value = value % 2**64 if vtype == 10 else (value + 2**63) % 2**64 - 2**63 if vtype == 11 else value
+        return k + struct.pack("<I", vtype) + struct.pack(_KV_TYPES[vtype], value)
     if isinstance(value, float):
         return k + struct.pack("<Id", 12, value)
     if isinstance(value, list):
