@@ -7,6 +7,7 @@ while this skips arrays it does not need.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,16 +240,26 @@ _FACT_RANGES = {"block_count": (1, 512), "attention.head_count": (1, 1 << 16), "
                 "attention.sliding_window": (0, _INT32_MAX)}
 
 
+_ARCH_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _shown(value) -> str:
+    """A string from the file, fit for one line of an error (escapes, no newline)."""
+    return value if isinstance(value, str) and value.isprintable() and len(value) <= 40 else ascii(value)[:60]
+
+
 def model_facts(kv: dict, path: Path | str, file_bytes: int) -> ModelFacts:
     """The facts of a model from its GGUF header, each checked against what llama.cpp accepts (the part
     the fuzzer drives after read_header_from): a file that fails is one line, before any C code runs."""
     path = Path(path)
     gtype = kv.get("general.type")
     if gtype not in (None, "model"):
-        raise KvpotError(f"{path} is a GGUF {gtype}, not a model")
+        raise KvpotError(f"{path} is a GGUF {_shown(gtype)}, not a model")
     arch = kv.get("general.architecture")
     if not arch or not isinstance(arch, str):
         raise KvpotError(f"{path} has no general.architecture: not a llama.cpp model")
+    if not _ARCH_NAME.match(arch):  # llama.cpp's names are short and plain; this one would also go into messages
+        raise KvpotError(f"{path}: general.architecture {ascii(arch[:40])} is not an architecture llama.cpp knows")
 
     def num(key: str, default: int | None = 0) -> int:
         v = kv.get(f"{arch}.{key}")

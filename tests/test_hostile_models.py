@@ -136,3 +136,14 @@ def test_cli_refuses_before_llama_cpp(tmp_path):
     assert res.returncode == 1
     assert_one_line_error(res.stderr, "tensors declared")
     assert "gguf" not in res.stderr.replace(str(model), "")
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("general.architecture", "lla\nma", "is not an architecture llama.cpp knows"),
+    ("general.type", "adap\nter", "is a GGUF 'adap\\nter', not a model"),
+])
+def test_strings_from_the_file_stay_on_one_line(tmp_path, key, value, needle):
+    """Found by tests/test_fuzz_headers.py: text from the file is escaped before it goes into an error."""
+    with pytest.raises(KvpotError) as e:
+        read_model_facts(_facts_file(tmp_path, {key: (STR, value)}))
+    assert "\n" not in str(e.value) and needle in str(e.value), str(e.value)
