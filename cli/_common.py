@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvpot.errors import KvpotError
 from kvpot.safe_write import protection_scope
@@ -111,7 +112,7 @@ def user_errors(fn):
             err.print("[red]error:[/red] cannot write to stdout: its reader closed it (broken pipe)", soft_wrap=True)
             raise typer.Exit(1) from None
         except KvpotError as e:
-            err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+            err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/yellow]")

@@ -8,6 +8,8 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
+
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
 from kvpot.models.registry import KNOWN
@@ -190,7 +192,7 @@ def save(session: Session, path: Path | str) -> bool:
     try:
         size = session.save(path)
     except KvpotError as e:
-        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return False
     err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)")
     return True

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kvpot.errors import KvpotError
@@ -172,7 +173,7 @@ def _command(session: Session, line: str) -> bool:
             session.reset_conversation()
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
-            err.print(f"[yellow]{e}[/yellow]")
+            err.print(f"[yellow]{escape(str(e))}[/yellow]")
     elif cmd == "/save":
         if not arg.strip():
             err.print("[yellow]usage: /save PATH[/yellow]")
@@ -245,4 +246,4 @@ def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, st
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:
-            err.print(f"[red]error:[/red] {e}")
+            err.print(f"[red]error:[/red] {escape(str(e))}")

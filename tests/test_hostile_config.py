@@ -82,10 +82,12 @@ def test_every_setting_and_known_model_is_accepted(tmp_path):
             ("streaming", "auto", 64 + i, 1, "completion", 9)
 
 
-@pytest.mark.parametrize("text, needle", [("defaults = 3\n", "must be a table of settings, got 3"),
-                                          ('[models."smollm2-135M"]\nchunk = 64\n', "did you mean 'smollm2-135m'?")])
+@pytest.mark.parametrize("text, needle", [("defaults = 3\n", "[defaults] must be a table of settings, got 3"),
+                                          ('[models."smollm2-135M"]\nchunk = 64\n', "did you mean 'smollm2-135m'?"),
+                                          ('[defaults]\nbudget = "[bold]x[/bold]"\n', "got '[bold]x[/bold]'")])
 def test_cli_says_one_line(tmp_path, smollm2_path, text, needle):
-    """Through the CLI: one `error:` line naming the file, exit status 1, no traceback."""
+    """Through the CLI: one `error:` line naming the file, exit status 1, no traceback; text in brackets
+    (a TOML table's name, a value) is shown as it is, not read as terminal markup."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.toml").write_text(text)
