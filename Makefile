@@ -32,6 +32,7 @@ pull: install
 pull-test-models: install
 	$(BIN)/kvpot pull smollm2-135m
 	$(BIN)/kvpot pull gemma3-270m
+	$(BIN)/kvpot pull qwen2.5-coder-0.5b
 
 demo: pull
 	$(BIN)/kvpot demo --model $(MODEL)

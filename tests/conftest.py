@@ -15,7 +15,7 @@ import devicelib  # KVPOT_TEST_DEVICE: before libllama loads
 import pytest
 
 from kvpot.models.pull import pull_known
-from kvpot.models.registry import GEMMA3_270M, SMOLLM2_135M
+from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SMOLLM2_135M
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,6 +29,12 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     return pull_known(GEMMA3_270M)
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (qwen2: QKV biases, NEOX RoPE, 14 heads / 2 KV heads)."""
+    return pull_known(QWEN25_CODER_05B)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,15 @@ def gemma(gemma_path):
     from kvpot.runtime.llama import LlamaModel
 
     m = LlamaModel(str(gemma_path))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def qwen05(qwen05_path):
+    from kvpot.runtime.llama import LlamaModel
+
+    m = LlamaModel(str(qwen05_path))
     yield m
     m.close()
 
@@ -71,7 +86,7 @@ def _on_test_device(_test_device_log, request):
     """Each test's models and pot were on KVPOT_TEST_DEVICE (checked after the test)."""
     yield
     if _test_device_log is not None:
-        uses_model = bool({"smollm2_path", "gemma_path"} & set(request.fixturenames))
+        uses_model = bool({"smollm2_path", "gemma_path", "qwen05_path"} & set(request.fixturenames))
         devicelib.check_used(_test_device_log.lines, devicelib.PREFIXES[devicelib.DEVICE], uses_model)
 
 
