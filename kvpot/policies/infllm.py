@@ -78,11 +78,10 @@ def default_split(budget: int, chunk: int) -> dict[str, int]:
     64, block_size 64, topk 8, n_local 1472, exc_block_size 256.
 
     Why an eighth: the public configuration's 512 queries per lookup are an eighth of its 4096-token
-    window. Chosen in session 12, when row i of a chunk still saw the memory n_local + i back: reading
-    8K passkeys on Gemma-3-270M at 2048 cells, chunks of 512 (a third of n_local) answered 16/20, of
-    256 19/20. With the memory at one distance (distance="constant", session 13) 512 answers the cases
-    it missed as 256 does; the grids were measured with 256, so it stays (docs/benchmarks.md, InfLLM
-    sessions 12 and 13)."""
+    window. With distance="chunk" (row i of a chunk sees the memory n_local + i back), 8K passkeys on
+    Gemma-3-270M at 2048 cells answered 16/20 with execution blocks of 512 (a third of n_local) and
+    19/20 with 256. With the memory at one distance (distance="constant") 512 answers the cases it
+    missed as 256 does; the grids were measured with 256, so it stays (docs/benchmarks.md, InfLLM)."""
     n_init = max(4, min(128, budget // 32))
     block_size = 128 if budget >= 4096 else 64
     topk = max(1, (budget // 4) // block_size)
@@ -113,7 +112,7 @@ class InfLLM(Policy):
     distance:         "constant" (default): every query sees the initial tokens and the retrieved blocks
                       n_local positions back, as the paper does (a per-head bias on those cells' logits,
                       ggml_ext/kvpot-distance.h); "chunk": they sit n_local before the chunk that reads
-                      them, so row i of a chunk sees them n_local + i back (kvpot sessions 9-12)
+                      them, so row i of a chunk sees them n_local + i back
     lookup:           "graph" (default): each ubatch looks its blocks up inside every pot layer with its
                       own queries, as the paper does; "host": the previous chunk's queries choose on the
                       CPU between decodes, and a question is decoded twice (kvpot's first version,

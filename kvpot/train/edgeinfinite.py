@@ -12,7 +12,7 @@ One training step (a decision: the paper gives data, epochs and learning rate, n
   V are folded into M, z. Segments before the last run without gradients (they only build the memory;
   M, z are detached), the last one with them, and its next-token loss is the step's loss. Only the gate
   learns (W1, b1, W2, b2, g per layer); the backbone is frozen.
-Reading mode (L_chunk > 0, session 11): the step above trains a segment that sees only the sink, itself
+Reading mode (L_chunk > 0): the step above trains a segment that sees only the sink, itself
   and the memory, while at inference a chunk also sees the cells not yet folded (the window and the
   leftover), so the memory matters less there than in training (the first shipped gate, trained this
   way, made perplexity worse than the untrained one). In reading mode all n_seg segments are folded,

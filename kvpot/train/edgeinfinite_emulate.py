@@ -1,4 +1,4 @@
-"""EdgeInfinite training step that reads a window exactly as kvpot's engine reads a text (session 14).
+"""EdgeInfinite training step that reads a window exactly as kvpot's engine reads a text.
 
 Why: the reading-mode step of kvpot.train.edgeinfinite reads every folded segment at the positions right
 after the sink, so the keys it folds carry RoPE angles L_sink .. L_sink + L_seg, and the trained chunk sees
