@@ -109,6 +109,7 @@ def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, thr
     from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
     from kvpot.runtime.pot import Pot
 
+    cache = prepare_cache(cache)  # made and checked here too: callers other than train_locret reach this
     n_ctx = max(256, -(-max(len(s.tokens) for s in samples) // 256) * 256)
     model = LlamaModel(str(model_path))
     ctx = LlamaContext(model, ContextParams(n_ctx=n_ctx, n_batch=N_BATCH, n_threads=threads))
