@@ -162,4 +162,6 @@ def test_flash_attention_takes_the_distance_too(smollm2_path, tmp_path):
     def off(x):
         return 1.0 - np.corrcoef(x, ref)[0, 1]
     assert int(np.argmax(out[(True, "constant")])) == int(np.argmax(ref))
-    assert off(out[(True, "constant")]) < 0.5 * off(out[(True, "chunk")])  # here 3.0e-4 against 1.2e-3
+    # flash attention ignoring the distance would put the two near each other (a ratio near 1); measured
+    # 3.0e-4 against 1.2e-3 on one machine, 5.9e-4 against 1.17e-3 on a 2-core AVX2 one
+    assert off(out[(True, "constant")]) < 0.75 * off(out[(True, "chunk")])
