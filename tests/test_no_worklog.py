@@ -1,5 +1,5 @@
-"""Code, comments and docs say what is true now; history lives in git and in issue notes. A numbered
-work-log note ("session 13: …", "this session") anywhere in the tracked tree fails this test."""
+"""Code, comments and docs say what is true now; history lives in git and in issue notes. A line that
+dates a fact by a numbered work session or a branch name, anywhere in the tracked tree, fails this test."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WORKLOG = re.compile(r"\bsessions? [0-9]+|\bthis session\b|\bissue-[0-9]+ branch\b", re.IGNORECASE)
+# a work session named by number or as the current one, or a branch named after an issue
+_SESSION, _BRANCH = "session", "branch"
+WORKLOG = re.compile(rf"\b{_SESSION}s? [0-9]+|\bthis {_SESSION}\b|\bissue-[0-9]+ {_BRANCH}\b", re.IGNORECASE)
 
 
 def test_no_work_log_notes_in_the_tree():
