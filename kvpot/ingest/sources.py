@@ -1,8 +1,11 @@
-"""Where the text comes from: files, directories (with a glob filter) and stdin, read lazily.
+"""Where the text comes from: files, directories (kvpot.ingest.tree) and stdin, read lazily.
 
-Nothing here holds a whole file: `SourceSet.pieces()` yields decoded text a piece at a time.
-Invalid UTF-8 is replaced with U+FFFD and counted; binary files are skipped with a notice
-(they are named in `skipped`); several sources are joined with their names as headers.
+Nothing here holds a whole file: `SourceSet.pieces()` yields decoded text a piece at a time, and
+records where each piece starts (file, and page, chapter, paragraph or line: `SourceSet.where`).
+Files are told apart by content (kvpot.ingest.formats): PDF, EPUB, DOCX, ODT and HTML are read as
+their text, compressed files decompressed. Invalid UTF-8 is replaced with U+FFFD and counted;
+binary and unreadable files are left out (named in `skipped`, with reasons in `left_out`); several
+sources are joined with their names as headers.
 """
 
 from __future__ import annotations
@@ -14,13 +17,18 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from kvpot.errors import KvpotError
+from kvpot.ingest import formats
+from kvpot.ingest.formats import Kind, UnreadableInput
 from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
+from kvpot.ingest.tree import walk
 from kvpot.safe_write import protect
 
 PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
@@ -35,18 +43,39 @@ class Source:
     head: bytes = b""       # streams only: the first bytes, read up front to refuse an empty or binary stream
     stream: BinaryIO | None = None  # a pipe or pseudo-file opened once (reading it again would lose data)
     complete: bool = False  # streams only: `head` holds all of it (read ahead to its end; see read_ahead)
+    kind: Kind = Kind("text")  # what the file is (kvpot.ingest.formats); size is its file's, not its text's
 
 
 def header(name: str) -> str:
     return f"\n\n===== {name} =====\n\n"
 
 
+@dataclass(frozen=True)
+class Mark:
+    offset: int     # characters of the joined text before the piece
+    source: str     # the source's name
+    where: str      # "p. 12", "ch. 3", "¶ 40", "line 1200"
+
+
 @dataclass
 class SourceSet:
     sources: list[Source]
-    skipped: list[str] = field(default_factory=list)    # binary files left out
+    skipped: list[str] = field(default_factory=list)    # files named or found that are not read (binary, unreadable)
     replaced: int = 0       # invalid UTF-8 sequences replaced so far
     bytes_read: int = 0
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (path, why) for everything not read
+    marks: list[Mark] = field(default_factory=list)  # where each piece of pieces() came from, in order
+    chars: int = 0          # characters pieces() has yielded
+
+    @property
+    def sizes_are_text(self) -> bool:
+        """Every size is its text's size (plain text files): no PDF, document or compressed file."""
+        return all(s.kind.plain for s in self.sources)
+
+    def where(self, offset: int) -> Mark | None:
+        """The source and place the character at `offset` of the joined text came from."""
+        i = bisect_right([m.offset for m in self.marks], offset) - 1
+        return self.marks[i] if i >= 0 else None
 
     @property
     def total_bytes(self) -> int | None:
@@ -87,32 +116,56 @@ class SourceSet:
                 return  # past max_bytes: the rest is read when the document is
 
     def pieces(self, piece_bytes: int = PIECE_BYTES, stdin: BinaryIO | None = None) -> Iterator[str]:
-        """Decoded text, piece by piece; headers between sources when there are several."""
+        """Decoded text, piece by piece; headers between sources when there are several. Where each
+        piece came from is recorded in `marks`."""
+        self.marks, self.chars = [], 0
         multi = len(self.sources) > 1
         for i, src in enumerate(self.sources):
             if multi:
-                yield header(src.name).lstrip("\n") if i == 0 else header(src.name)
-            if src.complete:  # a stream read ahead to its end
-                yield from self._decode(io.BytesIO(src.head), piece_bytes, src.name)
-            elif src.path is None:
-                yield from self._decode(_Prefixed(src.head, stdin_buffer(stdin)), piece_bytes, src.name)
-            elif src.stream is not None:
-                try:
-                    yield from self._decode(_Prefixed(src.head, src.stream), piece_bytes, src.name)
-                except OSError as e:
-                    raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
-                finally:
-                    src.stream.close()
-            else:
-                try:
-                    with open(src.path, "rb") as f:
-                        yield from self._decode(f, piece_bytes, src.name)
-                except OSError as e:
-                    raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+                head = header(src.name).lstrip("\n") if i == 0 else header(src.name)
+                self.chars += len(head)
+                yield head
+            for text, where in self._source_pieces(src, piece_bytes, stdin):
+                if not self.marks or (self.marks[-1].source, self.marks[-1].where) != (src.name, where):
+                    self.marks.append(Mark(self.chars, src.name, where))
+                self.chars += len(text)
+                yield text
 
-    def _decode(self, f: BinaryIO, piece_bytes: int, name: str) -> Iterator[str]:
+    def _source_pieces(self, src: Source, piece_bytes: int, stdin: BinaryIO | None) -> Iterator[tuple[str, str]]:
+        if not src.kind.plain:
+            try:
+                if src.kind.kind == "text":  # compressed text
+                    with formats.open_bytes(src.kind, src.path, src.name) as f:
+                        yield from self._decode(f, piece_bytes, src.name)
+                else:
+                    for text, where in formats.pieces(src.kind, src.path, src.name):
+                        self.bytes_read += len(text.encode("utf-8"))
+                        yield text, where
+            except OSError as e:
+                raise KvpotError(f"cannot read {src.name}: {e.strerror or e}") from None
+            return
+        if src.complete:  # a stream read ahead to its end
+            yield from self._decode(io.BytesIO(src.head), piece_bytes, src.name)
+        elif src.path is None:
+            yield from self._decode(_Prefixed(src.head, stdin_buffer(stdin)), piece_bytes, src.name)
+        elif src.stream is not None:
+            try:
+                yield from self._decode(_Prefixed(src.head, src.stream), piece_bytes, src.name)
+            except OSError as e:
+                raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+            finally:
+                src.stream.close()
+        else:
+            try:
+                with open(src.path, "rb") as f:
+                    yield from self._decode(f, piece_bytes, src.name)
+            except OSError as e:
+                raise KvpotError(f"cannot read {src.name}: {e.strerror}") from None
+
+    def _decode(self, f: BinaryIO, piece_bytes: int, name: str) -> Iterator[tuple[str, str]]:
+        """(text, "line N") from a byte stream; N is the line the piece starts on."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors=_COUNTING)
-        n = 0
+        n, line = 0, 1
         while True:
             raw = f.read(piece_bytes)
             final = not raw
@@ -121,7 +174,8 @@ class SourceSet:
             n += len(raw)
             self.bytes_read += len(raw)
             if text:
-                yield text
+                yield text, f"line {line}"
+                line += text.count("\n")
             if final:
                 break
         if n == 0 and name == STDIN:
@@ -165,6 +219,16 @@ class _SayIfBlocked:
 
     def __exit__(self, *exc):
         self._timer.cancel()
+
+
+def stdin_is_piped() -> bool:
+    """stdin is a pipe or a file redirected into it: a document to read when `ask` is given only a
+    question. A terminal, /dev/null, a socket or a closed stdin is not (nothing was sent)."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def _read_head(stream: BinaryIO, name: str = STDIN) -> bytes:
@@ -228,37 +292,6 @@ def _sniff(path: Path) -> bytes:
         raise KvpotError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _walk(root: Path, glob: str, notice: Callable[[str], None]) -> list[Path]:
-    """Files under root whose path ends with glob (as Path.rglob matches it), sorted, hidden files
-    and folders (.git, ...) left out, symlinked folders not followed. A folder that cannot be listed
-    or searched is refused with its reason when it is root, and skipped with a notice inside it."""
-    failed: dict[str, str] = {}  # folder -> why it could not be read
-
-    def listing_failed(e: OSError) -> None:
-        failed.setdefault(e.filename, e.strerror)
-
-    out = []
-    for folder, dirs, files in os.walk(root, onerror=listing_failed):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            p = Path(folder) / name
-            if name.startswith(".") or not p.relative_to(root).match(glob):
-                continue
-            try:
-                regular = stat.S_ISREG(os.stat(p).st_mode)
-            except OSError as e:
-                if e.errno == errno.EACCES:  # listed but not searchable: nothing in the folder can be read
-                    failed.setdefault(folder, e.strerror)
-                continue  # a broken symlink or a loop: not a file to read
-            if regular:
-                out.append(p)
-    for folder, why in failed.items():
-        if os.path.realpath(folder) == os.path.realpath(root):
-            raise KvpotError(f"cannot read directory {root}: {why}")
-        notice(f"skipping folder {folder}: {why}")
-    return sorted(p for p in out if not any(str(p).startswith(os.path.join(f, "")) for f in failed))
-
-
 # what an OS error on an input path means, said in the words of the path the user typed
 _PATH_ERRORS = {
     errno.ENOENT: "does not exist",
@@ -315,16 +348,36 @@ def _pseudo_fs(path: Path) -> bool:
     return real.startswith(("/proc/", "/sys/"))
 
 
-def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], None] = lambda msg: None,
-                    stdin: BinaryIO | None = None) -> SourceSet:
-    """Resolve the user's inputs into sources; refuse what cannot be read with one clear line. Every
-    file found is protected from this command's saves (kvpot.safe_write.protect)."""
+BINARY = "binary"
+UNREADABLE = "unreadable"
+
+
+def _identify(path: Path, name: str) -> Kind:
+    try:
+        return formats.identify(path, _sniff(path), name)
+    except OSError as e:  # read while it was looked into (a zip's member, a PDF's objects)
+        raise UnreadableInput(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: Callable[[str], None] = lambda msg: None,
+                    stdin: BinaryIO | None = None, exclude: Iterable[str] = (), verbose: bool = False) -> SourceSet:
+    """Resolve the user's inputs into sources; refuse what cannot be read with one clear line. Among
+    several inputs, a document that cannot be read (broken, encrypted, no text layer) is said on
+    `notice` and left out; alone, or when nothing else is left, it is the error. Folders are walked
+    by kvpot.ingest.tree (`glob`: the files kept, `exclude`: the files and folders left out, both
+    any number of patterns) and summed up in one notice line; `verbose` lists what was left out.
+    Every file found is protected from this command's saves (kvpot.safe_write.protect)."""
     if not inputs:
         raise KvpotError("no input: pass a file, a directory, or - for stdin")
     if inputs.count(STDIN) > 1:
         raise KvpotError("stdin (-) can be read only once")
+    globs = [glob] if isinstance(glob, str) else list(glob) or ["*"]
+    excludes = list(exclude)
     sources: list[Source] = []
     skipped: list[str] = []
+    left_out: list[tuple[str, str]] = []
+    unreadable: list[str] = []   # the reasons of named inputs left out
+    walked = False
     for item in inputs:
         if item == STDIN:
             sources.append(Source(STDIN, None, None, head=_stdin_head(stdin_buffer(stdin), notice)))
@@ -339,6 +392,7 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
             if looks_binary(src.head):
                 src.stream.close()
                 skipped.append(item)
+                left_out.append((item, BINARY))
             elif not src.head:
                 src.stream.close()
                 raise KvpotError(f"input {item} is empty (nothing arrived before it ended)")
@@ -346,30 +400,82 @@ def collect_sources(inputs: list[str], glob: str = "*", notice: Callable[[str], 
                 sources.append(src)
             continue
         if is_dir:
-            files = _walk(path, glob, notice)
-            text_files = []
-            for p in files:
-                head = _sniff(p)
-                if looks_binary(head):
+            walked = True
+            tree = walk(path, globs, excludes, notice)
+            left_out += tree.left_out
+            found = []
+            for p in tree.files:
+                try:
+                    kind = _identify(p, str(p))
+                except UnreadableInput as e:
                     skipped.append(str(p))
-                elif head:
-                    text_files.append(p)
-            if not text_files:
-                raise KvpotError(f"directory {item} has no text files matching {glob!r}")
-            sources += [Source(str(p), p, p.stat().st_size) for p in text_files]
+                    left_out.append((str(p), f"{UNREADABLE}: {e}"))
+                    continue
+                if kind.kind == "binary":
+                    skipped.append(str(p))
+                    left_out.append((str(p), BINARY))
+                elif p.stat().st_size:
+                    found.append(Source(str(p), p, p.stat().st_size, kind=kind))
+            if not found:
+                raise KvpotError(f"directory {item} has no text files matching "
+                                 f"{' or '.join(repr(g) for g in globs)}" + _counts(left_out, " (left out: {})"))
+            sources += found
             continue
-        head = _sniff(path)
-        if looks_binary(head):
+        try:
+            kind = _identify(path, str(path))
+        except UnreadableInput as e:
+            if len(inputs) == 1:
+                raise
             skipped.append(str(path))
+            unreadable.append(str(e))
+            left_out.append((str(path), f"{UNREADABLE}: {e}"))
             continue
-        sources.append(Source(str(path), path, st.st_size))
+        if kind.kind == "binary":
+            skipped.append(str(path))
+            left_out.append((str(path), BINARY))
+            continue
+        sources.append(Source(str(path), path, st.st_size, kind=kind))
     if not sources:
+        if unreadable:
+            raise KvpotError(f"nothing left to read: {'; '.join(unreadable)}")
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
-    for name in skipped:  # told only when there is something else to read
-        notice(f"skipping binary file {name}")
+    for why in unreadable:  # told only when there is something else to read
+        notice(f"skipping {why}")
+    _tell(left_out, sources, walked, verbose, notice)
     if all(s.size == 0 for s in sources):  # streams have no size (None): they held text
         raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
     # no save of this command may replace an input, read or skipped (kvpot.safe_write)
     for name in [s.name for s in sources if s.path is not None] + skipped:
         protect(name, f"the input {name}")
-    return SourceSet(sources=sources, skipped=skipped)
+    return SourceSet(sources=sources, skipped=skipped, left_out=left_out)
+
+
+def _counts(left_out: list[tuple[str, str]], template: str = "{}") -> str:
+    """ "3 ignored by .gitignore, 2 binary" (unreadable ones counted together); "" for none."""
+    if not left_out:
+        return ""
+    counts = Counter(why.partition(":")[0] for _, why in left_out)
+    return template.format(", ".join(f"{n} {why}" for why, n in counts.most_common()))
+
+
+def _tell(left_out: list[tuple[str, str]], sources: list[Source], walked: bool, verbose: bool,
+          notice: Callable[[str], None]) -> None:
+    """One line for what was read and left out (folders, or any input left out); each left out
+    with its reason only when verbose."""
+    if not walked and not left_out:
+        return
+    if not walked and len(left_out) == 1 and not verbose:  # one named input: its own line says it all
+        name, why = left_out[0]
+        if why == BINARY:
+            notice(f"skipping binary file {name}")
+        return
+    n = len(sources)
+    line = f"reading {n} file{'s' if n != 1 else ''}"
+    if left_out:
+        line += f"; left out {len(left_out)}: {_counts(left_out)}"
+        if not verbose:
+            line += " (-v lists them)"
+    notice(line)
+    if verbose:
+        for name, why in left_out:
+            notice(f"  left out {name}: {why}")

@@ -51,7 +51,8 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
     (the input has more tokens than it says)."""
     if sources.total_bytes is None:
         return None
-    if sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
+    # a lower bound only where sizes are text's (a PDF's images or a compression ratio say nothing of it)
+    if sources.sizes_are_text and sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
         # a lower bound, already past the limit: no token holds more than MAX_BYTES_PER_TOKEN bytes on average
         return TokenCount(sources.total_bytes // MAX_BYTES_PER_TOKEN - 1, complete=False)
     from kvpot.runtime.llama import LlamaModel

@@ -1,0 +1,95 @@
+"""Documents beyond plain text: what a file is (by content), whether it can be read, and its text a
+piece at a time with where each piece comes from (page, chapter, paragraph or line).
+
+identify() runs before any model loads and refuses an unreadable document with one line
+(UnreadableInput); pieces() reads one lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpot.ingest.formats.compressed import Checked, decompressed_head
+from kvpot.ingest.formats.detect import COMPRESSED_MAGIC, UnreadableInput, detect, looks_like_html, zip_kind
+from kvpot.ingest.formats.html import html_pieces
+from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
+
+COMPRESSIONS = set(COMPRESSED_MAGIC.values())
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str                 # text, html, pdf, epub, docx, odt, or binary (not read)
+    codec: str | None = None  # the compression around it (gzip, xz, bzip2, zstd), if any
+
+    @property
+    def plain(self) -> bool:
+        """Plain text, read as the bytes are: its size is its text's size."""
+        return self.kind == "text" and self.codec is None
+
+
+def identify(path: Path, head: bytes, name: str) -> Kind:
+    """What `path` is and, for a document, that it can be read (else UnreadableInput). `head` is
+    the file's first bytes."""
+    kind = detect(head)
+    if kind in COMPRESSIONS:
+        inner = decompressed_head(kind, path, name, SNIFF_BYTES)
+        if not inner.strip():
+            raise UnreadableInput(f"{name} is empty once decompressed")
+        if looks_binary(inner):  # a tarball, a compressed image: not text
+            return Kind("binary", kind)
+        return Kind("html" if looks_like_html(inner) else "text", kind)
+    if kind == "pdf":
+        from kvpot.ingest.formats.pdf import check_pdf
+
+        check_pdf(path, name)
+        return Kind("pdf")
+    if kind == "zip":
+        kind = zip_kind(path, name)
+        if kind == "epub":
+            from kvpot.ingest.formats.epub import check_epub
+
+            check_epub(path, name)
+        else:
+            from kvpot.ingest.formats.office import check_office
+
+            check_office(kind, path, name)
+        return Kind(kind)
+    if looks_binary(head):
+        return Kind("binary")
+    return Kind(kind)
+
+
+def pieces(kind: Kind, path: Path, name: str) -> Iterator[tuple[str, str]]:
+    """(text, location) of a document that is not plain text, a piece at a time."""
+    if kind.kind == "pdf":
+        from kvpot.ingest.formats.pdf import pdf_pieces
+
+        yield from pdf_pieces(path, name)
+    elif kind.kind == "epub":
+        from kvpot.ingest.formats.epub import epub_pieces
+
+        yield from epub_pieces(path, name)
+    elif kind.kind in ("docx", "odt"):
+        from kvpot.ingest.formats.office import office_pieces
+
+        yield from office_pieces(kind.kind, path, name)
+    elif kind.kind == "html":
+        with _open(kind, path, name) as f:
+            yield from html_pieces(f)
+    else:
+        raise ValueError(f"{kind} is read as text by the caller")
+
+
+def open_bytes(kind: Kind, path: Path, name: str):
+    """The file's bytes, decompressed when it is compressed (errors are this input's one line)."""
+    return _open(kind, path, name)
+
+
+def _open(kind: Kind, path: Path, name: str):
+    return Checked(kind.codec, path, name) if kind.codec else open(path, "rb")
+
+
+__all__ = ["Kind", "UnreadableInput", "identify", "pieces", "open_bytes"]

@@ -1,0 +1,125 @@
+"""HTML (and XHTML) as text: the words a reader sees, with the title and headings kept and markup,
+scripts and styles left out. Fed in pieces, so a large page streams in flat memory.
+
+Block elements end lines (paragraphs are separated by a blank line) and headings keep their level
+as Markdown's `#` marks, so the model still sees the document's structure.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from typing import BinaryIO
+
+# elements whose content is not text a reader sees
+HIDDEN = {"script", "style", "noscript", "template", "svg", "math", "iframe", "object", "canvas"}
+# elements that start and end a block: their text is a paragraph of its own
+BLOCKS = {"p", "div", "section", "article", "header", "footer", "main", "nav", "aside", "blockquote", "pre",
+          "table", "tr", "ul", "ol", "dl", "dt", "dd", "li", "figure", "figcaption", "form", "fieldset",
+          "address", "details", "summary", "title", "body", "hr", "caption"}
+HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+LINE_ENDS = {"br", "td", "th"}  # a line break, or a cell: kept apart from its neighbour
+_SPACE = re.compile(r"\s+")
+
+PIECE_BYTES = 1 << 16
+
+
+class HtmlText(HTMLParser):
+    """Text of the HTML fed so far; `take()` hands over what is ready."""
+
+    def __init__(self, title: bool = True):
+        super().__init__(convert_charrefs=True)
+        self._skip = HIDDEN if title else HIDDEN | {"title"}  # an EPUB chapter's <title> repeats its heading
+        self._out: list[str] = []
+        self._hidden = 0        # depth inside hidden elements
+        self._pre = 0           # depth inside <pre>: whitespace kept as written
+        self._breaks = 0        # newlines owed before the next text (2: a blank line)
+        self._line_start = True
+        self._started = False   # no blank lines before the first text
+
+    def take(self) -> str:
+        out, self._out = "".join(self._out), []
+        return out
+
+    def _break(self, n: int) -> None:
+        self._breaks = max(self._breaks, n)
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self._skip:
+            self._hidden += 1
+        elif tag in HEADINGS:
+            self._break(2)
+            self._emit("#" * HEADINGS[tag] + " ")
+        elif tag in BLOCKS:
+            self._break(2 if tag in ("p", "pre", "table", "blockquote", "title", "figure") else 1)
+            if tag == "pre":
+                self._pre += 1
+            elif tag == "li":
+                self._emit("- ")
+        elif tag in LINE_ENDS:
+            self._break(1)
+
+    def handle_startendtag(self, tag, attrs):
+        if tag in ("br", "hr"):
+            self._break(1)
+
+    def handle_endtag(self, tag):
+        if tag in self._skip:
+            self._hidden = max(0, self._hidden - 1)
+        elif tag in HEADINGS or tag in BLOCKS:
+            if tag == "pre":
+                self._pre = max(0, self._pre - 1)
+            self._break(2 if tag in HEADINGS or tag in ("p", "pre", "table", "blockquote", "title", "figure") else 1)
+
+    def handle_data(self, data):
+        if self._hidden:
+            return
+        if not self._pre:
+            data = _SPACE.sub(" ", data)
+            if self._line_start or self._breaks:
+                data = data.lstrip(" ")
+        if data:
+            self._emit(data)
+
+    def _emit(self, text: str) -> None:
+        if self._hidden:
+            return
+        if self._breaks and self._started:
+            if self._out:
+                self._out[-1] = self._out[-1].rstrip(" ")
+            self._out.append("\n" * self._breaks)
+            self._line_start = True
+        self._breaks = 0
+        self._out.append(text)
+        self._started = True
+        self._line_start = text.endswith("\n")
+
+    def finish(self) -> str:
+        self.close()
+        return self.take().rstrip() + "\n"
+
+
+def html_pieces(f: BinaryIO, title: bool = True) -> Iterator[tuple[str, str]]:
+    """(text, location) from an HTML byte stream, a piece at a time; the location is the source line
+    each piece starts at. UTF-8 (the web's encoding); invalid bytes become U+FFFD."""
+    parser = HtmlText(title)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    first = True
+    while True:
+        raw = f.read(PIECE_BYTES)
+        line = parser.getpos()[0]
+        text = decoder.decode(raw, final=not raw)
+        if first:
+            text, first = text.lstrip("\ufeff"), False
+        if raw:
+            parser.feed(text)
+            out = parser.take()
+        else:
+            parser.feed(text)
+            out = parser.finish()
+        if out.strip() or (out and not raw):  # the last piece's closing newline too
+            yield out, f"line {line}"
+        if not raw:
+            return

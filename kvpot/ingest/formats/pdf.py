@@ -1,0 +1,74 @@
+"""PDF text, page by page, with pypdf (BSD; docs/formats.md says why it over pdfminer.six).
+
+Only the page being read is extracted at a time. A PDF is refused before reading with one line
+when it needs a password, is broken, or has no text layer on its first pages (a scan: it needs OCR).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvpot.ingest.formats.detect import UnreadableInput
+
+PROBE_PAGES = 20  # pages looked at for a text layer before reading: a scan has none on any of them
+
+# pypdf reports recoverable damage through logging; a user sees only kvpot's own lines
+logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+
+def _open(path: Path, name: str):
+    from pypdf import PdfReader
+    from pypdf.errors import DependencyError
+
+    # a parser of untrusted files can fail in any way: each is this input's one line, never a traceback
+    try:
+        reader = PdfReader(path, strict=False)
+        if reader.is_encrypted:
+            try:
+                opened = reader.decrypt("")  # owner-password-only PDFs open with an empty user password
+            except DependencyError:
+                raise UnreadableInput(f"{name} is an AES-encrypted PDF: pip install cryptography to read it") from None
+            if not opened:
+                raise UnreadableInput(f"{name} is an encrypted PDF that needs a password; kvpot cannot read it "
+                                      "(save a decrypted copy, e.g. qpdf --decrypt --password=... IN OUT)")
+        n_pages = len(reader.pages)
+    except UnreadableInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - see above
+        raise UnreadableInput(f"{name} is not a readable PDF ({_why(e)})") from None
+    return reader, n_pages
+
+
+def _why(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _page_text(reader, i: int, name: str) -> str:
+    try:
+        return reader.pages[i].extract_text() or ""
+    except Exception as e:  # noqa: BLE001 - a damaged page is this input's one line
+        raise UnreadableInput(f"{name}: page {i + 1} cannot be read ({_why(e)})") from None
+
+
+def check_pdf(path: Path, name: str) -> None:
+    """Refuse a PDF that cannot be read, before any model loads."""
+    reader, n_pages = _open(path, name)
+    if n_pages == 0:
+        raise UnreadableInput(f"{name} is a PDF with no pages")
+    for i in range(min(n_pages, PROBE_PAGES)):
+        if _page_text(reader, i, name).strip():
+            return
+    pages = f"its {n_pages} pages" if n_pages <= PROBE_PAGES else f"its first {PROBE_PAGES} pages"
+    raise UnreadableInput(f"{name} has no text layer on {pages} (a scanned PDF?): run OCR first, "
+                          "e.g. ocrmypdf IN OUT")
+
+
+def pdf_pieces(path: Path, name: str) -> Iterator[tuple[str, str]]:
+    """(text of one page, "p. N"), page by page."""
+    reader, n_pages = _open(path, name)
+    for i in range(n_pages):
+        text = _page_text(reader, i, name)
+        if text.strip():
+            yield text.rstrip() + "\n\n", f"p. {i + 1}"
