@@ -32,7 +32,7 @@ RepeatPenaltyOpt = Annotated[float, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", "-s", rich_help_panel=PANEL,
                                       help="random seed for --temp > 0 (-1: a new one each run)")]
 StopOpt = Annotated[list[str], typer.Option(
-    "--stop", rich_help_panel=PANEL, metavar="TEXT",
+    "--stop", rich_help_panel=PANEL, metavar="TEXT", show_default="none",
     help="end the answer where this text appears (not shown); repeatable")]
 
 DEFAULTS = dict(temp=0.0, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P, min_p=DEFAULT_MIN_P,

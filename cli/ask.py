@@ -17,8 +17,10 @@ from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
+from kvpot.session.settings import RunSettings
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, OutputFailed, connect_rpc, err, require_stdout, user_errors
+from ._options import N_PREDICT_HELP, policy_names
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -35,24 +37,40 @@ from ._session import answer, new_session, reopen_session, save
 from .reading import read_with_progress
 
 MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
-POLICY_HELP = ("how the pot chooses what to keep: infinipot (default), streaming, snapkv, h2o, truncate, imdc, "
-               "with parameters as in `infinipot:pot=4096,keep=2048`")
+POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in `infinipot:pot=4096,keep=2048`; "
+               "by default full attention (stock llama.cpp's computation) when the input fits the device and the "
+               "model's trained context, else infinipot at the largest budget the device holds")
 
 # the options ask and chat share (Typer reads type and help from these annotations)
 # str, not Path: Path("") would read as "." and an empty path could not be told apart
-ContextOpt = Annotated[str, typer.Option("--context", help="reopen a saved context instead of reading files")]
-SaveContextOpt = Annotated[str, typer.Option("--save-context", help="save the compressed context here after reading")]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
-PolicyOpt = Annotated[str, typer.Option("--policy", "-P", help=POLICY_HELP)]
+# a None default is filled from the config file and the model's registry entry (kvpot.session.settings):
+# show_default says what that comes to for a user who set neither
+ContextOpt = Annotated[str, typer.Option("--context", metavar="PATH", show_default="none: read the files",
+                                         help="reopen a saved context instead of reading files")]
+SaveContextOpt = Annotated[str, typer.Option("--save-context", metavar="PATH", show_default="not saved",
+                                             help="save the compressed context here after reading")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", metavar="NAME|PATH", show_default="see above", help=MODEL_HELP)]
+PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if the input fits, else infinipot",
+                                        help=POLICY_HELP)]
 BudgetOpt = Annotated[str, typer.Option(
-    "--budget", "-b", help="cells the memory may hold (per layer and KV head), or auto (default): the most the "
-                           "device's free memory holds, and full attention when the whole input fits")]
-ChunkOpt = Annotated[int, typer.Option("--chunk", help="tokens read per step")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (default: every core)")]
-PromptOpt = Annotated[str, typer.Option("--prompt", help="auto (chat template if the model has one), chat or completion")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="longest answer, in tokens")]
+    "--budget", "-b", metavar="N|auto", show_default="auto",
+    help="cells the memory may hold (per layer and KV head), or auto: the most the device's free memory holds, "
+         "with full attention when the whole input fits")]
+ChunkOpt = Annotated[int, typer.Option("--chunk", metavar="N", show_default=str(RunSettings.chunk),
+                                       help="tokens read per step")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", metavar="N", show_default="every core", help="CPU threads")]
+# --prompt-format, not llama.cpp's --chat-template: that one names which template, this one whether to use the
+# model's own (its values are auto, chat, completion); -p/--prompt stays the question's text, as in llama.cpp
+PromptFormatOpt = Annotated[str, typer.Option(
+    "--prompt-format", metavar="auto|chat|completion", show_default="the model's, else auto",
+    help="auto: the model's chat template if it has one; chat; or completion (plain text)")]
+NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
+                                          help=N_PREDICT_HELP)]
 GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
-RpcOpt = Annotated[str, typer.Option("--rpc", help=RPC_HELP)]
+RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOST:PORT,...", show_default="none: this machine",
+                                     help=RPC_HELP)]
+# old spellings, accepted with a note on stderr for one release
+ALIASES = {"--prompt": "--prompt-format", "--max-tokens": "--n-predict"}
 
 
 def _refuse_ignored(context: Path | None, **given) -> None:
@@ -72,7 +90,7 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     --context, no files, a --save-context path that cannot be written or that names a file the
     session reads (an input, the model, an adapter, a block store)."""
     _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
-                                "--prompt": opts["prompt"], "--glob": None if glob == "*" else glob})
+                                "--prompt-format": opts["prompt"], "--glob": None if glob == "*" else glob})
     if save_context is not None:
         resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
     if context is not None:
@@ -103,8 +121,8 @@ def ask(
     budget: BudgetOpt = None,
     chunk: ChunkOpt = None,
     threads: ThreadsOpt = None,
-    prompt: PromptOpt = None,
-    max_tokens: MaxTokensOpt = None,
+    prompt: PromptFormatOpt = None,
+    max_tokens: NPredictOpt = None,
     glob: GlobOpt = "*",
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
@@ -117,7 +135,7 @@ def ask(
 ) -> None:
     """Read files of any length, then answer one question about them.
 
-    The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Memory stays at --budget cells however long the input is.
+    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
     """
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
@@ -194,8 +212,8 @@ def chat(
     budget: BudgetOpt = None,
     chunk: ChunkOpt = None,
     threads: ThreadsOpt = None,
-    prompt: PromptOpt = None,
-    max_tokens: MaxTokensOpt = None,
+    prompt: PromptFormatOpt = None,
+    max_tokens: NPredictOpt = None,
     glob: GlobOpt = "*",
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
@@ -208,7 +226,7 @@ def chat(
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 
-    Every exchange stays in the same bounded memory: when it fills, the policy compacts it again.
+    Every exchange stays in the same bounded memory: when it fills, the policy compacts it again; a conversation read with full attention turns into a pot when the context fills, and says so.
     """
     require_stdout()
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)

@@ -17,24 +17,28 @@ from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
 from ._common import err, user_errors
+from ._options import KvpotGroup, aliased
 
-app = typer.Typer(help="Benchmarks, each reported as a ratio to stock llama.cpp measured in the same run.",
+app = typer.Typer(cls=KvpotGroup, help="Benchmarks, each reported as a ratio to stock llama.cpp measured in the same run.",
                   no_args_is_help=True)
 
 
-@app.command()
+# -n was input lengths here; across kvpot it is now the answer's tokens (llama.cpp's -n/--n-predict)
+@app.command(cls=aliased({"-n": "--tokens"}))
 @user_errors
 def throughput(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
     policy: str = typer.Option("streaming", "--policy", "-P", help="policy spec, e.g. streaming, snapkv:window=32"),
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells the pot keeps"),
     chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per decode step (also stock's n_batch)"),
-    tokens: list[int] = typer.Option([32768], "--tokens", "-n", min=64, help="input lengths to ingest (repeatable)"),
+    tokens: list[int] = typer.Option([32768], "--tokens", min=64, help="input lengths to ingest (repeatable)"),
     stock_tokens: int = typer.Option(None, "--stock-tokens", min=64,
-                                     help="stock prefill length (default: the longest input that fits the model's context)"),
+                                     show_default="the longest input that fits the model's context",
+                                     help="stock prefill length"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
     flash_attn: bool = typer.Option(False, "--flash-attn", help="flash attention for both sides"),
-    json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                 help="also write the results here as JSON"),
 ) -> None:
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill."""
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
@@ -53,21 +57,22 @@ def throughput(
         err.print(f"results written to {json_out}")
 
 
-@app.command()
+@app.command(cls=aliased({"-n": "--length"}))
 @user_errors
 def niah(
     model: str = typer.Option("gemma3-270m", "--model", "-m", help="a known model name or a path to a .gguf file"),
     policy: list[str] = typer.Option(["infinipot:pot=2048,keep=1024"], "--policy", "-P",
                                      help="policy specs to compare (repeatable)"),
-    lengths: list[int] = typer.Option([8192], "--length", "-n", min=256, help="haystack lengths in tokens (repeatable)"),
+    lengths: list[int] = typer.Option([8192], "--length", min=256, help="haystack lengths in tokens (repeatable)"),
     depths: list[float] = typer.Option([0.1, 0.5, 0.9], "--depth", "-d", min=0.0, max=1.0, help="needle depths (repeatable)"),
     seeds: list[int] = typer.Option([0], "--seed", help="seeds: each draws another key (repeatable)"),
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept by budget-driven policies"),
     chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    json_out: Path = typer.Option(None, "--json", help="write every case here as JSON (rewritten after each case)"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                  help="write every case here as JSON (rewritten after each case)"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
-    png_out: Path = typer.Option(None, "--png", help="write an accuracy heatmap (length x depth per policy) here"),
+    png_out: Path = typer.Option(None, "--png", show_default="not drawn", help="write an accuracy heatmap (length x depth per policy) here"),
     task: str = typer.Option("multikey", "--task",
                              help="multikey: four access codes in varied prose, the question names one (RULER); "
                                   "prose: one code in that prose; passkey: one key in a repeated filler sentence"),
@@ -128,7 +133,7 @@ def _load_cases(path: Path | None) -> list[dict]:
     return cases
 
 
-@app.command()
+@app.command(cls=aliased({"--max-tokens": "--tokens"}))
 @user_errors
 def ppl(
     file: Path = typer.Option(..., "--file", "-f", help="a long text file"),
@@ -136,9 +141,11 @@ def ppl(
     policy: list[str] = typer.Option(["streaming"], "--policy", "-P", help="policy specs to compare (repeatable)"),
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept"),
     chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
-    max_tokens: int = typer.Option(None, "--max-tokens", min=64, help="read at most this many tokens of the file"),
+    max_tokens: int = typer.Option(None, "--tokens", min=64, show_default="the whole file",
+                                   help="read at most this many tokens of the file"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                 help="also write the results here as JSON"),
 ) -> None:
     """Perplexity of a long text read under each policy (every token scored given the compressed past)."""
     from kvpot.bench.grid import ppl_run
@@ -164,18 +171,20 @@ def ppl(
         _write_json(json_out, results)
 
 
-@app.command()
+@app.command(cls=aliased({"-n": "--tokens"}))
 @user_errors
 def context(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    tokens: list[int] = typer.Option([32768], "--tokens", "-n", min=256, help="document lengths in tokens (repeatable)"),
-    policy: str = typer.Option(None, "--policy", "-P", help="policy spec (default: the model's, as `kvpot ask` uses)"),
-    budget: int = typer.Option(None, "--budget", "-b", min=1, help="cells kept (default: the model's)"),
+    tokens: list[int] = typer.Option([32768], "--tokens", min=256, help="document lengths in tokens (repeatable)"),
+    policy: str = typer.Option(None, "--policy", "-P", show_default="the model's, as `kvpot ask` uses",
+                               help="policy spec"),
+    budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="the model's", help="cells kept"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
     stock: bool = typer.Option(True, "--stock/--no-stock", help="also run stock llama.cpp where the document fits its context"),
-    keep_files: Path = typer.Option(None, "--keep-files", file_okay=False,
+    keep_files: Path = typer.Option(None, "--keep-files", file_okay=False, show_default="a temporary folder, removed",
                                     help="keep the generated documents and saved contexts in this folder"),
-    json_out: Path = typer.Option(None, "--json", help="also write the results here as JSON"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                 help="also write the results here as JSON"),
 ) -> None:
     """Time to the first answer token after reading N tokens, and reopening a saved context against
     reading the document again (`kvpot ask` with the model's default settings)."""

@@ -12,7 +12,8 @@ from ._common import err, user_errors
 @user_errors
 def build(
     force: bool = typer.Option(False, "--force", help="rebuild even when the wheel cache has this build"),
-    jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="parallel compile jobs (default: all cores)"),
+    jobs: int = typer.Option(None, "--jobs", "-j", min=1, show_default="every core",
+                            help="parallel compile jobs"),
 ) -> None:
     """Build the patched llama-cpp-python (patches/ + ggml_ext/) and install it.
 

@@ -9,12 +9,13 @@ import typer
 from kvpot.models.resolve import resolve_model
 
 from ._common import err, user_errors
+from ._options import KvpotCommand, KvpotGroup
 
-app = typer.Typer(help="Convert published checkpoints into kvpot adapter GGUF files (docs/formats.md).",
+app = typer.Typer(cls=KvpotGroup, help="Convert published checkpoints into kvpot adapter GGUF files (docs/formats.md).",
                   no_args_is_help=True)
 
 
-@app.command("locret")
+@app.command("locret", cls=KvpotCommand)
 @user_errors
 def locret(
     checkpoint: Path = typer.Argument(..., help="Locret retaining heads as published (a torch.save'd .bin)"),

@@ -12,9 +12,11 @@ from kvpot.build.pins import LLAMA_CPP_COMMIT
 from . import ask, bench, build, convert, doctor, models, rpc, run, train
 from ._crash import enable_crash_reports
 from ._interrupt import exit_cleanly_on_signals
+from ._options import KvpotCommand, KvpotGroup, aliased
 
 app = typer.Typer(
     name="kvpot",
+    cls=KvpotGroup,
     help="Long-document inference on small GGUF models with a bounded KV memory (the pot) inside llama.cpp.",
     no_args_is_help=True,
     add_completion=False,
@@ -46,15 +48,15 @@ def _root(version: bool = typer.Option(False, "--version", "-V", callback=_versi
           ) -> None:
     """Long-document inference on small GGUF models with a bounded KV memory (the pot) inside llama.cpp."""
 
-app.command()(ask.ask)
-app.command()(ask.chat)
-app.command()(doctor.doctor)
-app.command()(models.pull)
-app.command()(models.models)
-app.command()(run.run)
-app.command()(run.demo)
-app.command()(build.build)
-app.command(name="rpc-server")(rpc.rpc_server)
+app.command(cls=aliased(ask.ALIASES))(ask.ask)
+app.command(cls=aliased(ask.ALIASES))(ask.chat)
+app.command(cls=KvpotCommand)(doctor.doctor)
+app.command(cls=KvpotCommand)(models.pull)
+app.command(cls=KvpotCommand)(models.models)
+app.command(cls=aliased(run.ALIASES))(run.run)
+app.command(cls=KvpotCommand)(run.demo)
+app.command(cls=KvpotCommand)(build.build)
+app.command(name="rpc-server", cls=KvpotCommand)(rpc.rpc_server)
 app.add_typer(bench.app, name="bench")
 app.add_typer(convert.app, name="convert")
 app.add_typer(train.app, name="train")

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from kvpot.ingest import SourceSet
 from kvpot.session.session import ReadingStopped, ReadProgress, Session
+from kvpot.wording import plural
 
 from ._common import err
 from ._interrupt import Interrupts
@@ -64,13 +65,14 @@ def read_with_progress(session: Session, sources: SourceSet) -> bool:
 def _read_rich(session: Session, sources: SourceSet, stop: Interrupts) -> None:
     columns = (TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.completed:,}/{task.fields[est]} tokens"),
                _Rate(), TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"),
-               TextColumn("{task.fields[comp]} compactions"), TimeRemainingColumn())
+               TextColumn("{task.fields[comp]}"), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("read", total=None, est="?", cells=0, cap=session.engine.ctx.n_ctx, comp=0)
+        task = progress.add_task("read", total=None, est="?", cells=0, cap=session.engine.ctx.n_ctx,
+                                 comp=plural(0, "compaction"))
 
         def on_progress(p: ReadProgress) -> None:
             progress.update(task, completed=p.tokens, total=p.est_total, est=f"~{p.est_total:,}" if p.est_total else "?",
-                            cells=p.cells, comp=p.compactions)
+                            cells=p.cells, comp=plural(p.compactions, "compaction"))
             if stop.hit:
                 raise ReadingStopped
 
@@ -87,7 +89,7 @@ def _read_plain(session: Session, sources: SourceSet, stop: Interrupts) -> None:
             last = now
             of = f" of ~{p.est_total:,}" if p.est_total else ""
             err.print(f"read {p.tokens:,}{of} tokens, {p.tokens / (now - t0):,.0f} tok/s, pot {p.cells:,}/{p.capacity:,} "
-                      f"cells, {p.compactions} compactions", soft_wrap=True)
+                      f"cells, {plural(p.compactions, 'compaction')}", soft_wrap=True)
         if stop.hit:
             raise ReadingStopped
 
@@ -96,9 +98,11 @@ def _read_plain(session: Session, sources: SourceSet, stop: Interrupts) -> None:
 
 def _summary(session: Session, sources: SourceSet) -> None:
     st = session.stats()
-    extra = f", {sources.replaced} invalid UTF-8 sequences replaced" if sources.replaced else ""
-    err.print(f"read {st['document tokens']:,} tokens in {session.read_seconds:.1f}s ({st['read tok/s']} tok/s); "
-              f"pot {st['tokens in pot']:,} cells, {st['compactions']} compactions{extra}", soft_wrap=True)
+    extra = f", {plural(sources.replaced, 'invalid UTF-8 sequence')} replaced" if sources.replaced else ""
+    rate = f" ({st['read tok/s']:,} tok/s)" if "read tok/s" in st else ""
+    err.print(f"read {plural(st['document tokens'], 'token')} in {session.read_seconds:.1f}s{rate}; "
+              f"pot {plural(st['tokens in pot'], 'cell')}, {plural(st['compactions'], 'compaction')}{extra}",
+              soft_wrap=True)
 
 
 class QuestionProgress:
@@ -135,7 +139,7 @@ class QuestionProgress:
             self._done = True
             self.close()
             err.print(f"read the question's {p.tokens:,} tokens in {now - self._t0:.1f}s; pot {p.cells:,} cells, "
-                      f"{p.compactions} compactions", soft_wrap=True)
+                      f"{plural(p.compactions, 'compaction')}", soft_wrap=True)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -14,8 +14,10 @@ def rpc_server(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface; "
                              "the protocol has no authentication, use it only on a trusted network)"),
     port: int = typer.Option(50052, "--port", "-p", min=1, max=65535, help="TCP port"),
-    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: every core)"),
-    device: str = typer.Option(None, "--device", help="which device to serve (default: the first GPU, else the CPU)"),
+    threads: int = typer.Option(None, "--threads", "-t", min=1, show_default="every core",
+                                help="CPU threads"),
+    device: str = typer.Option(None, "--device", show_default="the first GPU, else the CPU",
+                              help="which device to serve"),
 ) -> None:
     """Serve this machine's GPU or CPU to kvpot (or llama.cpp) clients over llama.cpp's RPC protocol.
 

@@ -15,8 +15,10 @@ from kvpot.ingest.sources import STDIN, stat_input
 from kvpot.ingest.textfile import check_text_file
 from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import DEFAULT_MODEL
+from kvpot.session.settings import RunSettings
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, require_stdout, user_errors
+from ._options import N_PREDICT_HELP, policy_names
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -33,25 +35,32 @@ from ._session import answer, new_session
 from .reading import read_with_progress
 
 FULL = "full"
+RUN_POLICY_HELP = (f"full (stock llama.cpp: the document must fit), or a pot policy: "
+                   f"{policy_names().replace(FULL + ', ', '')} (e.g. snapkv:window=32)")
+# old spellings, accepted with a note on stderr for one release
+ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 
 
 @user_errors
 def run(
-    file: Path = typer.Option(..., "--file", "-f", help="the document to read (text)"),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="the question to ask about it"),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    policy: str = typer.Option(FULL, "--policy", "-P",
-                               help="full (stock llama.cpp: the document must fit), or a pot policy: infinipot, "
-                                    "streaming, snapkv, h2o, truncate, imdc, locret (e.g. snapkv:window=32)"),
-    budget: str = typer.Option(None, "--budget", "-b",
+    file: Path = typer.Option(..., "--file", "-f", metavar="PATH", help="the document to read (text)"),
+    prompt: str = typer.Option(..., "--prompt", "-p", metavar="TEXT", help="the question to ask about it"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME|PATH",
+                              help="a known model name or a path to a .gguf file"),
+    policy: str = typer.Option(FULL, "--policy", "-P", metavar="SPEC", help=RUN_POLICY_HELP),
+    budget: str = typer.Option(None, "--budget", "-b", metavar="N|auto", show_default="auto",
                                help="cells the pot may hold (pot policies), or auto: the most the device holds"),
-    chunk: int = typer.Option(None, "--chunk", min=16, help="tokens read per step"),
-    ctx: int = typer.Option(None, "--ctx", "-c", min=64,
-                            help="context size in tokens for --policy full (default: what the document needs, "
-                                 "up to the model's trained context and the device's memory)"),
-    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: all cores)"),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="longest answer, in tokens"),
-    rpc: str = typer.Option(None, "--rpc", help=RPC_HELP),
+    chunk: int = typer.Option(None, "--chunk", min=16, metavar="N", show_default=str(RunSettings.chunk),
+                              help="tokens read per step"),
+    ctx: int = typer.Option(None, "--ctx-size", "-c", min=64, metavar="N",
+                            show_default="what the document needs, up to the model's trained context and the "
+                                         "device's memory",
+                            help="context size in tokens for --policy full"),
+    threads: int = typer.Option(None, "--threads", "-t", min=1, metavar="N", show_default="every core",
+                                help="CPU threads"),
+    max_tokens: int = typer.Option(None, "--n-predict", "-n", min=1, metavar="N",
+                                   show_default=str(RunSettings.max_tokens), help=N_PREDICT_HELP),
+    rpc: str = typer.Option(None, "--rpc", metavar="HOST:PORT,...", show_default="none: this machine", help=RPC_HELP),
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
     top_p: TopPOpt = DEFAULTS["top_p"],
@@ -70,9 +79,9 @@ def run(
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     if ctx is not None:
         if policy.partition(":")[0].strip().lower() != FULL:
-            raise KvpotError("--ctx sizes full attention's context; a pot policy takes --budget")
+            raise KvpotError("--ctx-size sizes full attention's context; a pot policy takes --budget")
         if budget is not None:
-            raise KvpotError("pass --ctx or --budget, not both (for --policy full they are the same)")
+            raise KvpotError("pass --ctx-size or --budget, not both (for --policy full they are the same)")
         budget = str(ctx)
     if str(file) != STDIN:
         st = stat_input(str(file))  # missing, unreachable, a symlink loop: one line each
@@ -96,9 +105,12 @@ DEMO_ENTRIES = 180
 
 @user_errors
 def demo(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: all cores)"),
-    entries: int = typer.Option(DEMO_ENTRIES, "--entries", min=10, help="logbook days to write (about 44 tokens each)"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME|PATH",
+                              help="a known model name or a path to a .gguf file"),
+    threads: int = typer.Option(None, "--threads", "-t", min=1, metavar="N", show_default="every core",
+                                help="CPU threads"),
+    entries: int = typer.Option(DEMO_ENTRIES, "--entries", min=10, metavar="N",
+                                help="logbook days to write (about 44 tokens each)"),
 ) -> None:
     """Write a long sample logbook (generated by kvpot), then answer a question about it as `kvpot ask` does and check the answer."""
     require_stdout()

@@ -13,8 +13,9 @@ from kvpot.models.resolve import resolve_model
 from kvpot.session.checks import check_threads
 
 from ._common import err, user_errors
+from ._options import KvpotCommand, KvpotGroup
 
-app = typer.Typer(help="Train a method's parts for a model from documents on this machine (needs torch: the train extra).",
+app = typer.Typer(cls=KvpotGroup, help="Train a method's parts for a model from documents on this machine (needs torch: the train extra).",
                   no_args_is_help=True)
 
 
@@ -23,14 +24,14 @@ def _progress() -> Progress:
                     TextColumn("{task.fields[note]}"), TimeRemainingColumn(), console=err, transient=False)
 
 
-@app.command("locret")
+@app.command("locret", cls=KvpotCommand)
 @user_errors
 def locret(
     model: str = typer.Option(..., "--model", "-m", help="a known model name or a path to a .gguf file"),
     out: Path = typer.Option(..., "--output", "-o", help="the adapter GGUF to write"),
     data: list[Path] = typer.Option(None, "--data", "-d",
-                                    help="text files or directories to train on (repeatable; default: this "
-                                         "Python's standard library and /usr/share/doc)"),
+                                    show_default="this Python's standard library and /usr/share/doc",
+                                    help="text files or directories to train on (repeatable)"),
     samples: int = typer.Option(48, "--samples", min=1, help="training samples (prompt + answer)"),
     length: int = typer.Option(768, "--length", min=128, max=32768, help="tokens per sample"),
     steps: int = typer.Option(240, "--steps", min=1, help="optimiser steps (one sample each)"),
@@ -40,7 +41,7 @@ def locret(
     heldout: int = typer.Option(4, "--heldout", min=0, help="held-out samples for the rank correlation"),
     threads: int = typer.Option(2, "--threads", "-t", help="CPU threads (1 to the machine's cores)"),
     dtype: str = typer.Option("f16", "--dtype", help="f16 or f32 weights in the adapter"),
-    cache: Path = typer.Option(None, "--cache", help="keep each sample's captured features and labels here "
+    cache: Path = typer.Option(None, "--cache", show_default="not kept", help="keep each sample's captured features and labels here "
                                                      "(about 40 MB a sample for SmolLM2): a rerun reads them back"),
 ) -> None:
     """Train Locret's retaining heads for MODEL and write them as an adapter GGUF.
@@ -88,7 +89,7 @@ def locret(
               + (f"; held-out Spearman {report.spearman:.3f}" if report.spearman is not None else ""))
 
 
-@app.command("edgeinfinite")
+@app.command("edgeinfinite", cls=KvpotCommand)
 @user_errors
 def edgeinfinite(
     model: str = typer.Option(..., "--model", "-m", help="the base model: a known name or a .gguf path"),

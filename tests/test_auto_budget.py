@@ -20,7 +20,7 @@ from kvpot.session.session import answer_reserve
 from kvpot.session.settings import RunSettings
 
 runner = CliRunner()
-OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt", "completion", "--threads", "2"]
+OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt-format", "completion", "--threads", "2"]
 
 
 @pytest.fixture(scope="module")

@@ -170,7 +170,7 @@ def test_run_refuses_an_impossible_budget_before_reading(silent_fifo, tmp_path):
     assert_one_line_error(res.stderr, "raise --budget to at least 17")
 
 
-@pytest.mark.parametrize("bench", [["niah", "-n", "1024"], ["ppl", "-f", "{fifo}"], ["throughput"]])
+@pytest.mark.parametrize("bench", [["niah", "--length", "1024"], ["ppl", "-f", "{fifo}"], ["throughput"]])
 def test_bench_refuses_an_impossible_budget_before_any_run(bench, silent_fifo, tmp_path):
     args = [a.replace("{fifo}", silent_fifo) for a in bench]
     res = run_cli("bench", *args, "-m", NO_MODEL, "-P", "snapkv", "--budget", "16",

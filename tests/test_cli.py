@@ -75,7 +75,7 @@ def test_run_matches_llama_cpp(smollm2_path, short_doc):
 
     path, document, question = short_doc
     res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question,
-                  "--threads", "2", "--max-tokens", "24")
+                  "--threads", "2", "--n-predict", "24")
     assert res.returncode == 0, res.stderr
     assert "full attention over" in res.stderr
     vocab = LlamaModel(str(smollm2_path), vocab_only=True)
@@ -96,7 +96,7 @@ def test_run_matches_llama_cpp(smollm2_path, short_doc):
 def test_run_and_ask_word_the_question_the_same(smollm2_path, short_doc, tmp_path):
     """One answering path: `run -P infinipot` and `ask` read the same tokens and give the same answer."""
     path, _, question = short_doc
-    args = ("--model", str(smollm2_path), "--threads", "2", "--max-tokens", "16")
+    args = ("--model", str(smollm2_path), "--threads", "2", "--n-predict", "16")
     (tmp_path / "run").mkdir()
     (tmp_path / "ask").mkdir()
     ran = run_cli("run", "--file", str(path), "--prompt", question, "--policy", "infinipot", "--budget", "256", *args,
@@ -110,7 +110,7 @@ def test_run_and_ask_word_the_question_the_same(smollm2_path, short_doc, tmp_pat
 
 def test_run_refuses_a_document_past_the_context(smollm2_path, short_doc):
     path, _, question = short_doc
-    res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question, "--ctx", "128")
+    res = run_cli("run", "--model", str(smollm2_path), "--file", str(path), "--prompt", question, "--ctx-size", "128")
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "more than the context size asked for, 128 cells")
     assert "full attention keeps every token: the input is" in res.stderr
@@ -166,7 +166,7 @@ def test_run_with_a_pot_policy_reads_past_the_context(smollm2_path, tmp_path):
     path = tmp_path / "long.txt"
     path.write_text(document)
     # full attention refuses this context size ...
-    full = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--ctx", "512", "-n", "8")
+    full = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--ctx-size", "512", "-n", "8")
     assert full.returncode != 0 and "more than the context size asked for, 512 cells" in full.stderr
     # ... a pot policy reads it all with 256 cells
     res = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--policy", "snapkv",
@@ -207,7 +207,7 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_path, tmp_path):
     import json
 
     out = tmp_path / "niah.json"
-    args = ["bench", "niah", "-m", str(smollm2_path), "--task", "passkey", "-n", "600", "-d", "0.5",
+    args = ["bench", "niah", "-m", str(smollm2_path), "--task", "passkey", "--length", "600", "-d", "0.5",
             "-P", "streaming", "-P", "full", "--budget", "256", "--chunk", "64", "--json", str(out)]
     res = run_cli(*args, env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
@@ -231,7 +231,7 @@ def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_p
     text.write_text(logbook(n_entries=40, seed=3)[0])
     out = tmp_path / "ppl.json"
     res = run_cli("bench", "ppl", "-f", str(text), "-m", str(smollm2_path), "-P", "streaming", "-P", "full",
-                  "--budget", "1024", "--chunk", "64", "--max-tokens", "700", "--json", str(out),
+                  "--budget", "1024", "--chunk", "64", "--tokens", "700", "--json", str(out),
                   env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     stream, full = json.loads(out.read_text())
@@ -244,7 +244,7 @@ def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_p
 def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
     """kvpot reads, answers, saves and reopens; stock llama.cpp does the same with its own state file."""
     out = tmp_path / "ctx.json"
-    res = run_cli("bench", "context", "-m", str(smollm2_path), "-n", "600", "-P", "infinipot:pot=256,keep=128",
+    res = run_cli("bench", "context", "-m", str(smollm2_path), "--tokens", "600", "-P", "infinipot:pot=256,keep=128",
                   "--keep-files", str(tmp_path / "files"), "--json", str(out), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     import json

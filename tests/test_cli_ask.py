@@ -10,7 +10,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 
 runner = CliRunner()
-FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt", "completion",
+FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt-format", "completion",
         "--threads", "2"]
 
 
@@ -55,7 +55,7 @@ def test_a_long_question_shows_progress(doc):
     start = [ln for ln in lines if ln.startswith("reading the question (")]
     done = [ln for ln in lines if ln.startswith("read the question's ")]
     assert len(start) == 1 and len(done) == 1, res.stderr
-    assert "through the pot" in start[0] and "compactions" in done[0]
+    assert "through the pot" in start[0] and "compaction" in done[0]
     assert start[0].index("reading the question") < res.stderr.index("read the question's")
 
 

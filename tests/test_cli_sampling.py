@@ -10,7 +10,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 
 runner = CliRunner()
-OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "16", "--prompt", "completion", "--threads", "2",
+OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "16", "--prompt-format", "completion", "--threads", "2",
         "--policy", "full"]
 
 

@@ -22,7 +22,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 
 KVPOT = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
-FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion", "--threads", "1"]
+FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1"]
 PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
 
 

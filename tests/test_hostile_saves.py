@@ -20,7 +20,7 @@ from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write, protect, protection_scope
 
 runner = CliRunner()
-FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion", "--threads", "1"]
+FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1"]
 SHIPPED = Path(__file__).resolve().parent.parent / "models"
 
 

@@ -28,7 +28,7 @@ from kvpot.runtime.blocks import BlockStore, BlockStoreError
 SHAPE = dict(n_layer=2, n_head_kv=1, d_k=4, d_v=4, block_size=2)
 # blocks of 8 in a pot of 128 cells: a few hundred tokens fill a store
 INFLLM = "infllm:block_size=8"
-SMALL = ["--budget", "128", "--chunk", "16", "-n", "1", "--prompt", "completion"]
+SMALL = ["--budget", "128", "--chunk", "16", "-n", "1", "--prompt-format", "completion"]
 
 
 def sha256(path) -> str:

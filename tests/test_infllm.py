@@ -240,7 +240,7 @@ def test_kvpot_ask_leaves_a_store_only_beside_a_saved_context(smollm2_path, long
     doc = tmp_path / "doc.txt"
     doc.write_text(long_text[0])
     args = ["ask", str(doc), long_text[1], "-m", str(smollm2_path), "-P", "infllm", "--budget", "512", "--chunk", "128",
-            "-n", "2", "--prompt", "completion"]
+            "-n", "2", "--prompt-format", "completion"]
     for home, extra, left in (("plain", [], 0), ("saved", ["--save-context", str(tmp_path / "c.kvctx")], 1)):
         res = run_cli(*args, *extra, env={"KVPOT_HOME": str(tmp_path / home)})
         assert res.returncode in (0, 5), res.stderr  # 5: the model answered nothing

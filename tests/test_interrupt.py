@@ -12,7 +12,7 @@ import pytest
 
 from kvpot.bench.logbook import logbook
 
-ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion",
+ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion",
         "--threads", "2"]
 
 

@@ -111,5 +111,5 @@ def test_memory_check_names_the_option_to_lower(smollm2_path):
         check_memory(facts, 10**6, 512, 10**6 - 600, 512, 256, available=need.total)
     with pytest.raises(KvpotError, match="lower --chunk"):
         check_memory(facts, 4096 + 10**6, 10**6, 4096, 10**6, 256, available=need.total)
-    with pytest.raises(KvpotError, match="lower --max-tokens"):
+    with pytest.raises(KvpotError, match="lower --n-predict"):
         check_memory(facts, 10**6, 512, 4096, 512, 10**6 - 4096, available=need.total)

@@ -17,7 +17,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.models.pull import cached_path
 from kvpot.models.registry import SMOLLM2_135M
 
-FAST = ["-m", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt", "completion", "--threads", "1"]
+FAST = ["-m", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1"]
 
 
 def _snapshot(root: Path) -> dict:
@@ -86,7 +86,7 @@ CASES = [
     ("threads-zero", ["ask", "{doc}", "q?", *FAST, "--threads", "0"], 1, "--threads must be at least 1"),
     ("threads-negative", ["ask", "{doc}", "q?", *FAST, "--threads", "-2"], 1, "--threads must be at least 1"),
     ("threads-too-many", ["ask", "{doc}", "q?", *FAST, "--threads", "1000"], 1, "more than the"),
-    ("max-tokens-zero", ["ask", "{doc}", "q?", *FAST, "--max-tokens", "0"], 1, "--max-tokens must be at least 1"),
+    ("n-predict-zero", ["ask", "{doc}", "q?", *FAST, "--n-predict", "0"], 1, "--n-predict must be at least 1"),
     ("budget-tiny", ["ask", "{doc}", "q?", *FAST, "--budget", "8"], 1, "--budget 8 is too small"),
     ("budget-huge", ["ask", "{doc}", "q?", *FAST, "--budget", "500000000"], 1, "lower --budget"),
     ("question-too-long", ["ask", "{doc}", "Which crew member " * 20 + "?", *FAST, "--budget", "32"], 1,

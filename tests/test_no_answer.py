@@ -10,7 +10,7 @@ from kvpot.cli.main import app
 from kvpot.session.session import Session
 
 runner = CliRunner()
-OPTS = ["--model", "smollm2-135m", "--budget", "256", "--chunk", "64", "-n", "6", "--prompt", "completion",
+OPTS = ["--model", "smollm2-135m", "--budget", "256", "--chunk", "64", "-n", "6", "--prompt-format", "completion",
         "--threads", "2"]
 
 

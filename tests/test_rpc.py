@@ -158,7 +158,7 @@ def test_cli_ask_rpc_answers_like_local(servers, smollm2_path, tmp_path):
     doc = tmp_path / "log.txt"
     doc.write_text(text)
     args = ["ask", str(doc), question, "-m", str(smollm2_path), "--policy", "infinipot:pot=384,keep=192",
-            "--budget", "384", "--chunk", "128", "--max-tokens", "16", "--threads", "1"]
+            "--budget", "384", "--chunk", "128", "--n-predict", "16", "--threads", "1"]
     local = run_cli(*args)
     assert local.returncode == 0, local.stderr
     remote = run_cli(*args, "--rpc", servers.spec)

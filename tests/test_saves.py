@@ -21,7 +21,7 @@ from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write, remove_stale_temps, resolve_target, temp_pattern
 
 runner = CliRunner()
-FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "8", "--prompt", "completion",
+FAST = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "8", "--prompt-format", "completion",
         "--threads", "1"]
 
 

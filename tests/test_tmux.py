@@ -19,7 +19,7 @@ from kvpot.bench.logbook import logbook
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
-ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt", "completion",
+ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "12", "--prompt-format", "completion",
         "--threads", "2"]
 KVPOT = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
 

@@ -13,7 +13,7 @@ one() {  # model length task "depths" "seeds" budget|full
     m=$1; n=$2; task=$3; depths=$4; seeds=$5; b=$6
     if [ "$b" = full ]; then pol="-P full"; b_opt=""; else pol="-P infinipot"; b_opt="--budget $b"; fi
     echo "== $(date -u +%T) $m $n $task [$depths] [$seeds] $b"
-    $K bench niah -m $m -n $n --task $task $depths $seeds $pol $b_opt --chunk 512 -t $T \
+    $K bench niah -m $m --length $n --task $task $depths $seeds $pol $b_opt --chunk 512 -t $T \
         --json $D/$m-$task-$n-$b.json --resume
 }
 D3="-d 0.1 -d 0.5 -d 0.9"

@@ -58,16 +58,16 @@ prose() {  # the diffutils manual as plain text
 }
 run() {  # text max_tokens name
     if [ "${KV:-}" = 1 ]; then
-        $K bench ppl -m $M -f $1 --max-tokens $2 --budget $((1024 - MEM)) --chunk 512 -t $T \
+        $K bench ppl -m $M -f $1 --tokens $2 --budget $((1024 - MEM)) --chunk 512 -t $T \
             -P streaming:n_sink=$SINK --json $D/$3-kv.json
         return
     fi
     if [ "${CLOSED:-}" = 1 ]; then  # the gate shut: EdgeInfinite's eviction alone
-        $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
+        $K bench ppl -m $M -f $1 --tokens $2 --budget 1024 --chunk 512 -t $T \
             -P edgeinfinite:gate=closed$X --json $D/$3$SUF-closed.json
         return
     fi
-    $K bench ppl -m $M -f $1 --max-tokens $2 --budget 1024 --chunk 512 -t $T \
+    $K bench ppl -m $M -f $1 --tokens $2 --budget 1024 --chunk 512 -t $T \
         $S $I -P edgeinfinite:gate=models/$M.edgeinfinite.gguf$X \
         $G --json $D/$3$SUF.json
 }

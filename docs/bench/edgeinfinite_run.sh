@@ -23,19 +23,19 @@ case $1 in
 ablations-smollm2|ablations-gemma3)
     M=$([ $1 = ablations-gemma3 ] && echo gemma3-270m || echo smollm2-135m)
     code 40 $tmp/kvpot-ei-code.txt
-    $K bench ppl -m $M -f $tmp/kvpot-ei-code.txt --max-tokens 8192 --budget 1024 --chunk 512 -t $T \
+    $K bench ppl -m $M -f $tmp/kvpot-ei-code.txt --tokens 8192 --budget 1024 --chunk 512 -t $T \
         -P edgeinfinite -P edgeinfinite:L_sink=0 -P edgeinfinite:L_window=0 \
         --json $D/ppl-${1#ablations-}-code-8k-ablations$SUF.json ;;
 # passkey at 8K over 10 depths, seed 0: SmolLM2 (the policies of the Locret grid measured there at 1024)
 passkey-smollm2)
-    $K bench niah -m smollm2-135m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
+    $K bench niah -m smollm2-135m --length 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
         --json $D/smollm2-135m-passkey-8k-1024$SUF.json --resume ;;
 # Gemma-3: the file starts as a copy of the 8K grid of the Locret section (InfiniPot 2048/1024, Truncate,
 # StreamingLLM, SnapKV, Locret at 1024 on the same haystacks), so only EdgeInfinite's cases run
 passkey-gemma3)
     [ -f $D/gemma3-270m-passkey-8k-1024$SUF.json ] || cp docs/bench/niah-gemma3-8k-locret.json $D/gemma3-270m-passkey-8k-1024$SUF.json
-    $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
+    $K bench niah -m gemma3-270m --length 8192 $D10 --seed 0 --budget 1024 --chunk 512 --task passkey -t $T \
         -P edgeinfinite -P edgeinfinite:gate=init \
         --json $D/gemma3-270m-passkey-8k-1024$SUF.json --resume ;;
 *) echo "usage: sh docs/bench/edgeinfinite_run.sh ablations-smollm2|ablations-gemma3|passkey-smollm2|passkey-gemma3" >&2; exit 2 ;;

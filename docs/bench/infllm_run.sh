@@ -24,17 +24,17 @@ D=docs/bench/infllm
 mkdir -p $D
 D10="-d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9"
 case $1 in
-grid-8k)   $K bench niah -m gemma3-270m -n 8192 $D10 --seed 0 --seed 1 --budget 2048 --chunk 512 --task passkey \
+grid-8k)   $K bench niah -m gemma3-270m --length 8192 $D10 --seed 0 --seed 1 --budget 2048 --chunk 512 --task passkey \
                -P $P -t $T --json $D/niah-gemma3-8k-grid$S.json --resume ;;
-grid-32k)  $K bench niah -m gemma3-270m -n 32768 -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
+grid-32k)  $K bench niah -m gemma3-270m --length 32768 -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
                --task passkey -P $P -t $T --json $D/niah-gemma3-32k$S.json --resume ;;
-grid-128k) $K bench niah -m gemma3-270m -n 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
+grid-128k) $K bench niah -m gemma3-270m --length 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
                --task passkey -P $P -t $T --json $D/niah-gemma3-128k$S.json --resume ;;
 # peak RSS and store growth: the same policy over 8K and 128K tokens, each in a fresh process
-rss)       $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 -n 8192 -n 131072 \
+rss)       $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 --tokens 8192 --tokens 131072 \
                --stock-tokens 2048 -t $T --json $D/rss-gemma3-8k-128k$S.json ;;
 # the 1M-token read (and 8K beside it, to compare peak RSS in the same run); the store is deleted after
-read-1m)   $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 -n 8192 -n 1048576 \
+read-1m)   $K bench throughput -m gemma3-270m -P $P --budget 2048 --chunk 512 --tokens 8192 --tokens 1048576 \
                --stock-tokens 2048 -t $T --json $D/read-gemma3-1m$S.json ;;
 *) echo "usage: sh docs/bench/infllm_run.sh grid-8k|grid-32k|grid-128k|rss|read-1m" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ R=${ROUNDS:-2}
 mkdir -p $D
 run() {  # model tag policy
     echo "== $(date -u +%T) $1 $3"
-    $K bench throughput -m $1 -P "$3" --budget 2048 --chunk 512 -n 8192 --stock-tokens 64 -t 2 --json $D/$1-$2-$r.json
+    $K bench throughput -m $1 -P "$3" --budget 2048 --chunk 512 --tokens 8192 --stock-tokens 64 -t 2 --json $D/$1-$2-$r.json
 }
 r=1
 while [ $r -le $R ]; do

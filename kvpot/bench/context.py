@@ -97,7 +97,7 @@ def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threa
     reread = t_first - t0
     reopen = t_reopen - t1
     return {"mode": "kvpot", "model": name, "policy": s.policy_spec, "length": n_tokens,
-            "tokens": stats["document tokens"], "read_seconds": t_read - t0, "tok_s": stats["read tok/s"],
+            "tokens": stats["document tokens"], "read_seconds": t_read - t0, "tok_s": stats.get("read tok/s"),
             "first_token_seconds": t_first - t_read, "reread_seconds": reread, "reopen_seconds": reopen,
             "reopen_speedup": reread / reopen, "context_bytes": size, "save_seconds": save_seconds,
             "peak_rss_mb": rss_read, "pot_cells": stats["tokens in pot"], "compactions": stats["compactions"],

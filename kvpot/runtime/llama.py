@@ -96,7 +96,7 @@ class LlamaModel(Owned):
             buf = ctypes.create_string_buffer(n)
             n = L.llama_chat_apply_template(tmpl, arr, len(messages), add_assistant, buf, n)
         if n < 0:
-            raise KvpotError("llama.cpp does not know this model's chat template; use --prompt completion")
+            raise KvpotError("llama.cpp does not know this model's chat template; use --prompt-format completion")
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def bos(self) -> list[int]:

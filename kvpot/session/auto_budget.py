@@ -139,8 +139,10 @@ class Reading:
     reason: str
 
 
-def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int) -> Reading:
-    """Full attention when the document (counted exactly, None when unknown, e.g. stdin) plus the
+def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int,
+                   complete: bool = True) -> Reading:
+    """Full attention when the document (counted exactly, None when unknown, e.g. stdin; `complete`
+    False when counting stopped past the limit, so `doc_tokens` is a lower bound) plus the
     question and answer fit both the device's context and the model's trained context: that is what
     stock llama.cpp computes. Otherwise the pot, as large as the device holds. Full attention needs
     no chunk of room past the document (it never distills; FullAttention.cache_cells), so a document
@@ -150,7 +152,12 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
         return Reading("full", doc_tokens, f"the input's {doc_tokens:,} tokens fit the {limit:,} cells the device and "
                                            f"the model's trained context allow: full attention, as stock llama.cpp")
     budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
-    what = "its length is unknown (stdin)" if doc_tokens is None else f"{doc_tokens:,} tokens do not fit {limit:,} cells"
+    if doc_tokens is None:
+        what = "its length is unknown (stdin)"
+    elif complete:
+        what = f"{doc_tokens:,} tokens do not fit {limit:,} cells"
+    else:  # counting stopped once past the limit: the figure reached is not the input's length
+        what = f"more than {limit:,} tokens do not fit {limit:,} cells"
     return Reading("pot", budget, f"{what}: the pot takes {budget:,} cells ({plan.reason})")
 
 

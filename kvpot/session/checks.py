@@ -46,7 +46,7 @@ def check_cli_numbers(budget: int | None, chunk: int | None, threads: int | None
         if value is not None and value > MAX_CELLS:
             raise KvpotError(f"{option} {value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)")
     if max_tokens is not None and max_tokens > MAX_CELLS:
-        raise KvpotError(f"--max-tokens {max_tokens:,} is larger than any context ({MAX_CELLS:,})")
+        raise KvpotError(f"--n-predict {max_tokens:,} is larger than any context ({MAX_CELLS:,})")
 
 
 def check_budget(policy_spec: str, budget: int, chunk: int, option: str = "--budget",
@@ -114,7 +114,7 @@ def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk
     """Refuse a context that cannot fit the memory left, naming the option that makes it big."""
     if n_ctx > MAX_CELLS:
         raise KvpotError(f"a context of {n_ctx:,} cells is larger than llama.cpp can address; "
-                         "lower --budget, --chunk or --max-tokens")
+                         "lower --budget, --chunk or --n-predict")
     avail = available_memory() if available is None else available
     if avail is None:
         return
@@ -122,10 +122,10 @@ def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk
     if need.total <= avail:
         return
     # what grows with the context's cells (KV, and the scores of a step over them) names the option that
-    # made the context big: --budget, --max-tokens (the answer's room) and, for policies that read a chunk
+    # made the context big: --budget, --n-predict (the answer's room) and, for policies that read a chunk
     # on top of the budget, --chunk; what grows with the step alone (logits, activations) names --chunk
     if need.kv + need.scores >= need.logits + need.activations:
-        sizes = {"--budget": budget, "--max-tokens": max_tokens}
+        sizes = {"--budget": budget, "--n-predict": max_tokens}
         if n_ctx >= budget + chunk:
             sizes["--chunk"] = chunk
         option = max(sizes, key=sizes.get)

@@ -63,7 +63,7 @@ class ChatFormat:
         one = render([("user", _U1)], True)
         two = render([("user", _U1), ("assistant", _A1), ("user", _U2)], True)
         if _U1 not in one or _U2 not in two or _A1 not in two:
-            raise KvpotError("the model's chat template drops message text; use --prompt completion")
+            raise KvpotError("the model's chat template drops message text; use --prompt-format completion")
         self._open, self._close_user = one.split(_U1)
         self._between = two.split(_A1)[1].split(_U2)[0]      # end of answer .. start of next user turn
         self._close_user2 = two.split(_U2)[1]
@@ -86,5 +86,5 @@ def choose_format(model, choice: str = "auto"):
     if choice == "completion" or (choice == "auto" and not template):
         return CompletionFormat()
     if not template:
-        raise KvpotError("this model has no chat template (a base model); use --prompt completion")
+        raise KvpotError("this model has no chat template (a base model); use --prompt-format completion")
     return ChatFormat(lambda msgs, add: model.apply_template(template, msgs, add))

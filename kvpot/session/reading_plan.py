@@ -104,7 +104,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
                 else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
         return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}")
-    reading = device_budget.choose_reading(device_budget.DevicePlan(limit, why), n_ctx_train, tokens, reserve, chunk)
+    reading = device_budget.choose_reading(device_budget.DevicePlan(limit, why), n_ctx_train, tokens, reserve, chunk,
+                                           complete=counted is None or counted.complete)
     if reading.mode == "full" and not policy_chosen:
         return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}")
     if reading.mode == "full":  # the user's policy, at the largest budget (it will not need to evict)

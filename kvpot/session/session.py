@@ -27,6 +27,7 @@ from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings
+from kvpot.wording import plural
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
 SAVE_LOGITS_ENV = "KVPOT_SAVE_LOGITS"
@@ -188,7 +189,7 @@ class Session:
         """Back to the moment the document was read (the conversation is forgotten)."""
         if self._after_reading is None:
             if self.turns:  # reopened from a context saved mid-conversation
-                raise KvpotError(f"this context was saved after {self.turns} turn(s); its conversation cannot be "
+                raise KvpotError(f"this context was saved after {plural(self.turns, 'turn')}; its conversation cannot be "
                                  "told apart from the document (save contexts before chatting to keep /reset)")
             raise KvpotError("nothing has been read yet")
         self.engine.import_state(self._after_reading)
@@ -196,11 +197,13 @@ class Session:
 
     def stats(self) -> dict:
         st = self.engine.stats()
-        return {"model": self.model_name, "policy": self.policy_spec, "prompt": self.format.name,
+        out = {"model": self.model_name, "policy": self.policy_spec, "prompt": self.format.name,
                 "document tokens": self.doc_tokens, "tokens in pot": st.n_cells_used,
                 "pot capacity": st.n_cells_total, "pot MiB": round(st.bytes_used / 2**20, 1),
-                "compactions": st.n_compactions, "turns": self.turns,
-                "read tok/s": round(self.doc_tokens / self.read_seconds, 1) if self.read_seconds else None}
+                "compactions": st.n_compactions, "turns": self.turns}
+        if self.read_seconds:  # a reopened context was read by another process: no rate to show
+            out["read tok/s"] = round(self.doc_tokens / self.read_seconds, 1)
+        return out
 
     # -- saving ----------------------------------------------------------------------------------
 

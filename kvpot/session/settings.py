@@ -24,6 +24,15 @@ MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
 
 
+# the command-line option that sets each key where it is not --KEY (llama.cpp's name where it has the same option)
+OPTION_NAMES = {"max_tokens": "--n-predict", "prompt": "--prompt-format"}
+
+
+def option_name(key: str) -> str:
+    """How a user sets `key` on the command line."""
+    return OPTION_NAMES.get(key, "--" + key.replace("_", "-"))
+
+
 @dataclass(frozen=True)
 class RunSettings:
     policy: str = "infinipot"   # a policy spec; sizes it leaves open follow the budget (Policy.fit)
@@ -35,8 +44,8 @@ class RunSettings:
     max_tokens: int = 256       # longest answer
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
-        """`names`: how the user spelled each key (e.g. "--max-tokens", or "max_tokens in config.toml")."""
-        n = lambda key: (names or {}).get(key, "--" + key.replace("_", "-"))  # noqa: E731
+        """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
+        n = lambda key: (names or {}).get(key, option_name(key))  # noqa: E731
         for key in KEYS:
             problem = setting_problem(key, getattr(self, key))
             if problem:
@@ -196,5 +205,5 @@ def merge_settings(cfg: dict, path: Path | str, model_name: str | None, registry
         names.update({k: f"{k} {origin}" for k in values})
     given = {k: v for k, v in cli.items() if v is not None}
     merged.update(given)
-    names.update({k: "--" + k.replace("_", "-") for k in given})
+    names.update({k: option_name(k) for k in given})
     return RunSettings(**merged).check(names)

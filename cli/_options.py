@@ -1,0 +1,123 @@
+"""The command and group classes every kvpot command uses: old option spellings kept as hidden aliases for one
+release, and help that reads as a user types (no Python type names, usage lines as the metavars say).
+
+Aliases are rewritten in the argument list before click parses it, so an old spelling and its new
+name are the same option with the same value and the same checks; the help never lists the old one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, get_args, get_origin
+
+from typer._click import Context
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from ._common import err
+
+# what each type reads as in --help, in place of typer's Python annotations (<int>, <list[str]>)
+TYPE_LABELS = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+
+
+class _Readable:
+    """Help with readable labels: every parameter's (_readable), and the help flag's (no "<bool>")."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            _readable(param)
+
+    def get_help_option(self, ctx: Context):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # a flag takes no value
+        return option
+
+
+class KvpotCommand(_Readable, TyperCommand):
+    """A Typer command with deprecated spellings (`aliases`, old -> new) and readable type labels."""
+
+    aliases: ClassVar[dict[str, str]] = {}
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        """`[OPTIONS] [FILE]... QUESTION`: an argument's metavar as written, not wrapped in {}..."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument) and param.metavar:
+                pieces.append(param.metavar)
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._rewrite(args))
+
+    def _rewrite(self, args: list[str]) -> list[str]:
+        if not self.aliases:
+            return args
+        takes_value = {opt for p in self.params if isinstance(p, TyperOption) and not p.is_flag for opt in p.opts}
+        out: list[str] = []
+        value_next = False
+        for i, arg in enumerate(args):
+            if arg == "--":  # everything after is an argument, however it looks
+                return out + args[i:]
+            if value_next:  # the value of the option before it, e.g. a question that reads "--ctx"
+                out.append(arg)
+                value_next = False
+                continue
+            name, eq, value = arg.partition("=")
+            new = self.aliases.get(name)
+            if new is None and len(arg) > 2 and arg[:2] in self.aliases and not arg.startswith("--"):
+                name, new, eq, value = arg[:2], self.aliases[arg[:2]], "", arg[2:]  # -n600: a short option and its value
+            if new is not None:
+                err.print(f"[yellow]{name} is deprecated and will be removed in the next release; use {new}[/yellow]",
+                          soft_wrap=True)
+                arg = new + ("=" + value if eq or value else "")
+            out.append(arg)
+            value_next = arg in takes_value  # "--ctx-size 64", not "--ctx-size=64" or "-c64"
+        return out
+
+
+class KvpotGroup(_Readable, TyperGroup):
+    """A command group (kvpot, kvpot bench, ...) with the same readable labels as its commands."""
+
+
+def _readable(param) -> None:
+    if isinstance(param, TyperArgument):
+        # the metavar says it all ("[FILE]... QUESTION"); typer would add <list[str]>
+        param.display_type_rich = lambda ctx: None
+        return
+    if isinstance(param, TyperOption) and param.is_flag and not param.is_eager and param.show_default is True:
+        # a flag's default as the user would type it: "--stock", "off"; typer shows none for False
+        if param.secondary_opts:
+            param.show_default = param.opts[-1] if param.default else param.secondary_opts[-1]
+        else:
+            param.show_default = "on" if param.default else "off"
+    if isinstance(param.show_default, str):
+        # said as written: typer would wrap it in parentheses ("[default: (auto)]")
+        text = param.show_default
+        param._get_default_string = lambda **kw: text
+    if isinstance(param, TyperOption) and param.metavar is None:
+        if param.is_flag:
+            param.metavar = ""  # a flag takes no value
+            return
+        kind = param.type_descriptor.annotation
+        if get_origin(kind) is list:  # a repeatable option: each use takes one value
+            kind = get_args(kind)[0]
+        param.metavar = "PATH" if param.type_descriptor.is_path else TYPE_LABELS.get(kind, "VALUE")
+
+def aliased(aliases: dict[str, str]) -> type[KvpotCommand]:
+    """The command class for a command whose options had other spellings (old -> new)."""
+    return type("AliasedCommand", (KvpotCommand,), {"aliases": dict(aliases)})
+
+
+def policy_names() -> str:
+    """Every policy kvpot runs, from the registry, for help texts."""
+    from kvpot.policies import POLICIES
+
+    return ", ".join(POLICIES)
+
+
+# one answer length for ask, chat and run: a paragraph, which is what a question about a document wants,
+# and small enough that the cells kept free for it (the answer reserve) cost little beside the document
+N_PREDICT_HELP = ("most tokens in an answer (llama.cpp's -n; 256 is a paragraph, and every cell of it is kept "
+                  "free in the context while reading)")

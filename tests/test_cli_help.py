@@ -1,0 +1,108 @@
+"""--help as a user reads it: a default for every option, readable type labels, ask's usage line, the
+policy lists taken from the registry, and messages with true numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import typer
+from typer.core import TyperOption
+from typer.testing import CliRunner
+
+from kvpot.cli.main import app
+from kvpot.policies import POLICIES
+from kvpot.session.auto_budget import DevicePlan, choose_reading
+from kvpot.wording import plural
+
+ROOT = typer.main.get_command(app)
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def commands(cmd=ROOT, path=()):
+    yield path, cmd
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from commands(sub, (*path, name))
+
+
+ALL = list(commands())
+IDS = [" ".join(p) or "kvpot" for p, _ in ALL]
+
+
+def help_text(path) -> str:
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_every_option_shows_a_default_or_is_required(path, cmd):
+    shown = help_text(path)
+    for p in cmd.params:
+        if not isinstance(p, TyperOption) or p.hidden or p.is_flag and p.is_eager:  # --help, --version
+            continue
+        says = isinstance(p.show_default, str) or (p.default is not None and p.show_default is not False)
+        assert says or p.required, f"{' '.join(path)} {p.opts[0]} shows no default"
+        row = next(line for line in shown.splitlines() if re.search(rf"{re.escape(p.opts[0])}\b", line))
+        rows = shown[shown.index(row):].split("│\n│ -")[0]  # the option's row and its wrapped lines
+        assert "[default:" in rows or "[required]" in rows, rows
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_type_labels_are_readable(path, cmd):
+    shown = help_text(path)
+    assert not re.search(r"<(bool|int|str|float|path|list)", shown), shown
+    assert "list[" not in shown
+
+
+def test_ask_usage_line():
+    assert "Usage: kvpot ask [OPTIONS] [FILE]... QUESTION" in help_text(("ask",))
+    assert "Usage: kvpot chat [OPTIONS] [FILE]..." in help_text(("chat",))
+
+
+@pytest.mark.parametrize("path", ["ask", "chat", "run"])
+def test_policy_list_is_the_registry(path):
+    policy = next(p for p in ROOT.commands[path].params if p.name == "policy")
+    if path == "run":  # full comes first, on its own: run's default
+        assert f"a pot policy: {', '.join(n for n in POLICIES if n != 'full')} (e.g." in policy.help
+    else:
+        assert f"keeps: {', '.join(POLICIES)}, with parameters" in policy.help
+    shown = help_text((path,))
+    assert all(name in shown for name in POLICIES)
+
+
+def test_readme_policy_table_is_the_registry():
+    rows = re.findall(r"^\| `([a-z0-9]+)[:`]", README.read_text(), flags=re.M)
+    assert sorted(rows) == sorted(POLICIES)
+
+
+def test_ask_help_says_the_real_default():
+    shown = help_text(("ask",))
+    assert "infinipot (default)" not in shown and "Memory stays at --budget cells" not in shown
+    assert "full attention" in shown and "auto" in shown
+
+
+def test_plural():
+    assert plural(1, "compaction") == "1 compaction"
+    assert plural(0, "compaction") == "0 compactions"
+    assert plural(41485, "token") == "41,485 tokens"
+
+
+def test_reading_summary_agrees_and_shows_no_none(capsys):
+    from kvpot.cli import reading
+
+    stats = {"document tokens": 1, "tokens in pot": 1, "compactions": 1}  # no read tok/s: a reopened context's
+    session = SimpleNamespace(stats=lambda: stats, read_seconds=0.0)
+    reading._summary(session, SimpleNamespace(replaced=1))
+    said = capsys.readouterr().err
+    assert "1 compaction" in said and "1 compactions" not in said
+    assert "None" not in said and "1 token " in said and "1 invalid UTF-8 sequence replaced" in said
+
+
+def test_a_partial_count_is_said_as_more_than():
+    plan = DevicePlan(cells=32768, reason="test")
+    said = choose_reading(plan, 32768, 41485, 512, 512, complete=False).reason
+    assert "more than 32,768 tokens" in said and "41,485" not in said
+    assert "41,485 tokens do not fit" in choose_reading(plan, 32768, 41485, 512, 512).reason
