@@ -93,7 +93,8 @@ def protect_session_files(policy_spec: str, model_path: Path, save_to: Path | st
         resolve_target(save_to, "context")
 
 
-def new_session(inputs: list[str], glob: str, model: str, question: str | None, save_to: Path | str | None = None,
+def new_session(inputs: list[str], glob: str | list[str], model: str, question: str | None,
+                save_to: Path | str | None = None, exclude: list[str] | tuple = (), verbose: bool = False,
                 **opts) -> tuple[Session, SourceSet]:
     """A session for new inputs, with everything that can be refused refused before the model loads
     (options, inputs, the budget, the memory, a save that would replace a file the session reads),
@@ -102,7 +103,7 @@ def new_session(inputs: list[str], glob: str, model: str, question: str | None, 
     def notice(msg: str) -> None:
         err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
 
-    sources = collect_sources(inputs, glob, notice=notice)
+    sources = collect_sources(inputs, glob, notice=notice, exclude=exclude, verbose=verbose)
     facts, known = resolve_model(model)
     protect_session_files(settings.policy, facts.path, save_to)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
+from kvpot.ingest.sources import STDIN, stdin_is_piped
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
@@ -66,7 +67,14 @@ PromptFormatOpt = Annotated[str, typer.Option(
     help="auto: the model's chat template if it has one; chat; or completion (plain text)")]
 NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
                                           help=N_PREDICT_HELP)]
-GlobOpt = Annotated[str, typer.Option("--glob", help="which files to read inside directories")]
+# folder inputs: any number of --glob and --exclude patterns (each one given adds to the others)
+GlobOpt = Annotated[list[str], typer.Option(
+    "--glob", metavar="PATTERN", show_default="every file",
+    help="which files to read inside folders, e.g. '*.py'; repeat it to read files matching any")]
+ExcludeOpt = Annotated[list[str], typer.Option(
+    "--exclude", metavar="PATTERN", help="files or folders to leave out inside folders, in .gitignore syntax "
+                                         "(e.g. 'tests/' or '*.min.js'); repeatable")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="list every file left out of folders, and why")]
 RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOST:PORT,...", show_default="none: this machine",
                                      help=RPC_HELP)]
 # old spellings, accepted with a note on stderr for one release
@@ -84,13 +92,15 @@ def _refuse_ignored(context: Path | None, **given) -> None:
 
 
 def _open_session(inputs: list[str], question: str | None, context: Path | None, save_context: Path | None,
-                  rpc: str | None, model: str | None, glob: str, missing: str, **opts) -> Session:
+                  rpc: str | None, model: str | None, glob: list[str] | None, missing: str,
+                  exclude: list[str] | None = None, verbose: bool = False, **opts) -> Session:
     """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
     What cannot work is said before a model loads: options a saved context fixes, both files and
     --context, no files, a --save-context path that cannot be written or that names a file the
     session reads (an input, the model, an adapter, a block store)."""
     _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
-                                "--prompt-format": opts["prompt"], "--glob": None if glob == "*" else glob})
+                                "--prompt-format": opts["prompt"], "--glob": glob or None,
+                                "--exclude": exclude or None})
     if save_context is not None:
         resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
     if context is not None:
@@ -101,7 +111,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)
-    session, sources = new_session(inputs, glob, model or DEFAULT_MODEL, question, save_to=save_context, **opts)
+    session, sources = new_session(inputs, glob or ["*"], model or DEFAULT_MODEL,
+                                   question, save_to=save_context, exclude=exclude or [], verbose=verbose, **opts)
     try:
         read_with_progress(session, sources)
     except BaseException:
@@ -123,7 +134,9 @@ def ask(
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
-    glob: GlobOpt = "*",
+    glob: GlobOpt = None,
+    exclude: ExcludeOpt = None,
+    verbose: VerboseOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -143,11 +156,14 @@ def ask(
     if not inputs and context is None and looks_like_input(question):
         raise KvpotError(f"no question: {question} is an input; pass the question after it "
                          f"(kvpot ask {question} \"QUESTION\")")
+    if not inputs and context is None and stdin_is_piped():
+        inputs = [STDIN]  # `cat notes.txt | kvpot ask "QUESTION"`: the pipe is the document, as in llm
     if not question.strip():
         raise KvpotError("the question is empty")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
-                       "pass the files to read before the question (or --context PATH)", **opts) as session:
+                       "pass the files to read before the question, or - to read stdin (or --context PATH)",
+                       exclude=exclude, verbose=verbose, **opts) as session:
         if context is not None:
             session.set_question(question)
             # a question too long for a catalyst that holds it: said before reading it
@@ -214,7 +230,9 @@ def chat(
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
-    glob: GlobOpt = "*",
+    glob: GlobOpt = None,
+    exclude: ExcludeOpt = None,
+    verbose: VerboseOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -237,7 +255,8 @@ def chat(
         raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
     with _open_session(inputs, None, context, save_context, rpc, model, glob,
-                       "pass the files to read (or --context PATH)", **opts) as session:
+                       "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose,
+                       **opts) as session:
         _chat_loop(session, save_context, sampler, stops(stop))
 
 
