@@ -171,6 +171,10 @@ def answer(session: Session, question: str, sampler: Sampler | None = None,
             first = next(pieces, None)
         finally:
             progress.close()
+        if session.conversation_dropped:
+            err.print(f"[yellow]the context is full:[/yellow] its first tokens and the most recent stay, "
+                      f"{session.conversation_dropped:,} cells between them make way for this turn "
+                      f"(full attention turns into a StreamingLLM window)", soft_wrap=True)
         for piece in itertools.chain([] if first is None else [first], pieces):
             said += piece
             write_out(piece)

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import read_model_facts
-from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep
+from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep, keep_ends
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
 from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
@@ -440,6 +440,19 @@ class Engine:
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
         return self.ctx.logits_last()
+
+    def make_room(self, n_tokens: int, n_sink: int = 4) -> int:
+        """Free cells for a turn of n tokens (question, answer and the next turn's start) by keeping
+        the first `n_sink` cells and the most recent ones, as StreamingLLM keeps them, re-rotated to
+        consecutive positions. For a policy that never evicts (full attention), whose conversation
+        would otherwise end at a full context. Returns the cells dropped (0: they fit already, or
+        nothing short of the sinks would make them fit)."""
+        n_keep = self.ctx.n_ctx - self._turn_room() - n_tokens
+        if self.n_cells <= n_keep or n_keep <= n_sink:
+            return 0
+        dropped = self.n_cells - n_keep
+        self.compact(keep_ends(self.positions, n_sink, n_keep - n_sink), cr_rope=True)
+        return dropped
 
     def prompt_is_read(self, n_tokens: int) -> bool:
         """Whether `prompt` reads a turn of n tokens through the pot, chunk by chunk (with progress),

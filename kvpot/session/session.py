@@ -71,6 +71,7 @@ class Session:
         self.sources: list[dict] = []
         self.doc_tokens = 0
         self.turns = 0
+        self.conversation_dropped = 0  # cells the last turn dropped to fit (full attention, see ask)
         self.read_seconds = 0.0
         self._after_reading: EngineState | None = None
 
@@ -153,6 +154,11 @@ class Session:
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
         toks = self._tokens(segs)
         eng = self.engine
+        self.conversation_dropped = 0
+        if self.turns and self.policy_spec.partition(":")[0].strip().lower() == "full":
+            # full attention keeps every token, so a conversation fills its context: rather than cut
+            # the answer (and leave none for the next question), the oldest turns make way, StreamingLLM-style
+            self.conversation_dropped = eng.make_room(len(toks) + (max_tokens or self.settings.max_tokens))
         on_chunk = None
         if on_progress is not None and eng.prompt_is_read(len(toks)):
             start, total = eng.tokens_seen, len(toks)
