@@ -72,7 +72,7 @@ class _GitIgnores:
 
 def _repo_root(folder: Path) -> Path | None:
     for p in [folder, *folder.parents]:
-        if (p / ".git").exists():
+        if os.path.exists(p / ".git"):  # False, not an error, where a folder cannot be searched
             return p
     return None
 
