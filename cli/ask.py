@@ -13,15 +13,25 @@ from rich.table import Table
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
 from kvpot.ingest.sources import STDIN, stdin_is_piped
-from kvpot.models.registry import DEFAULT_MODEL
+from kvpot.models.choose import default_model
 from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 
-from ._common import NO_ANSWER_EXIT, RPC_HELP, OutputFailed, connect_rpc, err, require_stdout, user_errors
+from ._common import (
+    NO_ANSWER_EXIT,
+    RPC_HELP,
+    OutputFailed,
+    connect_rpc,
+    err,
+    errors_as_json,
+    require_stdout,
+    user_errors,
+)
 from ._options import N_PREDICT_HELP, policy_names
+from ._report import JsonOpt, SourcesOpt, answer_with_sources
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -37,7 +47,8 @@ from ._sampling import (
 from ._session import answer, new_session, reopen_session, save
 from .reading import read_with_progress
 
-MODEL_HELP = "a known model name or a path to a .gguf file (default: the saved context's model, else gemma3-270m)"
+MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved context's model, else $KVPOT_MODEL, "
+              "else the most capable downloaded model this device holds, said on stderr)")
 POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in `infinipot:pot=4096,keep=2048`; "
                "by default full attention (stock llama.cpp's computation) when the input fits the device and the "
                "model's trained context, else infinipot at the largest budget the device holds")
@@ -72,7 +83,7 @@ GlobOpt = Annotated[list[str], typer.Option(
     "--glob", metavar="PATTERN", show_default="every file",
     help="which files to read inside folders, e.g. '*.py'; repeat it to read files matching any")]
 ExcludeOpt = Annotated[list[str], typer.Option(
-    "--exclude", metavar="PATTERN", help="files or folders to leave out inside folders, in .gitignore syntax "
+    "--exclude", metavar="PATTERN", show_default="none", help="files or folders to leave out inside folders, in .gitignore syntax "
                                          "(e.g. 'tests/' or '*.min.js'); repeatable")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="list every file left out of folders, and why")]
 RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOST:PORT,...", show_default="none: this machine",
@@ -111,7 +122,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)
-    session, sources = new_session(inputs, glob or ["*"], model or DEFAULT_MODEL,
+    model = model or default_model(say=lambda line: err.print(escape(line), soft_wrap=True))
+    session, sources = new_session(inputs, glob or ["*"], model,
                                    question, save_to=save_context, exclude=exclude or [], verbose=verbose, **opts)
     try:
         read_with_progress(session, sources)
@@ -137,6 +149,8 @@ def ask(
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
+    json_out: JsonOpt = False,
+    sources: SourcesOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -150,6 +164,7 @@ def ask(
 
     With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
     """
+    errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     *inputs, question = args
@@ -169,7 +184,8 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        said = answer(session, question, sampler, stops(stop))
+        said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
+                                   context=None if context is None else str(context))
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

