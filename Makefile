@@ -2,7 +2,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-MODEL   ?= gemma3-270m
+MODEL   ?= qwen2.5-coder-0.5b
 # e.g. --system-site-packages to reuse a distribution's numpy (Termux: pkg install python-numpy)
 VENV_FLAGS ?=
 export PYTHONPATH :=
