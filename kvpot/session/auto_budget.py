@@ -197,10 +197,7 @@ def device_memory(devs: list | None = None) -> DeviceMemory:
     elsewhere). `devs`: the devices to plan with (default: the loaded runtime's)."""
     pretend = os.environ.get(MEMORY_ENV)
     if pretend:  # another device's memory (a phone's, a test's), weights included
-        try:
-            return DeviceMemory(free_bytes=int(pretend), where=f"{MEMORY_ENV}", holds_weights=True)
-        except ValueError:
-            raise KvpotError(f"{MEMORY_ENV} must be a number of bytes, got {pretend!r}") from None
+        return DeviceMemory(free_bytes=parse_size(pretend, MEMORY_ENV), where=f"{MEMORY_ENV}", holds_weights=True)
     if devs is None:
         from kvpot.runtime.devices import devices
 
@@ -213,6 +210,28 @@ def device_memory(devs: list | None = None) -> DeviceMemory:
         return DeviceMemory(free_bytes=sum(d.free_bytes for d in offload),
                             where=" + ".join(f"{d.name} ({d.description})" for d in offload), holds_weights=True)
     return DeviceMemory(free_bytes=_available_ram(), where="RAM", holds_weights=True)
+
+
+# K, M, G, T and KiB … TiB are powers of 1024 (as free(1) and llama.cpp's logs count memory); KB … TB of 1000
+_UNITS = {"": 1, "b": 1}
+for _i, _p in enumerate("kmgt", start=1):
+    _UNITS[_p] = _UNITS[_p + "ib"] = 1024 ** _i
+    _UNITS[_p + "b"] = 1000 ** _i
+
+
+def parse_size(text: str, what: str) -> int:
+    """Bytes from "1610612736", "3GiB", "1.5G", "512 MiB" or "2GB"; one clear line otherwise."""
+    s = text.strip().lower()
+    number = s.rstrip("kmgtib ")
+    unit = s[len(number):].strip()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise KvpotError(f"{what} must be a size in bytes or with a unit (3GiB, 1.5G, 512MiB, 2GB), "
+                         f"got {text!r}") from None
+    if not value >= 1 or value != value or value == float("inf"):
+        raise KvpotError(f"{what} must be a positive size, got {text!r}")
+    return int(value)
 
 
 def _available_ram() -> int:
