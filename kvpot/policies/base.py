@@ -261,12 +261,6 @@ class Policy:
                 setattr(self, name, value)
 
 
-def same_for_all_heads(cells: np.ndarray, n_layer: int, n_head_kv: int) -> np.ndarray:
-    """Broadcast one sorted list of cell indices to [L, H, n]."""
-    cells = np.sort(np.asarray(cells, dtype=np.int64))
-    return np.broadcast_to(cells, (n_layer, n_head_kv, cells.size)).copy()
-
-
 class BudgetTooSmall(KvpotError, ValueError):
     """The budget cannot hold what the policy always keeps (sinks, observation window, ...).
     `least`: the smallest budget that works with the policy's parameters (None: no budget helps,

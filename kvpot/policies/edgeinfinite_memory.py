@@ -95,9 +95,6 @@ class MemoryGate:
     def n_head(self) -> int:
         return int(self.g.shape[1])
 
-    def n_weights(self) -> int:
-        return int(sum(a.size for a in (self.w1, self.b1, self.w2, self.b2, self.g)))
-
     def check_shapes(self) -> None:
         L, d_h, d_v = self.w1.shape
         want = {"w1": (L, d_h, d_v), "b1": (L, d_h), "w2": (L, d_v, d_h), "b2": (L, d_v), "g": (L, self.n_head, d_v)}

@@ -19,16 +19,8 @@ class Segment:
     special: bool = False   # parse control tokens (template markup only)
 
 
-def document_prefix(document: str) -> str:
-    return document.rstrip() + "\n\n"
-
-
 def question_suffix(question: str) -> str:
     return f"Question: {question.strip()}\nAnswer:"
-
-
-def completion_prompt(document: str, question: str) -> str:
-    return document_prefix(document) + question_suffix(question)
 
 
 class CompletionFormat:

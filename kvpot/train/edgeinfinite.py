@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -346,18 +345,3 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
     write_memory_gate(out, gate.to_gate(), source=source)
     return {"steps": cfg.steps, "config": cfg, "first_loss": losses[0] if losses else math.nan,
             "last_loss": float(np.mean(losses[-10:])) if losses else math.nan}
-
-
-def main(argv: list[str] | None = None) -> None:  # pragma: no cover - thin entry, the CLI wraps train()
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="kvpot train edgeinfinite")
-    ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("-o", "--out", required=True)
-    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    try:
-        train(Path(a.model), Path(a.out), TrainConfig(steps=a.steps, seed=a.seed))
-    except KvpotError as e:
-        sys.exit(f"error: {e}")
