@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import functools
 import io
+import json
 import os
 import sys
 
@@ -98,9 +99,28 @@ def _run_and_flush(fn, *args, **kwargs):
     return result
 
 
+# set by a command given --json (errors_as_json): its errors go to stderr as one JSON object, for scripts
+_json_errors = False
+
+
+def errors_as_json(on: bool) -> None:
+    """From now until the command returns, user_errors writes errors as JSON (`--json`)."""
+    global _json_errors
+    _json_errors = on
+
+
+def _say_error(message: str, code: int, rich_line: str) -> None:
+    if _json_errors:
+        sys.stderr.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        sys.stderr.flush()
+    else:
+        err.print(rich_line, soft_wrap=True)
+
+
 def user_errors(fn):
-    """Turn KvpotError into one red line on stderr and its exit code; Ctrl-C into exit 130. The files
-    the command protects from saves (kvpot.safe_write.protect) are protected while it runs."""
+    """Turn KvpotError into one red line on stderr (one JSON object under --json) and its exit code;
+    Ctrl-C into exit 130. The files the command protects from saves (kvpot.safe_write.protect) are
+    protected while it runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -109,14 +129,17 @@ def user_errors(fn):
                 return _run_and_flush(fn, *args, **kwargs)
         except BrokenPipeError:  # a table or text printed by the command, to a reader that went away
             _quiet_stdout()
-            err.print("[red]error:[/red] cannot write to stdout: its reader closed it (broken pipe)", soft_wrap=True)
+            msg = "cannot write to stdout: its reader closed it (broken pipe)"
+            _say_error(msg, 1, f"[red]error:[/red] {msg}")
             raise typer.Exit(1) from None
         except KvpotError as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            _say_error(str(e), e.exit_code, f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/yellow]")
+            _say_error("interrupted", 130, "[yellow]interrupted[/yellow]")
             raise typer.Exit(130) from None
+        finally:
+            errors_as_json(False)
 
     return wrapper
 

@@ -160,9 +160,9 @@ class Answered:
 
 
 def answer(session: Session, question: str, sampler: Sampler | None = None,
-           stop_at: tuple[str, ...] = ()) -> Answered:
-    """Stream the answer to stdout; Ctrl-C stops it. An empty answer is said on stderr (never a
-    silent blank line), and so is an answer the loop guard ended."""
+           stop_at: tuple[str, ...] = (), echo: bool = True) -> Answered:
+    """Stream the answer to stdout (echo=False: only return it, for --json); Ctrl-C stops it. An empty
+    answer is said on stderr (never a silent blank line), and so is an answer the loop guard ended."""
     said = ""
     progress = QuestionProgress()  # shown only when the question is read through the pot
     with Interrupts() as stop:
@@ -177,12 +177,15 @@ def answer(session: Session, question: str, sampler: Sampler | None = None,
                       f"(full attention turns into a StreamingLLM window)", soft_wrap=True)
         for piece in itertools.chain([] if first is None else [first], pieces):
             said += piece
-            write_out(piece)
+            if echo:
+                write_out(piece)
             if stop.hit:
-                write_out("\n")
+                if echo:
+                    write_out("\n")
                 err.print("[yellow]answer stopped[/yellow]")
                 return Answered(said, stopped=True)
-    write_out("\n")
+    if echo:
+        write_out("\n")
     if session.answer_loop:
         err.print(f"[yellow]answer stopped[/yellow] by {session.engine.stop_reason}", soft_wrap=True)
     done = Answered(said, stopped=False)

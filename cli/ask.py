@@ -20,8 +20,18 @@ from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 
-from ._common import NO_ANSWER_EXIT, RPC_HELP, OutputFailed, connect_rpc, err, require_stdout, user_errors
+from ._common import (
+    NO_ANSWER_EXIT,
+    RPC_HELP,
+    OutputFailed,
+    connect_rpc,
+    err,
+    errors_as_json,
+    require_stdout,
+    user_errors,
+)
 from ._options import N_PREDICT_HELP, policy_names
+from ._report import JsonOpt, SourcesOpt, answer_with_sources
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -140,6 +150,8 @@ def ask(
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
+    json_out: JsonOpt = False,
+    sources: SourcesOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -153,6 +165,7 @@ def ask(
 
     With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
     """
+    errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     *inputs, question = args
@@ -172,7 +185,8 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        said = answer(session, question, sampler, stops(stop))
+        said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
+                                   context=None if context is None else str(context))
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

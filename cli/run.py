@@ -17,8 +17,9 @@ from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.session.settings import RunSettings
 
-from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, require_stdout, user_errors
+from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, errors_as_json, require_stdout, user_errors
 from ._options import N_PREDICT_HELP, policy_names
+from ._report import JsonOpt, SourcesOpt, answer_with_sources
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -61,6 +62,8 @@ def run(
     max_tokens: int = typer.Option(None, "--n-predict", "-n", min=1, metavar="N",
                                    show_default=str(RunSettings.max_tokens), help=N_PREDICT_HELP),
     rpc: str = typer.Option(None, "--rpc", metavar="HOST:PORT,...", show_default="none: this machine", help=RPC_HELP),
+    json_out: JsonOpt = False,
+    sources: SourcesOpt = False,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
     top_p: TopPOpt = DEFAULTS["top_p"],
@@ -75,6 +78,7 @@ def run(
     it, and a document that cannot fit is refused before reading; a pot policy reads any length in
     chunks and keeps at most --budget cells per layer and KV head. Answers the same way as `kvpot ask`.
     """
+    errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     if ctx is not None:
@@ -88,11 +92,11 @@ def run(
         if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):  # a folder or a binary file is refused as such
             check_text_file(file)                                # (a pipe is read)
     connect_rpc(rpc)
-    session, sources = new_session([str(file)], "*", model, prompt, policy=policy, budget=budget, chunk=chunk,
-                                   threads=threads, prompt=None, max_tokens=max_tokens)
+    session, read = new_session([str(file)], "*", model, prompt, policy=policy, budget=budget, chunk=chunk,
+                                threads=threads, prompt=None, max_tokens=max_tokens)
     with session:
-        read_with_progress(session, sources)
-        said = answer(session, prompt, sampler, stops(stop))
+        read_with_progress(session, read)
+        said = answer_with_sources(session, prompt, sampler, stops(stop), json_out, sources)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

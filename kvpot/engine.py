@@ -109,6 +109,9 @@ class Engine:
         self.step = 0             # chunks read so far
         self._catalyst_cache: tuple[str | None, list[int]] = (None, [])
         self.stop_reason = ""     # why the last answer ended (for "the model produced no answer")
+        # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
+        # layers, KV heads and rows (kvpot.session.sources); None when not tracking
+        self.answer_mass: dict[int, float] | None = None
         # cells [_fetch_cell0, + _fetch_n * _fetch_bs) the graph refills per ubatch (Recall.fetch); 0: none
         self._fetch_cell0 = self._fetch_n = self._fetch_bs = self._fetch_local = 0
         # cells [_mem_cell0, + _mem_n) every query sees _mem_distance positions back (Recall.distance); 0: none
@@ -416,6 +419,31 @@ class Engine:
 
     # -- answering -----------------------------------------------------------------------------
 
+    def track_answer_attention(self, on: bool) -> None:
+        """From the next prompt on, score-tap the question's last row and every answer row and add up
+        the attention each stream position received (`answer_mass`); the cells' stream positions
+        (`positions`) already follow every compaction and recall, so the sum is by position."""
+        self.answer_mass = {} if on else None
+
+    def _tap_answer_row(self, pos: int) -> None:
+        if self.answer_mass is not None:
+            self.pot.tap_request([pos])
+
+    def _tally_answer_row(self) -> None:
+        """Add the tapped row's attention (cells already booked by _append_cells) to answer_mass."""
+        if self.answer_mass is None:
+            return
+        try:
+            scores = self.pot.tap_get(self.n_cells)
+        finally:
+            self.pot.tap_clear()
+        pos = self.positions
+        live = pos >= 0  # catalyst and dead cells hold no token
+        where, inv = np.unique(pos[live], return_inverse=True)
+        mass = np.bincount(inv, weights=scores[live].astype(np.float64), minlength=where.size)
+        for p, m in zip(where.tolist(), mass.tolist()):
+            self.answer_mass[p] = self.answer_mass.get(p, 0.0) + m
+
     def next_logits(self, text: str) -> np.ndarray:
         """Feed text (no eviction past the reserve) and return the logits for the token after it."""
         return self.prompt(self.model.tokenize(text))
@@ -437,8 +465,10 @@ class Engine:
             self.feed_stream([toks[:-1]], on_chunk=on_chunk)
             toks = toks[-1:]
         self._lookup_for_prompt(toks)
+        self._tap_answer_row(self.pos_next + len(toks) - 1)  # the row that chooses the answer's first token
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
+        self._tally_answer_row()
         return self.ctx.logits_last()
 
     def make_room(self, n_tokens: int, n_sink: int = 4) -> int:
@@ -501,9 +531,11 @@ class Engine:
             if self.n_cells + 1 > self.ctx.n_ctx - self._turn_room():
                 self.stop_reason = "the room left in the context"
                 break
+            self._tap_answer_row(self.pos_next)
             self.ctx.decode([tok], self.pos_next, logits="last")
             self._book_fetched()
             self._append_cells(1)
+            self._tally_answer_row()
             logits = self.ctx.logits_last()
         if pending:
             yield pending.decode("utf-8", errors="replace")

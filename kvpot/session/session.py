@@ -27,6 +27,7 @@ from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings
+from kvpot.session.sources import SourceMap
 from kvpot.wording import plural
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
@@ -69,6 +70,8 @@ class Session:
             n_ctx=n_ctx))
         self.format = choose_format(self.engine.model, settings.prompt)
         self.sources: list[dict] = []
+        self.source_set: SourceSet | None = None  # what read() read (None for a reopened context)
+        self.source_map = SourceMap()  # stream position -> place in the inputs (--sources), saved with contexts
         self.doc_tokens = 0
         self.turns = 0
         self.conversation_dropped = 0  # cells the last turn dropped to fit (full attention, see ask)
@@ -99,14 +102,26 @@ class Session:
         it propagates after the session is left consistent (keep it with `finish_reading`)."""
         eng = self.engine
         self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
+        self.source_set = sources
         tok = IncrementalTokenizer(eng.model.tokenize)
         total_bytes = sources.total_bytes
         start_tokens = eng.tokens_seen
 
+        # the stream position of the first token pieces() yields (the engine puts the BOS before it)
+        at = eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos()))
+
         def pieces() -> Iterator[list[int]]:
+            nonlocal at
             for seg in self.format.document_open():
-                yield eng.model.tokenize(seg.text, special=seg.special)
-            yield from tok.stream(sources.pieces())
+                toks = eng.model.tokenize(seg.text, special=seg.special)
+                at += len(toks)
+                yield toks
+            done = tok.chars
+            for toks in tok.stream(sources.pieces()):
+                self.source_map.add(at, done, tok.chars - done, toks, eng.model.piece)
+                self.source_map.marks = sources.marks
+                at, done = at + len(toks), tok.chars
+                yield toks
 
         def on_chunk(ev: FeedEvent) -> None:
             self.doc_tokens = ev.tokens_read - start_tokens
@@ -228,6 +243,7 @@ class Session:
             "tokens_read": self.doc_tokens,
             "sources": self.sources,
             "turns": self.turns,
+            "source_map": self.source_map.to_header(),
         }
         state = self.engine.export_state()
         # the file will reference the policy's disk data (InfLLM's store): mark it kept before the file exists,
@@ -260,6 +276,11 @@ class Session:
             s.close()
             raise KvpotError(f"{path} cannot be restored: {e}") from None
         s.sources, s.doc_tokens, s.turns = h["sources"], h["tokens_read"], h["turns"]
+        try:
+            s.source_map = SourceMap.from_header(h.get("source_map"))
+        except KvpotError as e:
+            s.close()
+            raise KvpotError(f"{path} cannot be restored: {e}") from None
         s._after_reading = saved.state if s.turns == 0 else None
         return s
 

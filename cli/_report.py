@@ -1,0 +1,76 @@
+"""What ask and run print after reading: the answer, `--sources` (the passages it drew on) and `--json`
+(one JSON object on stdout for scripts, instead of the streamed answer).
+
+Errors under --json are JSON too (cli/_common.errors_as_json); progress and notices stay on stderr as text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from kvpot.session.sampling import Sampler
+from kvpot.session.session import Session
+from kvpot.session.sources import format_passages, top_passages
+
+from ._common import write_out
+from ._session import Answered, answer
+
+# the options ask and run share
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="print one JSON object on stdout (answer, sources, inputs read and skipped, tokens, times, model, "
+                   "policy, budget) instead of the answer's text; errors as JSON on stderr")]
+SourcesOpt = Annotated[bool, typer.Option(
+    "--sources", help="after the answer, the passages of the input it drew on most (file, page or line, a quote)")]
+
+
+def report(session: Session, said: Answered, answer_seconds: float, context: str | None = None,
+           sources: list[dict] | None = None) -> dict:
+    """What a script needs of one answer: the text, where it came from, what was read and skipped,
+    and what it cost. `sources` is present only when asked for (--sources taps every answer token)."""
+    st = session.engine.stats()
+    read = session.source_set
+    out = {
+        "answer": said.text.strip(),
+        "stopped": said.stopped,
+        "stop_reason": session.engine.stop_reason,
+        "model": session.model_name,
+        "policy": session.policy_spec,
+        "budget": session.settings.budget,
+        "context": context,
+        "inputs": {"read": [s["name"] for s in session.sources],
+                   "skipped": [{"path": p, "why": why} for p, why in (read.left_out if read else [])]},
+        "tokens_read": session.doc_tokens,
+        "cells": st.n_cells_used,
+        "compactions": st.n_compactions,
+        "seconds": {"read": round(session.read_seconds, 3), "answer": round(answer_seconds, 3)},
+    }
+    if sources is not None:
+        out["sources"] = sources
+    return out
+
+
+def print_report(obj: dict) -> None:
+    write_out(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def answer_with_sources(session: Session, question: str, sampler: Sampler | None, stop_at: tuple[str, ...],
+                        json_out: bool, want_sources: bool, context: str | None = None) -> Answered:
+    """Answer as ask and run do, then the passages it drew on (--sources) and the JSON object (--json)."""
+    if want_sources:
+        session.engine.track_answer_attention(True)
+    t0 = time.perf_counter()
+    said = answer(session, question, sampler, stop_at, echo=not json_out)
+    seconds = time.perf_counter() - t0
+    found = None
+    if want_sources:
+        found = [p.as_dict() for p in top_passages(session)]
+        session.engine.track_answer_attention(False)
+    if json_out:
+        print_report(report(session, said, seconds, context, found))
+    elif found is not None and not said.stopped:
+        write_out(format_passages(found))
+    return said

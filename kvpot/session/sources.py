@@ -1,0 +1,242 @@
+"""Where an answer comes from (`--sources`): the passages of the input its tokens attended to most.
+
+Three records meet here:
+  * the engine's `positions` [L, H, N]: the stream position of every kept cell, per layer and KV
+    head. It follows every compaction, InfLLM's recalled and fetched blocks, and saved contexts,
+    so nothing here tracks cells;
+  * the engine's `answer_mass`: the attention the answer's rows gave each stream position, summed
+    over layers, KV heads and rows (score taps, `Engine.track_answer_attention`);
+  * a `SourceMap` built while reading: stream position -> character offset of the joined text, one
+    entry per GROUP tokens (memory grows by 16 bytes per GROUP tokens, about 250 KiB per million),
+    and the input's marks (file, page, chapter or line of each piece, `SourceSet.marks`).
+
+Passages are fixed runs of PASSAGE_TOKENS stream positions; their score is the mass they received,
+their quote is read back from the inputs (`quote`), which works whenever the inputs are still there.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvpot.errors import KvpotError
+from kvpot.ingest.sources import Mark, SourceSet
+
+GROUP = 64             # tokens per offset entry: the map's resolution is exact at every GROUP-th token
+PASSAGE_TOKENS = 24    # a passage: about one sentence
+TOP = 3                # passages shown
+SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a source (see rank)
+QUOTE_CHARS = 160      # longest quote
+
+
+@dataclass
+class SourceMap:
+    """Stream position -> character offset of the joined input text, plus where each piece came from."""
+
+    pos: array = field(default_factory=lambda: array("q"))    # stream position of an entry's token
+    char: array = field(default_factory=lambda: array("q"))   # its character offset in the joined text
+    end_pos: int = 0                                           # past the last document token
+    end_char: int = 0
+    marks: list[Mark] = field(default_factory=list)
+    _chars_of: dict[int, int] = field(default_factory=dict, repr=False)  # token -> characters of its piece
+
+    def add(self, first_pos: int, char0: int, n_chars: int, tokens: Sequence[int], piece) -> None:
+        """Record one tokenized run of text: `tokens` at stream positions first_pos.., from the n_chars
+        characters at char0. Token lengths come from `piece(token) -> bytes`, scaled to n_chars (a
+        SentencePiece vocabulary adds a leading space the text did not have)."""
+        if not tokens:
+            return
+        lens = np.fromiter((self._token_chars(t, piece) for t in tokens), dtype=np.int64, count=len(tokens))
+        cum = np.concatenate([[0], np.cumsum(lens)])
+        total = max(int(cum[-1]), 1)
+        for i in range(0, len(tokens), GROUP):
+            self.pos.append(first_pos + i)
+            self.char.append(char0 + int(cum[i]) * n_chars // total)
+        self.end_pos, self.end_char = first_pos + len(tokens), char0 + n_chars
+
+    def _token_chars(self, token: int, piece) -> int:
+        n = self._chars_of.get(token)
+        if n is None:
+            # characters = UTF-8 bytes that do not continue a sequence
+            n = self._chars_of[token] = sum(1 for b in piece(token) if b & 0xC0 != 0x80)
+        return n
+
+    def offset(self, position: int) -> int | None:
+        """Character offset of the token at a stream position (None: not a document token)."""
+        if not self.pos or not self.pos[0] <= position < self.end_pos:
+            return None
+        i = bisect_right(self.pos, position) - 1
+        nxt_pos = self.pos[i + 1] if i + 1 < len(self.pos) else self.end_pos
+        nxt_char = self.char[i + 1] if i + 1 < len(self.char) else self.end_char
+        return self.char[i] + (position - self.pos[i]) * (nxt_char - self.char[i]) // max(nxt_pos - self.pos[i], 1)
+
+    def where(self, offset: int) -> Mark | None:
+        i = bisect_right([m.offset for m in self.marks], offset) - 1
+        return self.marks[i] if i >= 0 else None
+
+    # -- saved contexts ----------------------------------------------------------------------------
+
+    def to_header(self) -> dict:
+        return {"pos": list(self.pos), "char": list(self.char), "end": [self.end_pos, self.end_char],
+                "marks": [[m.offset, m.source, m.where] for m in self.marks]}
+
+    @classmethod
+    def from_header(cls, h) -> SourceMap:
+        """The map a context was saved with; one saved before sources were recorded maps nothing."""
+        if h is None:
+            return cls()
+        try:
+            pos, char = array("q", h["pos"]), array("q", h["char"])
+            end_pos, end_char = (int(v) for v in h["end"])
+            marks = [Mark(int(o), str(s), str(w)) for o, s, w in h["marks"]]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise KvpotError("its source map is malformed") from None
+        if len(pos) != len(char) or any(b <= a for a, b in zip(pos, pos[1:])) or \
+                any(b < a for a, b in zip(char, char[1:])) or (pos and (end_pos < pos[-1] or end_char < char[-1])):
+            raise KvpotError("its source map is not in reading order")
+        return cls(pos=pos, char=char, end_pos=end_pos, end_char=end_char, marks=marks)
+
+
+@dataclass(frozen=True)
+class Passage:
+    source: str          # file name
+    where: str           # "p. 12", "line 40", "ch. 3"
+    start: int           # character offsets of the joined text
+    end: int
+    share: float         # of the attention the answer gave the document
+    quote: str = ""      # "" when the inputs cannot be read again (stdin, moved files)
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "where": self.where, "start": self.start, "end": self.end,
+                "share": round(self.share, 4), "quote": self.quote}
+
+
+def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP) -> list[tuple[int, int, float]]:
+    """(first position, last position + 1, share) of the `top` passages with the most mass, best first:
+    runs of PASSAGE_TOKENS centred where the most mass gathers (a sentence is not split at a fixed
+    boundary), each taking its mass from the ones after it. Only document tokens count (not the prompt's, the question's or the
+    answer's), and not the stream's first SINK_TOKENS: the attention sinks every head dumps mass on
+    (StreamingLLM), which would otherwise top every list."""
+    lo, hi = (max(smap.pos[0], SINK_TOKENS), smap.end_pos) if smap.pos else (0, 0)
+    pos = np.array(sorted(p for p in mass if lo <= p < hi), dtype=np.int64)
+    if not pos.size:
+        return []
+    m = np.array([mass[p] for p in pos.tolist()], dtype=np.float64)
+    total = float(m.sum())
+    half = PASSAGE_TOKENS // 2
+    first = np.searchsorted(pos, pos - half)          # the run centred on each position: [first, last)
+    last = np.searchsorted(pos, pos + PASSAGE_TOKENS - half)
+    out = []
+    for _ in range(top):
+        cum = np.concatenate([[0.0], np.cumsum(m)])
+        got = cum[last] - cum[first]
+        k = int(np.argmax(got))
+        if got[k] <= 0:
+            break
+        p0 = max(int(pos[k]) - half, lo)
+        out.append((p0, min(p0 + PASSAGE_TOKENS, hi), float(got[k]) / total))
+        m[first[k]:last[k]] = 0.0  # the next passage is another one
+    return out
+
+
+def top_passages(session, top: int = TOP) -> list[Passage]:
+    """The passages the last answer drew on most, with quotes where the inputs can be read again."""
+    smap: SourceMap = session.source_map
+    out = []
+    for p0, p1, share in rank(session.engine.answer_mass or {}, smap, top):
+        a = smap.offset(p0)
+        b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
+        mark = smap.where(a)
+        out.append(Passage(mark.source if mark else "", mark.where if mark else "", a, b, share))
+    return quote(out, reread(session), smap)
+
+
+def reread(session) -> SourceSet | None:
+    """The inputs again, for quotes: the session's own (files read again), or, for a reopened context,
+    its files collected again; None when they cannot be (stdin, a file gone)."""
+    from kvpot.ingest import collect_sources
+
+    if session.source_set is not None:
+        src = session.source_set
+        return src if all(s.path is not None and s.stream is None for s in src.sources) else None
+    names = [s["name"] for s in session.sources]
+    try:
+        return collect_sources(names, "*", notice=lambda msg: None) if names else None
+    except KvpotError:
+        return None
+
+
+def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> list[Passage]:
+    """Fill in each passage's quote (and its line, for text inputs marked per piece) by reading the
+    inputs once more, up to the last passage. A re-read whose places differ from the recorded ones
+    (the files changed) quotes nothing."""
+    if text is None or not passages:
+        return passages
+    want = sorted(range(len(passages)), key=lambda i: passages[i].start)
+    last = max(p.end for p in passages)
+    got: dict[int, tuple[str, str]] = {}
+    try:
+        for buf_start, buf, n_marks in _windows(text.pieces(), text, last):
+            if text.marks[:n_marks] != smap.marks[:n_marks]:
+                return passages
+            for i in want:
+                p = passages[i]
+                if i in got or not buf_start <= p.start or p.end > buf_start + len(buf):
+                    continue
+                got[i] = (_trim(_whole_words(buf, p.start - buf_start, p.end - buf_start)),
+                          _line(smap, p, buf, buf_start))
+    except KvpotError:
+        return passages
+    return [Passage(p.source, got[i][1], p.start, p.end, p.share, got[i][0]) if i in got else p
+            for i, p in enumerate(passages)]
+
+
+def _windows(pieces: Iterable[str], text: SourceSet, last: int) -> Iterator[tuple[int, str, int]]:
+    """(start, text, marks so far) of each piece joined to the one before it (a passage may straddle
+    two), until the character `last` is passed."""
+    prev, seen = "", 0
+    for piece in pieces:
+        yield seen - len(prev), prev + piece, len(text.marks)
+        seen += len(piece)
+        if seen >= last:
+            return
+        prev = piece
+
+
+def _line(smap: SourceMap, p: Passage, buf: str, buf_start: int) -> str:
+    """A text input is marked per piece ("line N" where the piece starts): the passage's own line."""
+    mark = smap.where(p.start)
+    if mark is None or not mark.where.startswith("line ") or mark.offset < buf_start:
+        return p.where
+    return f"line {int(mark.where[5:]) + buf.count(chr(10), mark.offset - buf_start, p.start - buf_start)}"
+
+
+def _whole_words(buf: str, a: int, b: int, reach: int = 24) -> str:
+    """buf[a:b] widened to the words it cuts (a passage starts and ends at token offsets)."""
+    lo, hi = a, b
+    while lo > max(a - reach, 0) and not buf[lo - 1].isspace():
+        lo -= 1
+    while hi < min(b + reach, len(buf)) and not buf[hi].isspace():
+        hi += 1
+    return buf[lo:hi]
+
+
+def _trim(text: str) -> str:
+    words = " ".join(text.split())
+    return words if len(words) <= QUOTE_CHARS else words[:QUOTE_CHARS - 1].rsplit(" ", 1)[0] + "…"
+
+
+def format_passages(found: list[dict]) -> str:
+    """The text --sources prints after the answer."""
+    if not found:
+        return "\nsources: none (the answer attended to no document token the pot still holds)\n"
+    lines = ["", "sources:"]
+    for n, p in enumerate(found, 1):
+        place = f"{p['source']} {p['where']}".strip()
+        quote_text = f': "{p["quote"]}"' if p["quote"] else ""
+        lines.append(f"  {n}. {place} ({p['share']:.0%}){quote_text}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,115 @@
+"""`--sources` and `--json`: the passage an answer drew on, mapped back to its file and line, through
+every policy that keeps the passage, and through a saved context."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvpot.bench.logbook import logbook
+from kvpot.cli.main import app
+from kvpot.ingest.sources import Mark
+from kvpot.session.sources import GROUP, PASSAGE_TOKENS, SINK_TOKENS, SourceMap, rank
+
+runner = CliRunner()
+QUESTION = "What is the code of the strongbox?"
+FAST = ["--model", "smollm2-135m", "--chunk", "128", "-n", "12", "--prompt-format", "completion", "--threads", "2"]
+# budgets that keep the fact: full attention keeps all; the evicting policies keep 1024 of about 1,900
+# tokens, and rank with the question (InfiniPot's CaP-Q, SnapKV's window ends on it at the last step),
+# by trained importance (Locret) or fetch the fact's blocks by the question (InfLLM). StreamingLLM and
+# truncation keep the ends only: the fact halfway is evicted, so they have no source to find.
+POLICIES = [("full", "4096"), ("infinipot", "1024"), ("snapkv", "1024"), ("infllm", "1024"), ("locret", "1024")]
+
+
+# -- the map, without a model -----------------------------------------------------------------------
+
+def test_offsets_are_exact_at_every_group_and_between_them_interpolated():
+    smap = SourceMap()
+    tokens = list(range(3 * GROUP + 5))
+    width = {t: 1 + t % 3 for t in tokens}  # characters each token spells
+    smap.add(10, 100, sum(width.values()), tokens, lambda t: b"x" * width[t])
+    starts = 100 + np.concatenate([[0], np.cumsum([width[t] for t in tokens])])
+    for i in range(0, len(tokens), GROUP):
+        assert smap.offset(10 + i) == starts[i]
+    assert smap.offset(9) is None and smap.offset(10 + len(tokens)) is None
+    assert abs(smap.offset(10 + GROUP + 7) - starts[GROUP + 7]) <= 2 * 7
+
+
+def test_utf8_tokens_count_characters_not_bytes():
+    smap = SourceMap()
+    smap.add(0, 0, 2 * GROUP, [1] * GROUP + [2] * GROUP, {1: "é".encode(), 2: b"a"}.get)
+    assert smap.offset(GROUP) == GROUP
+
+
+def test_rank_skips_sinks_and_finds_the_heaviest_run():
+    smap = SourceMap()
+    smap.add(0, 0, 1000, list(range(1000)), lambda t: b"x")
+    mass = {p: 0.01 for p in range(1000)}
+    mass[0] = mass[1] = 50.0                       # sinks
+    for p in range(500, 510):
+        mass[p] = 1.0                              # the passage
+    mass[2000] = 99.0                              # not a document token (the question)
+    (p0, p1, share), *_ = rank(mass, smap)
+    assert p0 <= 500 and 510 <= p1 and p1 - p0 == PASSAGE_TOKENS
+    doc = sum(m for p, m in mass.items() if SINK_TOKENS <= p < 1000)
+    assert share == pytest.approx(sum(mass[p] for p in range(p0, p1)) / doc)
+
+
+def test_a_saved_map_reads_back_and_a_broken_one_is_refused():
+    smap = SourceMap()
+    smap.add(3, 0, 500, list(range(200)), lambda t: b"abc")
+    smap.marks = [Mark(0, "a.txt", "line 1")]
+    again = SourceMap.from_header(json.loads(json.dumps(smap.to_header())))
+    assert [again.offset(p) for p in range(250)] == [smap.offset(p) for p in range(250)]
+    assert again.marks == smap.marks
+    bad = smap.to_header() | {"pos": list(reversed(smap.to_header()["pos"]))}
+    from kvpot.errors import KvpotError
+    with pytest.raises(KvpotError):
+        SourceMap.from_header(bad)
+
+
+# -- through the CLI, with a model -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory, smollm2_path):
+    text, question, code = logbook(n_entries=40)
+    assert question == QUESTION
+    path = tmp_path_factory.mktemp("doc") / "logbook.txt"
+    path.write_text(text)
+    start = text.index("The captain set the code")
+    end = text.index("\n", start)
+    return path, code, start, end, text[:start].count("\n") + 1
+
+
+def _ask(*args: str) -> dict:
+    res = runner.invoke(app, ["ask", *args, "--json", "--sources"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("policy,budget", POLICIES)
+def test_the_top_source_is_the_passage_that_holds_the_fact(doc, policy, budget, tmp_path):
+    path, code, start, end, line = doc
+    ctx = tmp_path / "saved.kvctx"
+    out = _ask(str(path), QUESTION, "-P", policy, "--budget", budget, "--save-context", str(ctx), *FAST)
+    top = out["sources"][0]
+    assert top["source"] == str(path)
+    assert top["start"] < end and top["end"] > start, (out["answer"], out["sources"])
+    assert top["where"] == f"line {line}"
+    assert top["quote"] and top["quote"].rstrip("…") in " ".join(path.read_text()[top["start"] - 60:top["end"] + 60].split())
+    assert out["policy"].startswith(policy) and out["inputs"]["read"] == [str(path)] and out["tokens_read"] > 1024
+    # the same context reopened attends the same way, and maps it the same way
+    again = _ask("--context", str(ctx), QUESTION)
+    assert again["sources"][0] == top and again["answer"] == out["answer"]
+
+
+def test_json_errors_are_json_with_the_exit_code_unchanged(tmp_path):
+    res = runner.invoke(app, ["ask", str(tmp_path / "missing.txt"), QUESTION, "--json", *FAST])
+    plain = runner.invoke(app, ["ask", str(tmp_path / "missing.txt"), QUESTION, *FAST])
+    assert res.exit_code == plain.exit_code != 0
+    err = json.loads(res.stderr)
+    assert err["exit_code"] == res.exit_code and "missing.txt" in err["error"]
+    assert res.stdout == ""
