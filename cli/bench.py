@@ -114,6 +114,86 @@ def niah(
         err.print(f"heatmap written to {png_out}")
 
 
+
+@app.command(cls=aliased({"-n": "--length"}))
+@user_errors
+def qa(
+    models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m",
+                                     help="known model names or .gguf paths (repeatable)"),
+    policy: list[str] = typer.Option(["full", "default"], "--policy", "-P",
+                                     help="policy specs (repeatable); default: what `kvpot ask` chooses"),
+    lengths: list[int] = typer.Option([8192, 32768], "--length", min=512, help="input lengths in tokens (repeatable)"),
+    sample: int = typer.Option(8, "--sample", min=1, help="questions asked at lengths above 32,768"),
+    limit: int = typer.Option(None, "--limit", min=1, show_default="all", help="questions asked at every length"),
+    seed: int = typer.Option(0, "--seed", help="draws the inputs: which documents, in what order, at what depths"),
+    budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="as `kvpot ask` resolves it",
+                               help="cells kept by pot policies"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    per_question: bool = typer.Option(False, "--per-question",
+                                      help="pot policies read each input again per question, with the question "
+                                           "known first (CaP-Q, as `kvpot ask`); default: one read per input"),
+    multikey: bool = typer.Option(True, "--multikey/--no-multikey",
+                                  help="also hide four access codes in each input and ask for one"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                  help="write every case here as JSON (rewritten after each case)"),
+    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
+) -> None:
+    """Answer quality on real documents: questions over licence texts, man pages, package documentation and
+    Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
+
+    `-P full` reads each input whole with full attention (the reference, where the input fits)."""
+    from kvpot.bench.qa import DEFAULT, Plan, run
+    from kvpot.bench.qa_questions import load_set
+    from kvpot.bench.qa_report import qa_table
+
+    for spec in policy:
+        if spec != DEFAULT:
+            make_policy(spec)  # a bad spec, before any model loads
+            if budget:
+                check_budget(spec, budget, RunSettings().chunk)
+    for m in models:
+        facts, _ = resolve_model(m)
+        for spec in policy:
+            if spec != DEFAULT:
+                check_adapters(spec, facts.path)
+    qset = load_set()
+    if qset.notice():
+        err.print(f"[yellow]questions {qset.notice()}[/yellow]")
+    if not qset.questions:
+        raise KvpotError("no question of the set can be asked on this machine")
+    previous = _load_qa_cases(json_out) if resume else []
+    results: list[dict] = list(previous)
+
+    def on_case(r: dict) -> None:
+        results.append(r)
+        if json_out:  # after every case, so hours of reading survive an interruption (--resume)
+            _write_json(json_out, results)
+        status.update(f"{len(results) - len(previous)} new cases; last: {r['policy']} {r['length']} {r['id']}: "
+                      f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}")
+
+    with err.status(f"{len(previous)} cases already run") as status:
+        for m in models:
+            plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
+                        threads=threads, budget=budget, per_question=per_question, multikey=multikey)
+            run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update)
+    err.print(qa_table(results))
+    if json_out:
+        _write_json(json_out, results)
+        err.print(f"results written to {json_out}")
+
+
+def _load_qa_cases(path: Path | None) -> list[dict]:
+    if path is None:
+        raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
+    if not path.exists():
+        return []
+    try:
+        cases = json.loads(path.read_text())
+        assert isinstance(cases, list) and all({"model", "policy", "length", "seed", "id"} <= set(c) for c in cases)
+    except (ValueError, AssertionError):
+        raise KvpotError(f"{path} is not a `bench qa` results file; remove it or drop --resume") from None
+    return cases
+
 def _write_json(path: Path, data) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))

@@ -1,0 +1,142 @@
+"""`kvpot bench qa`: answer quality on real documents (kvpot/bench/qa_set.json over the joined inputs of
+kvpot.bench.qa_inputs), per model, policy and length, read and asked as `kvpot ask` does (a Session, the
+model's chat template, settings resolved as ask resolves them).
+
+Each input is read once per policy and its questions are asked in turn, the conversation reset between
+them (Session.reset_conversation: back to the state right after reading). With full attention that is
+exactly what reading the input again per question gives. A pot policy then reads without knowing the
+question, so InfiniPot's catalyst (CaP-Q) is not used, as in `kvpot chat`; `per_question` reads the input
+again for each question with the question set first, as `kvpot ask` does (CaP-Q on; one read per question).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpot.bench.qa_inputs import JoinedInput, build_inputs
+from kvpot.bench.qa_questions import Question
+from kvpot.bench.qa_score import contains, exact
+from kvpot.errors import KvpotError
+
+DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
+SAMPLE_ABOVE = 32768   # lengths past this ask a sample of the questions (the 128K part)
+MAX_TOKENS = 48        # a short factual answer fits; a rambling one is cut here
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str                 # a known name or a .gguf path
+    policies: list[str]
+    lengths: list[int]
+    seed: int = 0
+    sample: int = 8            # questions per length above SAMPLE_ABOVE
+    limit: int | None = None   # questions per length at every length (None: all)
+    threads: int = 2
+    budget: int | None = None  # cells for pot policies (None: as ask resolves it)
+    per_question: bool = False
+    multikey: bool = True
+    group: int | None = None   # questions per input (None: qa_inputs.per_input)
+
+
+def case_key(r: dict) -> tuple:
+    return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)))
+
+
+def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
+    """The whole set, or a seeded sample of it (the same sample for every model and policy)."""
+    n = plan.sample if length > SAMPLE_ABOVE else plan.limit
+    if n is None or n >= len(questions):
+        return list(questions)
+    picked = set(q.id for q in random.Random(f"qa-sample-{plan.seed}-{length}").sample(questions, n))
+    return [q for q in questions if q.id in picked]
+
+
+def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: Callable[[dict], None] = lambda r: None,
+        say: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """Every case not in `done`; returns done + the new cases (each also passed to on_case as it ends)."""
+    from kvpot.models.resolve import resolve_model
+    from kvpot.runtime.llama import LlamaModel
+
+    facts, known = resolve_model(plan.model)
+    name = known.name if known else facts.name
+    results = list(done)
+    have = {case_key(r) for r in results}
+    vocab = LlamaModel(str(facts.path))
+    try:
+        inputs = {n: build_inputs(questions_for(questions, n, plan), lambda t: len(vocab.tokenize(t)), n, plan.seed,
+                                  group=plan.group, multikey=plan.multikey) for n in plan.lengths}
+    finally:
+        vocab.close()
+    with tempfile.TemporaryDirectory(prefix="kvpot-qa-") as tmp:
+        for spec in plan.policies:
+            for n in plan.lengths:
+                for joined in inputs[n]:
+                    todo = [a for a in joined.asks
+                            if (name, spec, n, plan.seed, a.id, plan.per_question) not in have]
+                    if not todo:
+                        continue
+                    say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
+                    path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
+                    path.write_text(joined.text, encoding="utf-8")
+                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path):
+                        results.append(r)
+                        on_case(r)
+    return results
+
+
+def _settings(plan: Plan, facts, known, spec: str, path: Path):
+    """The settings `kvpot ask` would read this input with, and whether they are full attention."""
+    from kvpot.ingest import collect_sources
+    from kvpot.session.reading_plan import plan_reading
+    from kvpot.session.session import answer_reserve
+    from kvpot.session.settings import resolve_settings
+
+    chosen = spec != DEFAULT
+    cli = {"threads": plan.threads, "max_tokens": MAX_TOKENS, "policy": spec if chosen else None,
+           "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
+    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
+    settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings)).settings
+    return settings, settings.policy.partition(":")[0].strip().lower() == "full"
+
+
+def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path):
+    from kvpot.ingest import collect_sources
+    from kvpot.session.session import Session
+
+    base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
+            "per_question": plan.per_question}
+    try:
+        settings, full = _settings(plan, facts, known, spec, path)
+    except KvpotError as e:  # full attention past the window or the memory: recorded, not retried
+        for a in todo:
+            yield {**base, **_ask_fields(a), "skipped": str(e)}
+        return
+    reads = [[a] for a in todo] if plan.per_question and not full else [todo]
+    for asks in reads:
+        with Session(facts, name, settings) as s:
+            if len(asks) == 1 and plan.per_question:
+                s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
+            s.read(collect_sources([str(path)]))
+            st = s.stats()
+            read = {"resolved_policy": s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
+                    "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
+                    "compactions": st["compactions"]}
+            for i, a in enumerate(asks):
+                if i:
+                    s.reset_conversation()
+                t0 = time.perf_counter()
+                answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
+                yield {**base, **_ask_fields(a), **read, "answer": answer, "exact": exact(answer, list(a.refs)),
+                       "correct": contains(answer, list(a.refs)),
+                       "distractor": contains(answer, list(a.distractors)) if a.distractors else False,
+                       "answer_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _ask_fields(a) -> dict:
+    return {"id": a.id, "task": a.task, "heldout": a.heldout, "target_depth": a.target_depth, "depth": a.depth,
+            "question": a.question, "reference": a.refs[0]}

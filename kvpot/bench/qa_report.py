@@ -1,0 +1,47 @@
+"""The table `kvpot bench qa` prints: accuracy per model x policy x length, held-out questions apart."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _share(rows: list[dict], key: str = "correct") -> str:
+    return f"{sum(bool(r[key]) for r in rows) / len(rows):.0%} ({sum(bool(r[key]) for r in rows)}/{len(rows)})" \
+        if rows else "-"
+
+
+def summary(results: list[dict]) -> list[dict]:
+    """One line per (model, policy, length), in the order the cases were run."""
+    keys: list[tuple] = []
+    for r in results:
+        k = (r["model"], r["policy"], r["length"])
+        if k not in keys:
+            keys.append(k)
+    out = []
+    for model, policy, length in keys:
+        rows = [r for r in results if (r["model"], r["policy"], r["length"]) == (model, policy, length)]
+        ran = [r for r in rows if "skipped" not in r]
+        qa = [r for r in ran if r["task"] == "qa"]
+        reads = {r["input"]: r for r in ran}.values()  # one read per input (shared by its questions)
+        secs = sum(r["read_seconds"] for r in reads)
+        out.append({"model": model, "policy": policy, "length": length,
+                    "resolved": sorted({r["resolved_policy"].split(":")[0] for r in ran}),
+                    "tuning": [r for r in qa if not r["heldout"]], "heldout": [r for r in qa if r["heldout"]],
+                    "multikey": [r for r in ran if r["task"] == "multikey"],
+                    "tok_s": sum(r["tokens"] for r in reads) / secs if secs else None,
+                    "skipped": len(rows) - len(ran)})
+    return out
+
+
+def qa_table(results: list[dict]) -> Table:
+    t = Table(title="answer quality on real documents (kvpot bench qa): share answered correctly")
+    for col in ("model", "policy", "length", "questions", "held out", "all", "exact", "multi-key", "read tok/s"):
+        t.add_column(col, justify="left" if col in ("model", "policy") else "right")
+    for s in summary(results):
+        qa = s["tuning"] + s["heldout"]
+        policy = s["policy"] + (f" ({', '.join(s['resolved'])})" if s["resolved"] != [s["policy"]] else "")
+        if s["skipped"]:
+            policy += f", {s['skipped']} skipped"
+        t.add_row(s["model"], policy, f"{s['length']:,}", _share(s["tuning"]), _share(s["heldout"]), _share(qa),
+                  _share(qa, "exact"), _share(s["multikey"]), f"{s['tok_s']:.0f}" if s["tok_s"] else "-")
+    return t
