@@ -117,12 +117,13 @@ def build_inputs(questions: list[Question], count_tokens: Callable[[str], int], 
     rng = random.Random(f"qa-{seed}-{length}")
     order = list(questions)
     rng.shuffle(order)
-    k = group or per_input(length)
+    n_inputs = -(-len(order) // (group or per_input(length)))
+    # dealt out by source, so questions on one file go to different inputs where there are enough of
+    # them: two excerpts of one file in one input would overlap, and one could answer the other's question
+    order.sort(key=lambda q: q.source)
+    groups = [order[i::n_inputs] for i in range(n_inputs)]
     pool = sorted({q.source for q in questions} | set(EXTRA_SOURCES))
-    out = []
-    for i in range(0, len(order), k):
-        out.append(_join(order[i:i + k], count_tokens, doc_tokens(length), pool, seed, length, len(out), multikey))
-    return out
+    return [_join(g, count_tokens, doc_tokens(length), pool, seed, length, i, multikey) for i, g in enumerate(groups)]
 
 
 def _join(group: list[Question], count: Callable[[str], int], target: int, pool: list[str], seed: int, length: int,
@@ -154,6 +155,8 @@ def _join(group: list[Question], count: Callable[[str], int], target: int, pool:
     for text in distractor_chunks([s for s in pool if s not in used], rng):
         if room <= 0:
             break
+        if any(find_passage(text, q.passage) for q in group):  # another file saying the same (GPL-2's address
+            continue                                            # is LGPL-2.1's): only the excerpt answers
         n = tok(text)
         if n > room:  # the last piece: cut to fit (at a line end) so the input stays near its length
             text = text[: max(1, int(len(text) * room / n))].rsplit("\n", 1)[0]

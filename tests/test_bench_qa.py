@@ -1,0 +1,129 @@
+"""`kvpot bench qa`: the question set holds on this machine, scoring, the inputs' depths, a tiny real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvpot.bench.qa_inputs import build_inputs, doc_tokens
+from kvpot.bench.qa_questions import SET_PATH, load_set, parse_set
+from kvpot.bench.qa_score import contains, exact, normalize
+from kvpot.bench.qa_sources import find_passage, passage_pattern, strip_roff
+
+
+def words(text: str) -> int:  # a tokenizer stand-in: depth arithmetic is the builder's, not the model's
+    return len(text.split())
+
+
+def test_set_is_large_enough_with_a_third_held_out():
+    qs = parse_set()
+    assert len(qs) >= 60
+    assert len({q.id for q in qs}) == len(qs)
+    held = sum(q.heldout for q in qs)
+    assert abs(held - len(qs) / 3) <= 1
+
+
+def test_every_passage_is_in_its_file_on_this_machine():
+    loaded = load_set()
+    assert loaded.notice() is None, loaded.notice()
+    assert len(loaded.questions) == len(parse_set())
+
+
+@pytest.mark.parametrize("q", parse_set(), ids=lambda q: q.id)
+def test_each_answer_can_be_read_off_its_passage(q):
+    # the answer, or one alias, appears in the quoted passage: a reference no one could derive is a bug
+    assert any(contains(q.passage, [ref]) for ref in q.refs), (q.answer, q.passage)
+
+
+def test_a_question_whose_passage_is_gone_is_skipped_and_counted(tmp_path):
+    data = json.loads(SET_PATH.read_text())
+    data["questions"][0]["passage"] = "words no licence has ever held together"
+    data["questions"][1]["source"] = "/nonexistent/kvpot-qa-source"
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps(data))
+    loaded = load_set(path)
+    assert loaded.missing_passage == [data["questions"][0]["id"]]
+    assert loaded.missing_file == [data["questions"][1]["id"]]
+    assert len(loaded.questions) == len(data["questions"]) - 2
+    assert "2 skipped" not in loaded.notice() and "1 skipped" in loaded.notice()
+
+
+def test_normalize_and_scores():
+    assert normalize("  Version 2.0.9!\n") == "version 2 0 9"
+    assert exact("Mozilla Foundation.", ["Mozilla Foundation"])
+    assert not exact("It is the Mozilla Foundation.", ["Mozilla Foundation"])
+    assert contains("It is the Mozilla Foundation.", ["Mozilla Foundation"])
+    assert contains("See section 13.", ["13"])
+    assert not contains("It is 130.", ["13"])       # whole words: 13 is not in 130
+    assert not contains("2.0.98", ["2.0.9"])
+    assert contains("HIGHEST_PROTOCOL is 5", ["5", "five"])
+    assert not contains("", ["5"]) and not contains("anything", [""])
+
+
+def test_roff_stripper_keeps_the_words_in_order():
+    src = '.\\" a comment\n.SH NAME\ngzip \\- compress\n.B gzip\nuses \\fBLZ77\\fR coding.\n.BR "\\&.gz" ,\n'
+    text = strip_roff(src)
+    assert "comment" not in text
+    assert find_passage(text, "NAME gzip - compress gzip uses LZ77 coding. .gz,")
+
+
+@pytest.mark.parametrize("length", [8192, 32768])
+def test_builder_puts_each_passage_at_its_depth(length):
+    qs = load_set().questions
+    inputs = build_inputs(qs, words, length, seed=3)
+    asked = [a.id for j in inputs for a in j.asks if a.task == "qa"]
+    assert sorted(asked) == sorted(q.id for q in qs)  # every question once
+    passages = {q.id: q.passage for q in qs}
+    for j in inputs:
+        assert abs(j.tokens - doc_tokens(length)) <= doc_tokens(length) * 0.05
+        for a in j.asks:
+            # the recorded depth is where the passage really starts (computed from the text)
+            needle = passages[a.id] if a.task == "qa" else a.question.split("for the ")[1].rstrip("?")
+            starts = [m.start() for m in passage_pattern(needle).finditer(j.text)]
+            assert starts
+            # (two questions on one file may share an excerpt: then one of the copies is there)
+            assert min(abs(words(j.text[:at]) / j.tokens - a.depth) for at in starts) < 0.02
+            # and near the depth asked for: within a distractor piece or two (~400 words at most)
+            assert abs(a.depth - a.target_depth) <= 2 * 400 / j.tokens + 0.01, (a.id, a.depth, a.target_depth)
+    depths = [a.depth for j in inputs for a in j.asks]
+    assert min(depths) < 0.2 and max(depths) > 0.8  # varied depths
+    sources = [[q.source for q in qs if q.id in {a.id for a in j.asks}] for j in inputs]
+    assert all(len(set(s)) == len(s) for s in sources)  # one excerpt per file in an input
+    again = build_inputs(qs, words, length, seed=3)
+    assert [j.text for j in again] == [j.text for j in inputs]  # deterministic from the seed
+    assert build_inputs(qs, words, length, seed=4)[0].text != inputs[0].text
+
+
+def test_multikey_needles_and_distractors_are_in_each_input():
+    inputs = build_inputs(load_set().questions[:6], words, 8192, seed=0)
+    for j in inputs:
+        mk = [a for a in j.asks if a.task == "multikey"]
+        assert len(mk) == 1 and len(mk[0].distractors) == 3
+        for key in (*mk[0].refs, *mk[0].distractors):
+            assert key in j.text
+
+
+def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path):
+    from kvpot.bench.qa import Plan, case_key, run
+
+    qs = load_set().questions[:2]
+    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False)
+    seen: list[dict] = []
+    results = run(plan, qs, on_case=seen.append)
+    assert len(results) == len(seen) == 2 and {r["id"] for r in results} == {q.id for q in qs}
+    for r in results:
+        for key in ("id", "length", "depth", "policy", "answer", "correct", "exact", "read_tok_s", "read_seconds",
+                    "answer_seconds", "heldout"):
+            assert key in r, key
+        assert r["resolved_policy"] == "full" and r["tokens"] > 200 and r["input"] == 0
+        assert isinstance(r["answer"], str) and isinstance(r["correct"], bool)
+    json.dumps(results)  # the JSON the command writes
+    assert len({r["read_seconds"] for r in results}) == 1  # one read, both questions asked of it
+    again: list[dict] = []
+    assert run(plan, qs, done=results, on_case=again.append) == results and again == []
+    # a case missing from the file is the only one run again
+    rerun: list[dict] = []
+    out = run(plan, qs, done=results[:1], on_case=rerun.append)
+    assert [r["id"] for r in rerun] == [results[1]["id"]]
+    assert {case_key(r) for r in out} == {case_key(r) for r in results}
