@@ -7,7 +7,7 @@ MODEL   ?= qwen2.5-coder-0.5b
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo test fuzz test-aarch64 test-vulkan clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -36,6 +36,14 @@ pull-test-models: install
 
 demo: pull
 	$(BIN)/kvpot demo --model $(MODEL)
+
+# answer quality on real documents (docs/benchmarks.md), the 8K and 32K parts: hours on 2 cores.
+# Every case is written to $(QA_JSON) as it ends; running it again continues where it stopped (--resume)
+QA_JSON ?= bench-qa.json
+bench-qa: install
+	$(BIN)/kvpot pull qwen2.5-coder-1.5b
+	$(BIN)/kvpot bench qa -m qwen2.5-coder-1.5b -P full -P default --length 8192 --length 32768 \
+		--json $(QA_JSON) --resume
 
 # the trained parts' tests (kvpot train locret|edgeinfinite) need torch, kvpot's optional `train` extra;
 # this pin is the CPU build (other versions may pull a multi-GB CUDA build)

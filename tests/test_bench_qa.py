@@ -127,3 +127,16 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     out = run(plan, qs, done=results[:1], on_case=rerun.append)
     assert [r["id"] for r in rerun] == [results[1]["id"]]
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
+
+
+def test_cli_refuses_resume_without_a_results_file(smollm2_path, tmp_path):
+    from conftest import assert_one_line_error, run_cli
+
+    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--resume")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "--resume needs --json")
+    niah = tmp_path / "niah.json"
+    niah.write_text(json.dumps([{"policy": "full", "length": 8192, "depth": 0.5, "seed": 0}]))
+    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--resume", "--json", str(niah))
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "is not a `bench qa` results file")
