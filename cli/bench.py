@@ -115,7 +115,7 @@ def niah(
 
 
 
-@app.command(cls=aliased({"-n": "--length"}))
+@app.command()
 @user_errors
 def qa(
     models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m",
