@@ -55,7 +55,7 @@ train-deps: $(BIN)/.kvpot-torch
 
 test: pull-test-models train-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.
 # One process per target (a tests/test_fuzz*.py file, or a -k selection in tests/test_fuzz.py), side by

@@ -21,6 +21,7 @@ from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read  # noqa: E
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from kvpot.runtime.pot import Pot  # noqa: E402
 from kvpot.train import edgeinfinite as te  # noqa: E402
+from kvpot.train import edgeinfinite_torch as tt  # noqa: E402
 from kvpot.train.edgeinfinite_emulate import engine_config  # noqa: E402
 from kvpot.train.gguf_torch import forward, load_weights  # noqa: E402
 
@@ -40,13 +41,13 @@ def test_torch_memory_and_gate_equal_the_numpy_reference():
         k, v = rng.standard_normal((20, H, dk)), rng.standard_normal((20, H, dv))
         for h in range(H):
             m_np[h], z_np[h] = fold(m_np[h], z_np[h], k[:, h], v[:, h])
-        m_t, z_t = te.fold(m_t, z_t, torch.tensor(k), torch.tensor(v))
+        m_t, z_t = tt.fold(m_t, z_t, torch.tensor(k), torch.tensor(v))
     np.testing.assert_allclose(m_t.numpy(), m_np, rtol=1e-10)
     np.testing.assert_allclose(z_t.numpy(), z_np, rtol=1e-10)
     q, a_dot = rng.standard_normal((T, n_head, dk)), rng.standard_normal((T, n_head, dv))
     a_mem = read(m_np, z_np, q)
-    np.testing.assert_allclose(te.read(m_t, z_t, torch.tensor(q)).numpy(), a_mem, rtol=1e-10)
-    mod = te.GateModule(gate)
+    np.testing.assert_allclose(tt.read(m_t, z_t, torch.tensor(q)).numpy(), a_mem, rtol=1e-10)
+    mod = tt.GateModule(gate)
     got = mod.mix(1, torch.tensor(a_mem, dtype=torch.float32), torch.tensor(a_dot, dtype=torch.float32))
     np.testing.assert_allclose(got.detach().numpy(), gate.mix(1, a_mem, a_dot), rtol=1e-4, atol=1e-4)
 
@@ -129,7 +130,7 @@ def test_gemma3_reading_step_windows_see_the_text_before(gemma_path, gemma_weigh
     cfg = te.TrainConfig(L_sink=8, L_seg=16, n_seg=0, L_window=560, L_chunk=64)
     tokens = _gemma_tokens(gemma_path, 8 + 560 + 64)
     gate = initial_memory_gate(gemma_path)
-    closed = te.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
+    closed = tt.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
                                       g=np.full_like(gate.g, -40.0)))
     with torch.no_grad():
         got = float(te.segment_loss(w, closed, tokens, cfg, leftover=0))
@@ -181,7 +182,7 @@ def test_reading_mode_step_sees_sink_and_unfolded_run_at_their_cache_positions(s
         model.close()
     assert len(tokens) == te.window_length(cfg) == 4 + 32 + 3 + 8 + 8
     gate = initial_memory_gate(smollm2_path)
-    closed = te.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
+    closed = tt.GateModule(MemoryGate(layers=gate.layers, w1=gate.w1, b1=gate.b1, w2=gate.w2, b2=gate.b2,
                                       g=np.full_like(gate.g, -40.0)))
     seen = tokens[:4] + tokens[36:36 + 3 + leftover]   # sink, then the unfolded run after the 2 folded segments
     chunk = tokens[36 + 3 + leftover:36 + 3 + leftover + 8]
@@ -189,7 +190,7 @@ def test_reading_mode_step_sees_sink_and_unfolded_run_at_their_cache_positions(s
         got = te.segment_loss(w, closed, tokens, cfg, leftover=leftover)
         logits, _ = forward(w, seen + chunk, 0)
         want = torch.nn.functional.cross_entropy(logits[len(seen):-1], torch.as_tensor(chunk[1:]))
-        opened = te.segment_loss(w, te.GateModule(gate), tokens, cfg, leftover=leftover)
+        opened = te.segment_loss(w, tt.GateModule(gate), tokens, cfg, leftover=leftover)
     assert abs(float(got) - float(want)) < 1e-4 * float(want)
     assert abs(float(opened) - float(want)) > 1e-4 * float(want)  # the memory of the folded segments is read
 
@@ -266,7 +267,7 @@ def test_engine_mode_step_is_the_engines_reading(smollm2_path, tmp_path):
         path = tmp_path / f"{name}.gguf"
         write_memory_gate(path, gate)
         with torch.no_grad():
-            got[name] = float(te.segment_loss(w, te.GateModule(gate), bos + doc, cfg))
+            got[name] = float(te.segment_loss(w, tt.GateModule(gate), bos + doc, cfg))
         policy = _Recording(gate=str(path))
         with Engine(str(smollm2_path), policy, EngineConfig(budget=budget, chunk=chunk, n_threads=2,
                                                               measure_nll=True)) as eng:

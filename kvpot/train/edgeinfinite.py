@@ -35,68 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        raise KvpotError("training needs torch: pip install 'kvpot[train]' (or torch==2.13.0 for a CPU build)") from None
-    return torch
-
-
-# -- the memory and gate in torch (kvpot.policies.edgeinfinite_memory's equations) -----------------------------------------
-
-def sigma(x):
-    """ELU(x) + 1."""
-    torch = _torch()
-    return torch.nn.functional.elu(x) + 1.0
-
-
-def fold(m, z, k, v):
-    """M [H, d_k, d_v], z [H, d_k] plus keys k [n, H, d_k] (RoPE'd) and values v [n, H, d_v]."""
-    torch = _torch()
-    sk = sigma(k)
-    return m + torch.einsum("nhk,nhv->hkv", sk, v), z + sk.sum(0)
-
-
-def read(m, z, q):
-    """A_mem [T, n_head, d_v] for q [T, n_head, d_k]; query head h reads KV head h // group."""
-    torch = _torch()
-    group = q.shape[1] // m.shape[0]
-    sq = sigma(q)
-    mg, zg = m.repeat_interleave(group, 0), z.repeat_interleave(group, 0)
-    return torch.einsum("thk,hkv->thv", sq, mg) / torch.einsum("thk,hk->th", sq, zg)[..., None]
-
-
-class GateModule:
-    """The trainable gate: torch parameters shaped as kvpot.policies.edgeinfinite_memory.MemoryGate's arrays."""
-
-    def __init__(self, gate):
-        torch = _torch()
-        self.layers = list(gate.layers)
-        self.base = gate.base
-        self.params = {n: torch.nn.Parameter(torch.tensor(np.asarray(getattr(gate, n)), dtype=torch.float32))
-                       for n in ("w1", "b1", "w2", "b2", "g")}
-
-    def parameters(self):
-        return list(self.params.values())
-
-    def mix(self, layer: int, a_mem, a_dot):
-        """A_com = sigmoid(g) (W2 ReLU(W1 A_mem + b1) + b2) + (1 - sigmoid(g)) A_dot; a_* [T, n_head, d_v]."""
-        torch = _torch()
-        p = self.params
-        h = torch.relu(a_mem @ p["w1"][layer].T + p["b1"][layer])
-        a_tl = h @ p["w2"][layer].T + p["b2"][layer]
-        sg = torch.sigmoid(p["g"][layer])
-        return sg * a_tl + (1.0 - sg) * a_dot
-
-    def to_gate(self):
-        from kvpot.policies.edgeinfinite_memory import MemoryGate
-
-        arr = {n: p.detach().numpy().astype(np.float32).copy() for n, p in self.params.items()}
-        return MemoryGate(layers=self.layers, base=self.base, **arr)
-
+from kvpot.train.edgeinfinite_emulate import emulated_loss, engine_config
+from kvpot.train.edgeinfinite_torch import GateModule, empty_memory, fold_all, load_torch, memory_mix
 
 # -- data ---------------------------------------------------------------------------------------------------
 
@@ -187,25 +127,23 @@ def window_length(cfg: TrainConfig) -> int:
 def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, leftover: int = 0):
     """The step's loss: next-token cross-entropy of the last segment (reading mode: of the chunk after
     `leftover` + L_window unfolded tokens), read as kvpot reads it."""
-    torch = _torch()
+    torch = load_torch()
     from kvpot.train.gguf_torch import forward
 
     if cfg.budget:
-        from kvpot.train.edgeinfinite_emulate import emulated_loss
-
         return emulated_loss(weights, gate, tokens, cfg)
     if cfg.L_chunk:
         return _chunk_loss(weights, gate, tokens, cfg, leftover)
 
     pre, text = _read_sink(weights, tokens[:cfg.L_sink]), cfg.L_sink
-    mem = _empty_memory(weights, gate)
+    mem = empty_memory(weights, gate)
     loss = None
     for s in range(cfg.n_seg):
         seg = tokens[text:text + cfg.L_seg]
         last = s == cfg.n_seg - 1
         ctx = torch.enable_grad() if last else torch.no_grad()
         with ctx:
-            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, s > 0),
+            logits, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=memory_mix(gate, mem, s > 0),
                                   logits=last, text0=text)
         text += len(seg)
         if last:
@@ -213,14 +151,14 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
             loss = torch.nn.functional.cross_entropy(logits[:-1], target)
         else:
             kvs = [(k.detach(), v.detach()) for k, v in kvs]
-            mem = _fold_all(mem, kvs)
+            mem = fold_all(mem, kvs)
             pre = pre.after(weights, kvs, keep=False)
     return loss
 
 
 def _read_sink(weights, sink: list[int]):
     """The prefix after the sink was read at positions 0.. without memory."""
-    torch = _torch()
+    torch = load_torch()
     from kvpot.train.gguf_torch import Prefix, forward
 
     pre = Prefix.empty(weights)
@@ -231,53 +169,30 @@ def _read_sink(weights, sink: list[int]):
     return pre.after(weights, kvs, keep=True)
 
 
-def _empty_memory(weights, gate: GateModule) -> dict:
-    """M, z per pot layer the gate mixes (the window layers have none)."""
-    torch = _torch()
-    H, d = weights.n_head_kv, weights.head_dim
-    return {il: (torch.zeros(H, d, d), torch.zeros(H, d)) for il in gate.layers}
-
-
-def _fold_all(mem: dict, kvs: list) -> dict:
-    return {il: fold(m, z, kvs[il][0], kvs[il][1]) for il, (m, z) in mem.items()}
-
-
-def _memory_mix(gate: GateModule, mem: dict, on: bool):
-    """The forward's hook: stock attention while nothing is folded (eq. 10), else the gated mix."""
-    pot_index = {il: i for i, il in enumerate(gate.layers)}
-
-    def mix(il, q, a_dot):
-        if not on or il not in pot_index:
-            return a_dot
-        m, z = mem[il]
-        return gate.mix(pot_index[il], read(m, z, q), a_dot)
-    return mix
-
-
 def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, leftover: int):
     """Reading mode: sink, n_seg folded segments, an unfolded run, then the trained chunk. Pot layers see
     the chunk at its cache position (after the sink and the run); window layers the text just before."""
-    torch = _torch()
+    torch = load_torch()
     from kvpot.train.gguf_torch import forward
 
     pre, text = _read_sink(weights, tokens[:cfg.L_sink]), cfg.L_sink
-    mem = _empty_memory(weights, gate)
+    mem = empty_memory(weights, gate)
     with torch.no_grad():
         for s in range(cfg.n_seg):
             seg = tokens[text:text + cfg.L_seg]
-            _, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, s > 0),
+            _, kvs = forward(weights, seg, cfg.L_sink, prefix=pre, mix=memory_mix(gate, mem, s > 0),
                              logits=False, text0=text)
             text += len(seg)
-            mem = _fold_all(mem, kvs)
+            mem = fold_all(mem, kvs)
             pre = pre.after(weights, kvs, keep=False)
         run = tokens[text:text + cfg.L_window + leftover]
         if run:
-            _, kvs = forward(weights, run, cfg.L_sink, prefix=pre, mix=_memory_mix(gate, mem, cfg.n_seg > 0),
+            _, kvs = forward(weights, run, cfg.L_sink, prefix=pre, mix=memory_mix(gate, mem, cfg.n_seg > 0),
                              logits=False, text0=text)
             text += len(run)
             pre = pre.after(weights, kvs, keep=True)
     chunk = tokens[text:text + cfg.L_chunk]
-    logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=pre, mix=_memory_mix(gate, mem, cfg.n_seg > 0),
+    logits, _ = forward(weights, chunk, cfg.L_sink + len(run), prefix=pre, mix=memory_mix(gate, mem, cfg.n_seg > 0),
                         text0=text)
     return torch.nn.functional.cross_entropy(logits[:-1], torch.as_tensor(chunk[1:]))
 
@@ -290,15 +205,13 @@ def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] =
 
     check_adapter_output(out, inputs=(model,))  # before the work, not after it
     check_threads(cfg.threads)
-    torch = _torch()
+    torch = load_torch()
     from kvpot.runtime.llama import LlamaModel
     from kvpot.train.gguf_torch import load_weights
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     if cfg.budget:
-        from kvpot.train.edgeinfinite_emulate import engine_config
-
         cfg = engine_config(model, cfg)
         log(f"read as the engine does at budget {cfg.budget}, chunk {cfg.L_chunk}: L_sink {cfg.L_sink}, "
             f"L_window {cfg.L_window}, L_seg {cfg.L_seg}, memory {cfg.mem_cells} cells, "

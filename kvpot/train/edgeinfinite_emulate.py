@@ -38,17 +38,17 @@ def emulated_loss(weights, gate, tokens: list[int], cfg):
     """Next-token loss of the last of cfg.n_chunks + 1 chunks, read as `kvpot bench ppl` reads them."""
     import torch
 
-    from kvpot.train.edgeinfinite import _empty_memory, _fold_all, _memory_mix
+    from kvpot.train.edgeinfinite_torch import empty_memory, fold_all, memory_mix
     from kvpot.train.gguf_torch import Prefix, forward, rope
 
     w = weights
     C = cfg.L_chunk
     chunks = [tokens[i * C:(i + 1) * C] for i in range(cfg.n_chunks + 1)]
-    pre, mem, has_mem, n_cells, text = Prefix.empty(w), _empty_memory(w, gate), False, 0, 0
+    pre, mem, has_mem, n_cells, text = Prefix.empty(w), empty_memory(w, gate), False, 0, 0
     for i, chunk in enumerate(chunks):
         last = i == cfg.n_chunks
         with torch.enable_grad() if last else torch.no_grad():
-            logits, kvs = forward(w, chunk, n_cells, prefix=pre, mix=_memory_mix(gate, mem, has_mem),
+            logits, kvs = forward(w, chunk, n_cells, prefix=pre, mix=memory_mix(gate, mem, has_mem),
                                   logits=last, text0=text)
         if last:
             return torch.nn.functional.cross_entropy(logits[:-1], torch.as_tensor(chunk[1:]))
@@ -60,7 +60,7 @@ def emulated_loss(weights, gate, tokens: list[int], cfg):
         # EdgeInfinite._due: whole segments of what lies between the sink and the window
         n_fold = max(0, (n_cells - cfg.L_sink - cfg.L_window) // cfg.L_seg) * cfg.L_seg
         s, e = cfg.L_sink, cfg.L_sink + n_fold
-        mem = _fold_all(mem, [None if x is None else (x[0][s:e], x[1][s:e]) for x in pre.pot])
+        mem = fold_all(mem, [None if x is None else (x[0][s:e], x[1][s:e]) for x in pre.pot])
         shift = torch.full((n_cells - e,), -n_fold)
         neox = w.arch == "gemma3"
         pre.pot = [None if x is None else
