@@ -19,9 +19,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.session.auto_budget import ContextCost, context_cost, device_memory
-
-# llama.cpp keeps context and batch sizes in uint32 and positions in int32; ctypes would wrap larger values
-MAX_CELLS = 1 << 30
+from kvpot.session.limits import MAX_CELLS
 
 
 def cpu_cores() -> int:
@@ -101,7 +99,7 @@ def _gib(n: int) -> str:
 def check_settings_fit(facts: ModelFacts, settings) -> None:
     """The context `Session` would create for these settings, checked before the model loads."""
     from kvpot.policies import build_policy
-    from kvpot.session.session import answer_reserve
+    from kvpot.session.room import answer_reserve
 
     reserve = answer_reserve(settings)
     policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour

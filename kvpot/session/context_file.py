@@ -20,7 +20,6 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write
-from kvpot.session.checks import MAX_CELLS
 from kvpot.session.engine_state import (
     INT32_MAX,
     INT64_MAX,
@@ -29,6 +28,7 @@ from kvpot.session.engine_state import (
     check_policy_state,
     check_pot_bytes,
 )
+from kvpot.session.limits import MAX_CELLS
 
 MAGIC = b"KVPOTCTX"
 FORMAT_VERSION = 1
@@ -203,6 +203,10 @@ def _check_header(h: dict) -> None:
         if not 0 <= h[key] <= hi:
             raise ValueError(f"{key} {h[key]} is outside 0..{hi}")
     _check_sources(h["sources"])
+    if "source_map" in h:  # --sources' map (older contexts have none)
+        from kvpot.session.sources import SourceMap
+
+        SourceMap.from_header(h["source_map"])
 
 
 def _check_sources(sources: list) -> None:

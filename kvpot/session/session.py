@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot import __version__
-from kvpot.engine import MIN_TURN_ROOM, Engine, EngineConfig, FeedEvent
+from kvpot.engine import Engine, EngineConfig, FeedEvent
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
@@ -25,6 +25,7 @@ from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
+from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings
 from kvpot.session.sources import SourceMap
@@ -32,15 +33,8 @@ from kvpot.wording import plural
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)
 SAVE_LOGITS_ENV = "KVPOT_SAVE_LOGITS"
-# room for the first question's tokens in the answer reserve (longer questions go through the pot)
-QUESTION_ROOM = 128
 # assumed bytes per token before any text has been tokenized
 BYTES_PER_TOKEN_GUESS = 4.0
-
-
-def answer_reserve(settings: RunSettings) -> int:
-    """Cells a session keeps past the budget for the first question, the answer and the next turn."""
-    return settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
 
 
 class ReadingStopped(Exception):

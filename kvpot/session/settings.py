@@ -16,7 +16,7 @@ import tomllib
 
 from kvpot import paths
 from kvpot.errors import KvpotError
-from kvpot.session.checks import MAX_CELLS
+from kvpot.session.limits import MAX_CELLS
 from kvpot.session.prompting import PROMPT_CHOICES
 
 AUTO = "auto"
