@@ -211,6 +211,12 @@ class Policy:
     def catalyst_text(self) -> str | None:
         return None
 
+    def sink_tokens(self) -> int:
+        """The stream's first tokens this policy keeps as attention sinks whatever they say (StreamingLLM's
+        n_sink, InfLLM's initial tokens): every query attends to them, so they never tell where an
+        answer comes from (kvpot.session.sources leaves them out)."""
+        return 0
+
     def budget_at(self, step: int, budget: int) -> int:
         return budget
 
@@ -345,6 +351,9 @@ class Wrapping(Policy):
 
     def catalyst_text(self) -> str | None:
         return self.wrapped.catalyst_text()
+
+    def sink_tokens(self) -> int:
+        return self.wrapped.sink_tokens()
 
     def budget_at(self, step: int, budget: int):
         return self.wrapped.budget_at(step, budget)

@@ -115,6 +115,9 @@ class InfiniPot(Policy):
         # next_chunk already includes the catalyst's length (the engine adds it)
         return n_cells + next_chunk > self._sizes()[0]
 
+    def sink_tokens(self) -> int:
+        return self.n_sink
+
     def catalyst_text(self) -> str | None:
         if self.cap == "none":
             return None

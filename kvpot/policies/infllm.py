@@ -203,6 +203,9 @@ class InfLLM(Policy):
 
     # -- parameters ------------------------------------------------------------------------------
 
+    def sink_tokens(self) -> int:
+        return self._p("n_init") if self._fit else 0  # the initial tokens, which the paper keeps as sinks
+
     def fit(self, budget: int, chunk: int) -> None:
         """Fill the parameters left unset from the budget (cells in RAM) and the chunk."""
         d = default_split(budget, chunk)

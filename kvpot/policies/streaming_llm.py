@@ -29,6 +29,9 @@ class StreamingLLM(Policy):
         if self.n_sink < 0:
             raise KvpotError(f"streaming: n_sink must be >= 0, got {self.n_sink}")
 
+    def sink_tokens(self) -> int:
+        return self.n_sink
+
     def check_budget(self, budget: int) -> None:
         if budget <= self.n_sink:
             raise BudgetTooSmall(f"streaming: the budget ({budget}) must exceed n_sink ({self.n_sink}) to leave room for "

@@ -115,13 +115,14 @@ class Passage:
                 "share": round(self.share, 4), "quote": self.quote}
 
 
-def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP) -> list[tuple[int, int, float]]:
+def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
     """(first position, last position + 1, share) of the `top` passages with the most mass, best first:
     runs of PASSAGE_TOKENS centred where the most mass gathers (a sentence is not split at a fixed
     boundary), each taking its mass from the ones after it. Only document tokens count (not the prompt's, the question's or the
-    answer's), and not the stream's first SINK_TOKENS: the attention sinks every head dumps mass on
-    (StreamingLLM), which would otherwise top every list."""
-    lo, hi = (max(smap.pos[0], SINK_TOKENS), smap.end_pos) if smap.pos else (0, 0)
+    answer's), and not the stream's first `sinks`: the attention sinks every head dumps mass on
+    (StreamingLLM; at least SINK_TOKENS, more where the policy keeps more, Policy.sink_tokens), which
+    would otherwise top every list."""
+    lo, hi = (max(smap.pos[0], sinks, SINK_TOKENS), smap.end_pos) if smap.pos else (0, 0)
     pos = np.array(sorted(p for p in mass if lo <= p < hi), dtype=np.int64)
     if not pos.size:
         return []
@@ -147,7 +148,8 @@ def top_passages(session, top: int = TOP) -> list[Passage]:
     """The passages the last answer drew on most, with quotes where the inputs can be read again."""
     smap: SourceMap = session.source_map
     out = []
-    for p0, p1, share in rank(session.engine.answer_mass or {}, smap, top):
+    eng = session.engine
+    for p0, p1, share in rank(eng.answer_mass or {}, smap, top, eng.policy.sink_tokens()):
         a = smap.offset(p0)
         b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
         mark = smap.where(a)
