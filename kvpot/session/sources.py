@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.ingest.sources import Mark, SourceSet
+from kvpot.ingest.sources import STDIN, Mark, SourceSet
 
 GROUP = 64             # tokens per offset entry: the map's resolution is exact at every GROUP-th token
 PASSAGE_TOKENS = 24    # a passage: about one sentence
@@ -118,10 +118,10 @@ class Passage:
 def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
     """(first position, last position + 1, share) of the `top` passages with the most mass, best first:
     runs of PASSAGE_TOKENS centred where the most mass gathers (a sentence is not split at a fixed
-    boundary), each taking its mass from the ones after it. Only document tokens count (not the prompt's, the question's or the
-    answer's), and not the stream's first `sinks`: the attention sinks every head dumps mass on
-    (StreamingLLM; at least SINK_TOKENS, more where the policy keeps more, Policy.sink_tokens), which
-    would otherwise top every list."""
+    boundary), each taking its mass from the ones after it. Only document tokens count (not the
+    prompt's, the question's or the answer's), and not the stream's first `sinks`: the attention sinks
+    every head dumps mass on (StreamingLLM; at least SINK_TOKENS, more where the policy keeps more,
+    Policy.sink_tokens), which would otherwise top every list."""
     lo, hi = (max(smap.pos[0], sinks, SINK_TOKENS), smap.end_pos) if smap.pos else (0, 0)
     pos = np.array(sorted(p for p in mass if lo <= p < hi), dtype=np.int64)
     if not pos.size:
@@ -166,6 +166,8 @@ def reread(session) -> SourceSet | None:
         src = session.source_set
         return src if all(s.path is not None and s.stream is None for s in src.sources) else None
     names = [s["name"] for s in session.sources]
+    if STDIN in names:  # read once, gone (and reading it again would wait on the terminal)
+        return None
     try:
         return collect_sources(names, "*", notice=lambda msg: None) if names else None
     except KvpotError:
