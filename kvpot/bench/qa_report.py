@@ -35,7 +35,7 @@ def summary(results: list[dict]) -> list[dict]:
 
 def qa_table(results: list[dict]) -> Table:
     t = Table(title="answer quality on real documents (kvpot bench qa): share answered correctly")
-    for col in ("model", "policy", "length", "questions", "held out", "all", "exact", "multi-key", "read tok/s"):
+    for col in ("model", "policy", "length", "not held out", "held out", "all", "exact", "multi-key", "read tok/s"):
         t.add_column(col, justify="left" if col in ("model", "policy") else "right")
     for s in summary(results):
         qa = s["tuning"] + s["heldout"]
