@@ -8,6 +8,7 @@ the model a path that does not exist, so any reading or loading would hang or fa
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from pathlib import Path
@@ -40,7 +41,7 @@ LEAST = {
     "streaming": (StreamingLLM(n_sink=9), 10),
     "snapkv": (SnapKV(window=8), 9),
     "h2o": (H2O(), 1),
-    "infinipot": (InfiniPot(pot=64, keep=32), None),  # sized by pot/keep, refused at construction instead
+    "infinipot": (InfiniPot(), 10),  # |C| = budget // 2 must hold the 4 sinks and one more; sized by fit
     "imdc": (IMDC(SnapKV(window=8), m_max=64), 9),  # each step's budget goes to its pruner
     "locret": (Locret(heads="heads.gguf", n_s=8), 9),
     "edgeinfinite": (EdgeInfinite(gate="gate.gguf", L_sink=4, L_window=8, L_seg=16), 28),
@@ -71,6 +72,13 @@ def test_check_budget_refuses_what_select_would(name):
     with pytest.raises(BudgetTooSmall) as e:
         policy.check_budget(least - 1)
     assert e.value.least == least and "\n" not in str(e.value)
+    if isinstance(policy, InfiniPot):  # sized by fit, as the engine calls it: fit refuses with the same line
+        with pytest.raises(BudgetTooSmall, match=re.escape(str(e.value))):
+            copy.deepcopy(policy).fit(least - 1, 4)
+        fitted = copy.deepcopy(policy)
+        fitted.fit(least, 4)
+        assert fitted.select(_read_chunk(fitted), fitted.budget_at(0, least)) is not None
+        return
     # the policy's own selection refuses the same budget, with the same line
     with pytest.raises(BudgetTooSmall, match=re.escape(str(e.value).split("(")[0])):
         policy.select(_read_chunk(policy), least - 1)

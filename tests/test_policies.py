@@ -3,16 +3,20 @@ references recomputed here, with plain loops, from each paper's definition."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
 from kvpot.errors import KvpotError
 from kvpot.policies import (
     H2O,
+    IMDC,
     POLICIES,
     BudgetTooSmall,
     EdgeInfinite,
     FullAttention,
+    InfiniPot,
     InfLLM,
     Locret,
     Policy,
@@ -46,6 +50,10 @@ ALL_POLICIES = [
     EdgeInfinite(gate="gate.gguf", L_sink=0, L_window=3, L_seg=5),
     InfLLM(),
     InfLLM(n_init=8, block_size=16, repr_topk=2),
+    InfiniPot(),
+    InfiniPot(nuc_ratio=0.0, cr_rope=False),
+    IMDC(pruner=SnapKV(window=8, kernel=3), m_0=16),
+    IMDC(pruner=StreamingLLM(), function="fixed"),
 ]
 EVICTING = [p for p in ALL_POLICIES if not isinstance(p, FullAttention)]
 
@@ -83,11 +91,26 @@ def view_of(positions: np.ndarray, scores: np.ndarray | None = None, tokens_seen
                    logprobs=None, chunk_positions=np.arange(seen - 1, seen, dtype=np.int64), tokens_seen=seen)
 
 
-def min_budget(p: Policy) -> int:
-    """The smallest budget the policy accepts, asked from the policy itself."""
+def ready(p: Policy, budget: int, chunk: int, expected: int) -> tuple[Policy, int]:
+    """A fresh copy of the listed policy, prepared as the engine prepares it before reading (fit to the
+    budget and chunk, told the input's length), and the cells its select keeps at the first step
+    (budget_at: InfiniPot keeps |C| of a |M|-cell pot, IMDC its schedule's m_0, the others the budget)."""
+    p = copy.deepcopy(p)
+    p.reset()
+    p.fit(budget, chunk)
+    p.set_expected_length(expected)
+    return p, p.budget_at(0, budget)
+
+
+def min_budget(p: Policy, chunk: int | None = None) -> int:
+    """The smallest budget the policy accepts, asked from the policy itself: check_budget alone, or with
+    a chunk, fit as the engine calls it (InfLLM's local window must hold a chunk and a block)."""
     for budget in range(1, 4096):
         try:
-            p.check_budget(budget)
+            if chunk is None:
+                p.check_budget(budget)
+            else:
+                copy.deepcopy(p).fit(budget, chunk)
             return budget
         except BudgetTooSmall:
             pass
@@ -122,22 +145,28 @@ def row_set(keep: np.ndarray, layer: int, head: int) -> set[int]:
 # ---------------------------------------------------------------- the same checks for every policy
 
 
+def test_the_shared_list_holds_every_registered_policy():
+    """A policy added to the registry goes through the checks below too (docs/architecture.md, "Adding a method")."""
+    assert {p.name for p in ALL_POLICIES} == set(POLICIES)
+
+
 @pytest.mark.parametrize("policy", ALL_POLICIES, ids=policy_id)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("with_scores", [True, False], ids=["scores", "no-scores"])
 def test_contract_on_random_pots(policy: Policy, seed: int, with_scores: bool):
     rng = np.random.default_rng(seed)
-    n_cells = int(rng.integers(50, 201))
-    budget = int(rng.integers(max(min_budget(policy), 40), n_cells))
+    least = max(min_budget(policy, chunk=16), 40)
+    n_cells = int(rng.integers(least + 10, least + 161))
+    budget = int(rng.integers(least, n_cells))
     view = random_view(rng, n_cells, with_scores=with_scores)
-    policy.reset()
+    policy, kept = ready(policy, budget, 16, expected=4 * n_cells)
     assert isinstance(policy.before_chunk(16), TapRequest)
     policy.after_chunk(view)
-    keep = policy.select(view, budget)
+    keep = policy.select(view, kept)
     if isinstance(policy, FullAttention):
         assert keep is None
         return
-    check_keep(keep, n_cells, budget, at_most=folds(policy))
+    check_keep(keep, n_cells, kept, at_most=folds(policy))
     # per (layer, head) really: the kept stream positions differ between heads of a random pot
     assert kept_positions(view, keep, 0, 0) != kept_positions(view, keep, 0, 1)
     policy.after_compaction(keep)
@@ -147,15 +176,19 @@ def test_contract_on_random_pots(policy: Policy, seed: int, with_scores: bool):
 @pytest.mark.parametrize("extra", [0, -1, -7])
 def test_nothing_to_do_when_the_pot_fits(policy: Policy, extra: int):
     rng = np.random.default_rng(11)
-    budget = 60
+    budget = max(60, min_budget(policy, chunk=16))
     view = random_view(rng, budget + extra)
-    policy.reset()
+    policy, _ = ready(policy, budget, 16, expected=4 * budget)
     policy.after_chunk(view)
-    assert policy.select(view, budget) is None
+    # the engine asks wants_compaction before select: a pot that fits is never compacted
+    assert not policy.wants_compaction(view.n_cells, budget, 0)
+    if not isinstance(policy, InfiniPot):  # InfiniPot's select distills whatever full pot it is handed
+        assert policy.select(view, budget) is None
 
 
 @pytest.mark.parametrize("policy", ALL_POLICIES, ids=policy_id)
 def test_before_chunk_asks_for_a_tap_request(policy: Policy):
+    policy, _ = ready(policy, 512, 128, expected=4096)
     req = policy.before_chunk(128)
     assert isinstance(req, TapRequest)
     assert req.tap_last >= -1
@@ -165,11 +198,13 @@ def test_before_chunk_asks_for_a_tap_request(policy: Policy):
 def test_engine_loop_stays_within_budget(policy: Policy):
     """Chunks of new tokens appended to the pot, compacted whenever over budget, as the engine does."""
     rng = np.random.default_rng(5)
-    budget, chunk = 48, 20
+    chunk = 20
+    budget = max(48, min_budget(policy, chunk))
+    steps = 8 + 2 * budget // chunk  # several compactions whatever the budget
     positions = np.zeros((L, H, 0), dtype=np.int64)
     seen = 0
-    policy.reset()
-    for _ in range(8):
+    policy, _ = ready(policy, budget, chunk, expected=steps * chunk)
+    for step in range(steps):
         req = policy.before_chunk(chunk)
         new = np.broadcast_to(np.arange(seen, seen + chunk), (L, H, chunk))
         positions = np.concatenate([positions, new], axis=-1)
@@ -180,16 +215,20 @@ def test_engine_loop_stays_within_budget(policy: Policy):
         view = PotView(n_layer=L, n_head_kv=H, n_cells=n, positions=positions, scores=scores, logprobs=None,
                        chunk_positions=np.arange(seen - chunk, seen), tokens_seen=seen, head_scores=heads)
         policy.after_chunk(view)
-        keep = policy.select(view, budget)
+        kept = policy.budget_at(step, budget)
+        keep = policy.select(view, kept) if policy.wants_compaction(n, kept, 0) else None
         if keep is not None:
-            check_keep(keep, n, budget, at_most=folds(policy))
+            check_keep(keep, n, kept, at_most=folds(policy))
             positions = np.take_along_axis(positions, keep, axis=-1)
             policy.after_compaction(keep)
-    assert positions.shape[-1] <= budget if folds(policy) else positions.shape[-1] == budget
+    # EdgeInfinite folds whole segments and InfiniPot distills a full pot to |C|: at most the budget
+    exact = not (folds(policy) or isinstance(policy, InfiniPot))
+    assert positions.shape[-1] == budget if exact else 1 <= positions.shape[-1] <= budget
     # every policy keeps the newest token, except H2O with the whole budget given to heavy hitters
-    # and Locret without stabilizers (its scores alone decide; here they are all equal)
+    # and Locret without stabilizers (its scores alone decide; here they are all equal), and InfiniPot, whose
+    # CaP and NuC scores alone rank the cells past its sinks (no recent window)
     if not (isinstance(policy, H2O) and round(budget * policy.heavy_ratio) == budget) and \
-            not (isinstance(policy, Locret) and policy.n_s == 0):
+            not (isinstance(policy, Locret) and policy.n_s == 0) and not isinstance(policy, InfiniPot):
         assert np.all(positions.max(axis=-1) == seen - 1)
 
 

@@ -126,7 +126,16 @@ class IMDC(Wrapping):
         if self.m_0 is not None and not 1 <= self.m_0 <= (self.m_max or self.m_0):
             raise KvpotError(f"imdc: m_0 must be within [1, m_max={self.m_max}], got {self.m_0}")
 
+    def check_budget(self, budget: int) -> None:
+        """m_max and m_0 never exceed the budget (the memory starts at m_0 and grows to m_max); then the
+        pruner's own least budget."""
+        if self.m_max is None and self.m_0 is not None and self.m_0 > budget:
+            raise BudgetTooSmall(f"imdc: m_0 ({self.m_0}) is more than --budget {budget}: the memory starts at m_0 "
+                                 "and grows to the budget (lower m_0 or raise --budget)", least=self.m_0)
+        super().check_budget(budget)
+
     def fit(self, budget: int, chunk: int) -> None:
+        self.check_budget(budget)
         from_budget = self.m_max is None
         if from_budget:
             self.m_max = budget

@@ -89,12 +89,31 @@ class InfiniPot(Policy):
 
     # -- hooks ----------------------------------------------------------------------------------
 
+    def check_budget(self, budget: int) -> None:
+        """The pot is the budget unless pot= sets it, |C| half the pot unless keep= sets it; a budget
+        that leaves |C| no larger than the sinks, or a pot above the budget, is refused with the least
+        budget that works (None: only pot=, keep= or n_sink= can fix it)."""
+        super().check_budget(budget)
+        if self.pot is not None:
+            if self.pot > budget:
+                raise BudgetTooSmall(f"infinipot: pot (|M| = {self.pot}) is more than --budget {budget}: the pot "
+                                     "never holds more than the budget (lower pot or raise --budget)", least=self.pot)
+            return
+        keep = self.keep if self.keep is not None else budget // 2
+        if 1 <= keep < budget and 0 <= self.n_sink < keep:
+            return
+        if self.keep is None:  # |C| = budget // 2 must hold the sinks and one more cell
+            least = 2 * (max(self.n_sink, 0) + 1)
+        else:
+            least = self.keep + 1 if 0 <= self.n_sink < self.keep else None
+        raise BudgetTooSmall(f"infinipot: n_sink must be within [0, keep = {keep}), got {self.n_sink} (--budget "
+                             f"{budget} is a pot of |M| = {budget} cells keeping |C| = {keep}, which must hold "
+                             "the sinks and at least one more)", least=least)
+
     def fit(self, budget: int, chunk: int) -> None:
+        self.check_budget(budget)
         if self.pot is None:
             self.pot = budget
-        elif self.pot > budget:
-            raise BudgetTooSmall(f"infinipot: pot (|M| = {self.pot}) is more than --budget {budget}: the pot never "
-                                 "holds more than the budget (lower pot or raise --budget)")
         if self.keep is None:
             self.keep = self.pot // 2
         self._check_sizes()
