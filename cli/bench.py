@@ -115,7 +115,7 @@ def niah(
 
 
 
-@app.command()
+@app.command(cls=aliased({}))  # readable labels and every default in --help, as every kvpot command
 @user_errors
 def qa(
     models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m",
