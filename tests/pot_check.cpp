@@ -13,7 +13,7 @@
 // cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
 // rank a near-tie differently.
 //
-// usage: pot_check MODEL.gguf [n_threads [REF.txt]]
+// usage: [POT_CHECK_LOG=1] pot_check MODEL.gguf [n_threads [REF.txt]]
 #include "llama.h"
 #include "kvpot.h"
 
@@ -89,8 +89,11 @@ int main(int argc, char ** argv) {
     }
     const int n_threads = argc > 2 ? atoi(argv[2]) : 2;
 
+    // errors only, unless POT_CHECK_LOG is set: then every message (which device holds the layers and
+    // the KV cache, for a run on a GPU backend)
+    static const bool log_all = getenv("POT_CHECK_LOG") != nullptr;
     llama_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level == GGML_LOG_LEVEL_ERROR) {
+        if (log_all || level == GGML_LOG_LEVEL_ERROR) {
             fputs(text, stderr);
         }
     }, nullptr);
