@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
+from kvpot.ingest.sources import STDIN_PROMPT
 from kvpot.models.registry import KNOWN
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import Policy, make_policy
@@ -103,18 +104,27 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     def notice(msg: str) -> None:
         err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
 
-    sources = collect_sources(inputs, glob, notice=notice, exclude=exclude, verbose=verbose)
+    # what the inputs gave (the folders' summary, inputs skipped) is said once nothing is refused, so that
+    # a refusal stays one line; a prompt to type the document on the terminal is said at once
+    held: list[str] = []
+
+    def hold(msg: str) -> None:
+        (notice if msg.startswith(STDIN_PROMPT) else held.append)(msg)
+
+    sources = collect_sources(inputs, glob, notice=hold, exclude=exclude, verbose=verbose)
     facts, known = resolve_model(model)
     protect_session_files(settings.policy, facts.path, save_to)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice)
-    if plan.note:
-        err.print(plan.note, soft_wrap=True)
     settings = plan.settings
     # an automatic budget, and a policy whose smallest step depends on the input's length (IMDC's m_0),
     # checked against the policy now that both are known
     check_budget(settings.policy, settings.budget, settings.chunk, expected_tokens=_estimated_tokens(sources))
     check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
+    for msg in held:
+        notice(msg)
+    if plan.note:
+        err.print(plan.note, soft_wrap=True)
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings)
     if question:

@@ -33,6 +33,8 @@ from kvpot.safe_write import protect
 
 PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
 STDIN = "-"
+# what is said when the document is to be typed on the terminal (callers that hold notices say this at once)
+STDIN_PROMPT = "reading the document from stdin"
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,7 @@ def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: No
     before a model is loaded."""
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty():
-        notice("reading the document from stdin (the terminal); end it with Ctrl-D")
+        notice(STDIN_PROMPT + " (the terminal); end it with Ctrl-D")
         head = _read_head(stream)
     else:
         with _SayIfBlocked(notice, "waiting for input on stdin"):
