@@ -32,7 +32,7 @@ def test_bad_config_is_one_clear_error(tmp_path, text, needle):
 
 
 @pytest.mark.parametrize("cli, needle", [({"budget": 4}, "too small"), ({"chunk": 2}, "too small"),
-                                         ({"prompt": "jinja"}, "prompt must be one of")])
+                                         ({"prompt": "jinja"}, "--prompt-format must be one of")])
 def test_impossible_settings_are_refused(tmp_path, cli, needle):
     with pytest.raises(KvpotError, match=needle):
         resolve_settings(None, {}, cli, tmp_path / "none.toml")
