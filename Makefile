@@ -7,7 +7,7 @@ MODEL   ?= qwen2.5-coder-0.5b
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test fuzz test-aarch64 test-vulkan clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test test-long fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -56,6 +56,11 @@ train-deps: $(BIN)/.kvpot-torch
 test: pull-test-models train-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=30
+
+# the suite's long-input checks at full length (tests/test_engine.py: 64K tokens through a 1,024-cell
+# pot on both test models, ~12 min on 2 cores; `make test` reads 16K)
+test-long: pull-test-models
+	KVPOT_LONG_TOKENS=65536 $(BIN)/python -m pytest -q tests/test_engine.py -k long_input
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.
 # One process per target (a tests/test_fuzz*.py file, or a -k selection in tests/test_fuzz.py), side by
