@@ -96,14 +96,10 @@ def niah(
         raise KvpotError(f"{json_out} holds cases of another task; write --task {task} to another file")
     results: list[dict] = list(previous)
 
-    def on_case(r: dict) -> None:
-        results.append(r)
-        if json_out:  # after every case, so a long grid survives an interruption (--resume)
-            _write_json(json_out, results)
-        status.update(f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
-                      f"{'found' if r['correct'] else 'missed'}")
-
     with err.status(f"{len(previous)}/{total} cases") as status:
+        on_case = _recorder(results, json_out, status, lambda r: (
+            f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
+            f"{'found' if r['correct'] else 'missed'}"))
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
                             on_case=on_case, done=previous, task=task)
     err.print(niah_table(results, facts.name, task, policy, lengths, depths))
@@ -164,14 +160,10 @@ def qa(
     previous = _load_qa_cases(json_out) if resume else []
     results: list[dict] = list(previous)
 
-    def on_case(r: dict) -> None:
-        results.append(r)
-        if json_out:  # after every case, so hours of reading survive an interruption (--resume)
-            _write_json(json_out, results)
-        status.update(f"{len(results) - len(previous)} new cases; last: {r['policy']} {r['length']} {r['id']}: "
-                      f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}")
-
     with err.status(f"{len(previous)} cases already run") as status:
+        on_case = _recorder(results, json_out, status, lambda r: (
+            f"{len(results) - len(previous)} new cases; last: {r['policy']} {r['length']} {r['id']}: "
+            f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}"))
         for m in models:
             plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                         threads=threads, budget=budget, per_question=per_question, multikey=multikey)
@@ -193,6 +185,17 @@ def _load_qa_cases(path: Path | None) -> list[dict]:
     except (ValueError, AssertionError):
         raise KvpotError(f"{path} is not a `bench qa` results file; remove it or drop --resume") from None
     return cases
+
+def _recorder(results: list[dict], json_out: Path | None, status, describe):
+    """A grid's on_case: keep the case, rewrite --json after every case (so a long grid survives an
+    interruption: --resume), and show the case on the status line."""
+    def on_case(r: dict) -> None:
+        results.append(r)
+        if json_out:
+            _write_json(json_out, results)
+        status.update(describe(r))
+    return on_case
+
 
 def _write_json(path: Path, data) -> None:
     tmp = path.with_name(path.name + ".tmp")

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
+from gguf_copy import copy_gguf
 
 
 def main(src: str, dst: str, n: int) -> None:
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        value = n if field.name == f"{arch}.block_count" else field.contents()
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n:
-            continue
-        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    arch = GGUFReader(src).fields["general.architecture"].contents()
+    copy_gguf(src, dst,
+              value=lambda name, v: n if name == f"{arch}.block_count" else v,
+              tensor=lambda t: None if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n
+              else (t.data, t.tensor_type))
 
 
 if __name__ == "__main__":
