@@ -123,9 +123,13 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)
-    model = model or default_model(say=lambda line: err.print(escape(line), soft_wrap=True))
+    # which model was chosen is said once the session stands, so that a refusal stays one line
+    chosen: list[str] = []
+    model = model or default_model(say=chosen.append)
     session, sources = new_session(inputs, glob or ["*"], model,
                                    question, save_to=save_context, exclude=exclude or [], verbose=verbose, **opts)
+    for line in chosen:
+        err.print(escape(line), soft_wrap=True)
     try:
         read_with_progress(session, sources)
     except BaseException:
