@@ -11,6 +11,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-taps.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-logprobs.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-weights.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-heads.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory.cpp

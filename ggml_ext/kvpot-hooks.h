@@ -15,6 +15,15 @@ class  llm_graph_result;
 // (taps, the lookup and its query, retaining heads, the gated memory: a few dozen per layer)
 uint32_t kvpot_hook_graph_nodes(uint32_t n_layer);
 
+// llm_graph_context::build_inp_out_ids: rows the graph carries past the last layer to the output head:
+// n_tokens while the ubatch being built wants per-row log-probs (kvpot-logprobs.h), else n_outputs
+uint32_t kvpot_hook_out_rows(uint32_t n_outputs, uint32_t n_tokens);
+
+// llm_graph_input_out_ids::set_input when the graph carries every row: writes the rows marked as outputs
+// first, then the others, and returns true, so the first n_outputs rows of the logits are the ones
+// llama.cpp copies out; returns false (nothing written: the identity order) when every row is marked
+bool kvpot_hook_out_ids(const llama_ubatch * ubatch, int32_t * data);
+
 // llama_context::process_ubatch: true when the previous graph must not be reused
 // (taps or log-probs requested, or the pot was compacted since it was built)
 bool kvpot_hook_force_rebuild(const llama_context * lctx);

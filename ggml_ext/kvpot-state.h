@@ -38,8 +38,8 @@ struct kvpot_state {
 
     // tensors of the graph being built / just computed
     std::vector<kvpot_tap_out> pending_taps;
-    ggml_tensor *              pending_lp      = nullptr;
-    std::vector<int32_t>       pending_lp_rows; // index into lp_out for each output row
+    std::vector<ggml_tensor *> pending_lp;      // [1, n_pick] log-probs per block of rows (kvpot-logprobs.cpp)
+    std::vector<int32_t>       pending_lp_rows; // index into lp_out for each picked row, in block order
 
     // the next graph must be rebuilt (after a compaction)
     bool force_rebuild = false;

@@ -6,6 +6,7 @@
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
 #include "kvpot-input.h"
+#include "kvpot-logprobs.h"
 #include "kvpot-lookup.h"
 #include "kvpot-memory.h"
 #include "kvpot-pot.h"
@@ -87,7 +88,14 @@ uint32_t kvpot_hook_graph_nodes(uint32_t n_layer) {
     // per pot layer at most: InfLLM's in-graph lookup (~17 tensors) and its query (~11), the logit or
     // score tap (~15), or EdgeInfinite's read-out and gate (~25), or Locret's heads (~10); with room to
     // spare, as llama.cpp sizes its own count (the graph's tensor pool overflows with an abort otherwise)
-    return 96u*n_layer;
+    return 96u*n_layer + kvpot_logprobs_graph_nodes();
+}
+
+uint32_t kvpot_hook_out_rows(uint32_t n_outputs, uint32_t n_tokens) {
+    // per-row log-probs need every row's logits in the graph; llama.cpp still copies out only the
+    // marked rows, which kvpot_hook_out_ids puts first
+    const bool all = g_build.st && g_build.ub && kvpot_logprobs_wanted(*g_build.st, *g_build.ub);
+    return all ? n_tokens : n_outputs;
 }
 
 bool kvpot_hook_force_rebuild(const llama_context * lctx) {
@@ -115,7 +123,7 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     g_build.pot = pot.kv;
     g_build.ub  = &ubatch;
     st->pending_taps.clear();
-    st->pending_lp = nullptr;
+    st->pending_lp.clear();
     st->pending_lp_rows.clear();
     st->pending_heads.clear();
     st->pending_qkv.clear();
@@ -336,41 +344,8 @@ void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, c
 void kvpot_hook_build_end(const llama_context * lctx, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf) {
     GGML_UNUSED(lctx);
     kvpot_state * st = g_build.st;
-    if (st && gf && !st->lp_targets.empty()) {
-        ggml_tensor * logits = res->get_logits(); // [n_vocab, n_outputs]
-        if (logits) {
-            const int64_t n_vocab = logits->ne[0];
-            const int64_t n_out   = logits->ne[1];
-            // rows of this ubatch with a requested target; outputs must be every row (logits for all)
-            std::vector<int32_t> flat;
-            st->pending_lp_rows.clear();
-            const llama_ubatch & ub = *g_build.ub;
-            if ((int64_t) ub.n_tokens != n_out) {
-                st->lp_error = "log-probs need logits for every row of the batch";
-            } else {
-                for (int64_t j = 0; j < n_out; ++j) {
-                    const int64_t idx = (int64_t) ub.pos[j] - st->lp_pos0;
-                    if (idx < 0 || idx >= (int64_t) st->lp_targets.size()) {
-                        continue;
-                    }
-                    const llama_token tok = st->lp_targets[idx];
-                    if (tok < 0 || tok >= n_vocab) {
-                        continue;
-                    }
-                    flat.push_back((int32_t) (j*n_vocab + tok));
-                    st->pending_lp_rows.push_back((int32_t) idx);
-                }
-            }
-            if (!flat.empty()) {
-                ggml_tensor * idx_t = kvpot_add_i32_input(res, ctx0, std::move(flat));
-                ggml_tensor * sm    = ggml_soft_max(ctx0, logits);
-                ggml_tensor * pick  = ggml_get_rows(ctx0, ggml_reshape_2d(ctx0, sm, 1, n_vocab*n_out), idx_t);
-                ggml_tensor * lp    = ggml_log(ctx0, pick); // [1, n_picked]
-                ggml_set_output(lp);
-                ggml_build_forward_expand(gf, lp);
-                st->pending_lp = lp;
-            }
-        }
+    if (st && gf && g_build.ub && kvpot_logprobs_wanted(*st, *g_build.ub)) {
+        kvpot_logprobs_build(*st, *g_build.ub, res, ctx0, gf);
     }
     g_build = {};
 }
@@ -392,7 +367,7 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
             }
         }
     }
-    if (!st || (st->pending_taps.empty() && !st->pending_lp && st->pending_heads.empty() &&
+    if (!st || (st->pending_taps.empty() && st->pending_lp.empty() && st->pending_heads.empty() &&
                 st->pending_qkv.empty() && st->pending_q.empty() &&
                 st->pending_lookup_q.empty())) {
         return;
@@ -455,13 +430,7 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         }
     }
     st->pending_lookup_q.clear();
-    if (st->pending_lp) {
-        buf.resize(ggml_nelements(st->pending_lp));
-        ggml_backend_tensor_get(st->pending_lp, buf.data(), 0, ggml_nbytes(st->pending_lp));
-        for (size_t i = 0; i < st->pending_lp_rows.size() && i < buf.size(); ++i) {
-            st->lp_out[st->pending_lp_rows[i]] = buf[i];
-        }
-        st->pending_lp = nullptr;
-        st->pending_lp_rows.clear();
+    if (!st->pending_lp.empty()) {
+        kvpot_logprobs_read(*st);
     }
 }

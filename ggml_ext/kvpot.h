@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 11
+#define KVPOT_ABI_VERSION 12
 
 #ifdef __cplusplus
 extern "C" {
@@ -124,8 +124,9 @@ KVPOT_API int32_t kvpot_tap_request(struct llama_context * ctx, const llama_pos 
 // copy the tapped mass of pot layer ipot as out[h*n_cells + c] for cells c < n_cells
 KVPOT_API int32_t kvpot_tap_get(struct llama_context * ctx, int32_t ipot, float * out, int32_t n_head_kv, int32_t n_cells);
 
-// log p(targets[i] | prefix) for the token at position pos0 + i, computed in the graph from the logits
-// (the batch must request logits for every row); n = 0 clears the request
+// log p(targets[i] | prefix) for the token at position pos0 + i, computed in the graph for every row of
+// the batch whatever rows it marks for logits (only the marked rows' logits are copied out, so a chunk
+// marking only its last row never materialises full logits outside the graph); n = 0 clears the request
 KVPOT_API int32_t kvpot_logprobs_request(struct llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n);
 
 // copy the log-probs of the last request (NaN where none was computed)

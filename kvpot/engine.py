@@ -238,7 +238,8 @@ class Engine:
         queries = None
         try:
             n_old = self.n_cells
-            self._decode(piece, pos0, "all" if req.logprobs else "last")
+            # log-probs are computed for every row inside the graph; only the last row's logits leave it
+            self._decode(piece, pos0, "last")
             head_scores = self._take_head_scores(n) if req.head_scores else None
             scores = self.pot.tap_get(n_old + n) if req.tap_last else None
             logprobs = None

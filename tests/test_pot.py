@@ -224,24 +224,37 @@ def test_logit_taps_equal_kq_rows(smol, doc_tokens):
     ctx.close()
 
 
-def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens):
-    """Per-token log p(next) from the graph equals log_softmax of the logits llama.cpp returns."""
-    import llama_cpp as L
+def _log_softmax_rows(ctx, n_rows: int):
+    rows = np.stack([ctx.logits_row(i) for i in range(n_rows)]).astype(np.float64)
+    m = rows.max(axis=1, keepdims=True)
+    return rows - (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))
+
+
+@pytest.mark.parametrize("marked", ["all", "last"])
+def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens, marked):
+    """Per-token log p(next) from the graph equals log_softmax of the logits stock llama.cpp returns for
+    every row, whether the batch marks every row for logits or only the last (then no other row's
+    logits leave the graph, and the last row's logits are still the stock ones)."""
+    batch = doc_tokens[:CHUNK]
+    targets = doc_tokens[1:CHUNK + 1]
+    ref = new_ctx(smol, N_CTX, CHUNK)
+    ref.decode(batch, 0, logits="all")
+    want = _log_softmax_rows(ref, CHUNK)[np.arange(CHUNK), targets]
+    ref_last = ref.logits_last()
+    ref.close()
 
     ctx = new_ctx(smol, N_CTX, CHUNK)
     pot = Pot(ctx)
-    batch = doc_tokens[:CHUNK]
-    targets = doc_tokens[1:CHUNK + 1]
     pot.logprobs_request(0, targets)
-    ctx.decode(batch, 0, logits="all")
+    ctx.decode(batch, 0, logits=marked)
     got = pot.logprobs_get(CHUNK)
     pot.logprobs_clear()
-    for i in (0, 5, CHUNK - 1):
-        row = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx.ptr, i), shape=(smol.n_vocab,)).astype(np.float64)
-        m = row.max()
-        want = row[targets[i]] - (m + np.log(np.exp(row - m).sum()))
-        assert abs(got[i] - want) < 1e-3, (i, got[i], want)
+    last = ctx.logits_last()
     ctx.close()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=1e-3)
+    np.testing.assert_allclose(last, ref_last, atol=1e-3, rtol=1e-4)
+    assert int(np.argmax(last)) == int(np.argmax(ref_last))
 
 
 def test_stats_report_cells_and_bytes(smol, doc_tokens):

@@ -9,8 +9,9 @@ What a context of n cells costs, besides the weights (llama.cpp, no flash attent
              per sliding-window layer at most window + chunk cells, however long the input
   attention: the chunk's scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one
              layer at a time (the graph allocator reuses them across layers)
-  logits:    rows x vocabulary x 4 bytes, twice (the graph's output and llama.cpp's copy);
-             every row of a chunk when a policy needs each token's log-probability (NuC)
+  logits:    rows x vocabulary x 4 bytes in the graph, plus one row copied out to llama.cpp;
+             every row of a chunk when a policy needs each token's log-probability (NuC), which
+             adds one soft-max block of ceil(rows / 16) rows (ggml_ext/kvpot-logprobs.cpp)
   activations: chunk x (4 x embedding + 2 x feed-forward) x 4 bytes
 Those are estimates; the margin covers what they miss (small graphs, the tokenizer, Python).
 """
@@ -76,7 +77,7 @@ class ContextCost:
 
     kv: int              # K and V of every layer (sliding-window layers capped at window + chunk)
     scores: int          # one chunk's attention scores and softmax over the context
-    logits: int          # the output rows, twice (graph output and llama.cpp's copy)
+    logits: int          # the output rows in the graph, the soft-max block of NuC, the row copied out
     activations: int     # the chunk's hidden states and feed-forward
 
     @property
@@ -88,10 +89,21 @@ class ContextCost:
         return self.kv + self.compute
 
 
+# NuC's log-probs soft-max the graph's logits in at most this many blocks of rows (kvpot-logprobs.cpp)
+LOGPROB_BLOCKS = 16
+
+
+def logit_rows_held(logit_rows: int) -> int:
+    """Rows of vocabulary-wide floats alive at once: the graph's logits, NuC's soft-max block when
+    every row is scored, and the one row llama.cpp copies out."""
+    block = -(-logit_rows // LOGPROB_BLOCKS) if logit_rows > 1 else 0
+    return logit_rows + block + 1
+
+
 def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> ContextCost:
     return ContextCost(kv=kv_bytes(facts, cells, chunk),
                        scores=2 * facts.n_head * chunk * cells * F32,
-                       logits=2 * logit_rows * facts.n_vocab * F32,
+                       logits=logit_rows_held(logit_rows) * facts.n_vocab * F32,
                        activations=chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
 
 
