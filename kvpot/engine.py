@@ -15,6 +15,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep, keep_ends
+from kvpot.recall_cells import RecallCells
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
 from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
@@ -26,12 +27,6 @@ MIN_TURN_ROOM = 64
 # engine bookkeeping saved with a context (see export_state)
 _SAVED_SCALARS = ("tokens_seen", "pos_next", "n_compactions", "compact_seconds", "nll_sum", "nll_count",
                   "_carry_lp", "_bos_done", "step")
-# InfLLM's in-graph lookup (Recall.fetch): its cells, saved so a reopened context sets it again;
-# contexts saved before it existed have none
-_SAVED_FETCH = ("_fetch_cell0", "_fetch_n", "_fetch_bs", "_fetch_local")
-# recalled cells every query sees at one distance (Recall.distance), set again on reopening; contexts
-# saved before it existed have none
-_SAVED_DISTANCE = ("_mem_cell0", "_mem_n", "_mem_distance")
 
 
 @dataclass(frozen=True)
@@ -112,10 +107,8 @@ class Engine:
         # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
         # layers, KV heads and rows (kvpot.session.sources); None when not tracking
         self.answer_mass: dict[int, float] | None = None
-        # cells [_fetch_cell0, + _fetch_n * _fetch_bs) the graph refills per ubatch (Recall.fetch); 0: none
-        self._fetch_cell0 = self._fetch_n = self._fetch_bs = self._fetch_local = 0
-        # cells [_mem_cell0, + _mem_n) every query sees _mem_distance positions back (Recall.distance); 0: none
-        self._mem_cell0 = self._mem_n = self._mem_distance = 0
+        # recalled cells the runtime treats apart until the next compaction (Recall.fetch, Recall.distance)
+        self.recall_cells = RecallCells(self.pot, self.policy)
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -217,7 +210,7 @@ class Engine:
         nb = self.ctx.n_batch
         for s in range(0, len(tokens), nb):
             self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits)
-            self._book_fetched()
+            self.recall_cells.book(self.positions)
 
     def _feed_chunk(self, piece: list[int], next_token: int, next_size: int) -> tuple[bool, int]:
         n = len(piece)
@@ -339,25 +332,7 @@ class Engine:
         cell0 = self.n_cells
         self.pot.insert(rec.k, rec.v, rec.rope_from, rec.rope_to)
         self.positions = np.concatenate([self.positions, rec.positions.astype(np.int64)], axis=2)
-        if rec.fetch is not None and rec.fetch.n_blocks:
-            f = rec.fetch
-            self._fetch_cell0, self._fetch_n, self._fetch_bs, self._fetch_local = cell0 + f.first, f.n_blocks, f.block_size, f.n_local
-            self._set_lookup()
-        if rec.distance is not None and m:
-            self._mem_cell0, self._mem_n, self._mem_distance = cell0, m, rec.distance
-            self.pot.distance_set(cell0, m, rec.distance)
-
-    def _set_lookup(self) -> None:
-        self.pot.lookup_set(self.policy.lookup_store(), self._fetch_cell0, self._fetch_n, self._fetch_local)
-
-    def _book_fetched(self) -> None:
-        """Which tokens the in-graph lookup just put into its cells (the stream positions of its blocks)."""
-        if not self._fetch_n:
-            return
-        got = self.pot.lookup_take(self._fetch_n, self._fetch_bs)
-        if got is not None:
-            pos = got[1]
-            self.positions[:, :, self._fetch_cell0:self._fetch_cell0 + pos.shape[1]] = pos[:, None, :]
+        self.recall_cells.apply(rec, cell0)
 
     def _lookup_for_prompt(self, toks: list[int]) -> None:
         """A policy that looks its memory up by the question's queries (InfLLM) gets them: the question
@@ -410,7 +385,7 @@ class Engine:
         keep = np.asarray(keep, dtype=np.int64)
         check_keep(keep, self.positions, self.policy.name)
         self.pot.compact(keep, cr_rope)
-        self._fetch_n = self._mem_n = 0  # the runtime dropped the lookup and the distance with the cells
+        self.recall_cells.after_compaction()
         held = keep != PAD
         kept = np.take_along_axis(self.positions, np.where(held, keep, 0), axis=2)
         self.positions = np.where(held, kept, DEAD)
@@ -455,8 +430,7 @@ class Engine:
         A turn that fits the free cells (keeping room for the next turn) is decoded as it is; a
         longer one is read through the pot like the document, all but its last token."""
         toks = list(toks)
-        if self._fetch_n:
-            self.pot.lookup_hold(False)  # a new turn looks its blocks up again
+        self.recall_cells.hold(False)  # a new turn looks its blocks up again
         if not self._bos_done:
             toks = self.model.bos() + toks
             self._bos_done = True
@@ -512,10 +486,7 @@ class Engine:
         pending = b""
         chosen: list[int] = []
         self.stop_reason = f"the {max_tokens}-token limit"
-        if self._fetch_n:
-            # the answer reads the blocks the question chose: one generated token's query is a poor
-            # choice of blocks (measured: answers derail, docs/benchmarks.md, InfLLM)
-            self.pot.lookup_hold(True)
+        self.recall_cells.hold(True)  # the answer reads the blocks its question chose
         for _ in range(max_tokens):
             tok = int(np.argmax(logits)) if pick is None else pick(logits, chosen)
             chosen.append(tok)
@@ -534,7 +505,7 @@ class Engine:
                 break
             self._tap_answer_row(self.pos_next)
             self.ctx.decode([tok], self.pos_next, logits="last")
-            self._book_fetched()
+            self.recall_cells.book(self.positions)
             self._append_cells(1)
             self._tally_answer_row()
             logits = self.ctx.logits_last()
@@ -551,7 +522,7 @@ class Engine:
         """Everything needed to continue later: llama.cpp's sequence state, kvpot's per-head state,
         the engine's bookkeeping and the policy's per-document state."""
         self.pot.settle()
-        values = {name: getattr(self, name) for name in _SAVED_SCALARS + _SAVED_FETCH + _SAVED_DISTANCE}
+        values = {name: getattr(self, name) for name in _SAVED_SCALARS} | self.recall_cells.export()
         arrays = {"positions": np.ascontiguousarray(self.positions)}
         if self.gate is not None:  # EdgeInfinite's M, z (layout: kvpot.h, kvpot_memory_state_get)
             arrays["memory"] = np.frombuffer(self.pot.memory_bytes(), dtype=np.uint8)
@@ -574,10 +545,5 @@ class Engine:
             self.pot.set_memory_bytes(np.ascontiguousarray(state.arrays["memory"], dtype=np.uint8).tobytes())
         for name in _SAVED_SCALARS:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
-        for name in _SAVED_FETCH + _SAVED_DISTANCE:
-            setattr(self, name, int(state.values.get(name, 0)))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))
-        if self._fetch_n:
-            self._set_lookup()
-        if self._mem_n:
-            self.pot.distance_set(self._mem_cell0, self._mem_n, self._mem_distance)
+        self.recall_cells.restore(state.values)

@@ -13,10 +13,11 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 
 from kvpot.bench.logbook import logbook
-from kvpot.engine import _SAVED_DISTANCE, _SAVED_FETCH, _SAVED_SCALARS
+from kvpot.engine import _SAVED_SCALARS
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
+from kvpot.recall_cells import RecallCells
 from kvpot.session.checks import MAX_CELLS
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.engine_state import ENGINE_OPTIONAL, ENGINE_SCALARS
@@ -182,4 +183,4 @@ def test_cli_pos_next_overflow_is_one_line(saved, tmp_path):
 def test_schema_names_what_the_engine_saves():
     """The check knows every field the engine writes (and no other)."""
     assert set(ENGINE_SCALARS) == set(_SAVED_SCALARS)
-    assert set(ENGINE_OPTIONAL) == set(_SAVED_FETCH + _SAVED_DISTANCE)
+    assert set(ENGINE_OPTIONAL) == set(RecallCells(None, None).export())

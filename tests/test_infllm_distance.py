@@ -130,14 +130,14 @@ def test_infllm_sets_the_distance_after_every_recall_and_a_reopened_context_has_
         p = eng.policy
         n_mem = p._p("n_init") + min(p._p("topk"), p._store_blocks) * p._p("block_size")
         if want:
-            assert (eng._mem_n, eng._mem_distance) == (n_mem, p._p("n_local"))
-            assert (eng.positions[0, 0, eng._mem_cell0:eng._mem_cell0 + p._p("n_init")] == np.arange(p._p("n_init"))).all()
+            assert (eng.recall_cells.mem_n, eng.recall_cells.mem_distance) == (n_mem, p._p("n_local"))
+            assert (eng.positions[0, 0, eng.recall_cells.mem_cell0:eng.recall_cells.mem_cell0 + p._p("n_init")] == np.arange(p._p("n_init"))).all()
         else:
-            assert eng._mem_n == 0
+            assert eng.recall_cells.mem_n == 0
         state = eng.export_state()
         logits = eng.next_logits(" What was recorded?")
         eng.import_state(state)
-        assert eng._mem_n == (n_mem if want else 0)
+        assert eng.recall_cells.mem_n == (n_mem if want else 0)
         np.testing.assert_array_equal(eng.next_logits(" What was recorded?"), logits)
         eng.close()
 

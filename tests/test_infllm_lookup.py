@@ -94,11 +94,12 @@ def test_graph_lookup_gives_the_logits_of_the_host_recall_of_the_same_blocks(smo
     np.testing.assert_array_equal(a.positions, b.positions)
     # a: the question's own queries choose inside the graph
     a.policy.lookup = "graph"
-    a._fetch_cell0, a._fetch_n, a._fetch_bs, a._fetch_local = block_cells(a), TOPK, BS, N_LOCAL
-    before = blocks_held(a, a.policy._blocks, a._fetch_cell0)  # what the last chunk's queries chose
-    a._set_lookup()
+    rc = a.recall_cells
+    rc.fetch_cell0, rc.fetch_n, rc.fetch_bs, rc.fetch_local = block_cells(a), TOPK, BS, N_LOCAL
+    before = blocks_held(a, a.policy._blocks, rc.fetch_cell0)  # what the last chunk's queries chose
+    rc.set_lookup()
     want = a.next_logits(question)
-    chosen = blocks_held(a, a.policy._blocks, a._fetch_cell0)
+    chosen = blocks_held(a, a.policy._blocks, rc.fetch_cell0)
     # the graph did fetch: the question's queries choose other blocks than the last chunk's in some layers
     assert (chosen != before).any()
     # the host-side recall of the same blocks (the question decoded twice, the recall forced): the same

@@ -46,7 +46,23 @@ __all__ = [
     "build_policy",
     "make_policy",
     "policy_parameters",
+    "register_policy",
 ]
+
+
+def register_policy(cls: type) -> type:
+    """Add a policy class to the registry under its `name`, so `make_policy` (and every `--policy`)
+    builds it from a spec; usable as a decorator. A name another class holds is refused, as is one
+    a spec could not spell (lowercase letters, digits and _ only)."""
+    name = getattr(cls, "name", "")
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise KvpotError(f"register_policy takes a Policy subclass, got {cls!r}")
+    if not isinstance(name, str) or not name or not all(c.islower() or c.isdigit() or c == "_" for c in name):
+        raise KvpotError(f"policy name {name!r} must be lowercase letters, digits and _")
+    if POLICIES.get(name, cls) is not cls:
+        raise KvpotError(f"policy name {name!r} is taken by {POLICIES[name].__name__}")
+    POLICIES[name] = cls
+    return cls
 
 
 def policy_parameters(cls: type) -> dict[str, type]:

@@ -527,7 +527,7 @@ class InfLLM(Policy):
         k = np.zeros((L, H, m, d_k), dtype=np.float32)
         v = np.zeros((L, H, m, d_v), dtype=np.float32)
         k[:, :, :n_init], v[:, :, :n_init] = self._init_k, self._init_v
-        # placeholder positions until the first graph's fetch is booked (Engine._book_fetched): the n
+        # placeholder positions until the first graph's fetch is booked (kvpot.recall_cells, RecallCells.book): the n
         # blocks evicted last, which end where the local window starts (tokens leave it in stream order)
         guess = np.arange(self._local_start - n * bs, self._local_start)
         pos = np.concatenate([np.arange(n_init), guess]).astype(np.int64)

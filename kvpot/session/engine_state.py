@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from kvpot import recall_cells
 from kvpot.errors import KvpotError
 
 
@@ -66,21 +67,17 @@ def decode_tree(data, arrays: dict[str, np.ndarray]):
 
 INT32_MAX = 2**31 - 1   # llama.cpp's positions and cell counts are int32
 INT64_MAX = 2**63 - 1
-N_CTX = "n_ctx"         # a bound that is the context's cell count
+N_CTX = "n_ctx"         # a bound that is the context's cell count (recall_cells.SAVED says it too)
 
-# the engine's bookkeeping (kvpot.engine's _SAVED_SCALARS, then the optional _SAVED_FETCH and
-# _SAVED_DISTANCE, which contexts saved before InfLLM's lookup lack): name -> (type, smallest, largest)
+# the engine's bookkeeping (kvpot.engine's _SAVED_SCALARS), then the values of the engine's RecallCells,
+# which older contexts may lack: name -> (type, smallest, largest)
 ENGINE_SCALARS = {
     "tokens_seen": (int, 0, INT64_MAX), "pos_next": (int, 0, INT32_MAX), "n_compactions": (int, 0, INT32_MAX),
     "compact_seconds": (float, 0.0, math.inf), "nll_sum": (float, -math.inf, math.inf),
     "nll_count": (int, 0, INT64_MAX), "_carry_lp": (float, None, None), "_bos_done": (bool, None, None),
     "step": (int, 0, INT32_MAX),
 }
-ENGINE_OPTIONAL = {
-    "_fetch_cell0": (int, 0, N_CTX), "_fetch_n": (int, 0, N_CTX), "_fetch_bs": (int, 0, N_CTX),
-    "_fetch_local": (int, 0, N_CTX), "_mem_cell0": (int, 0, N_CTX), "_mem_n": (int, 0, N_CTX),
-    "_mem_distance": (int, 0, INT32_MAX),
-}
+ENGINE_OPTIONAL = dict(recall_cells.SAVED)
 _MAX_POT_LAYERS, _MAX_HEADS = 512, 1 << 16   # LLAMA_MAX_LAYERS; KV heads as the GGUF checks allow
 
 
@@ -111,11 +108,7 @@ def check_engine_values(values: dict, arrays: dict[str, np.ndarray], n_ctx: int)
         problem = _scalar_problem(values[name], kind, lo, n_ctx if hi == N_CTX else hi)
         if problem:
             raise ValueError(f"engine.{name} {problem}")
-    get = lambda name: values.get(name, 0)  # noqa: E731
-    if get("_fetch_cell0") + get("_fetch_n") * get("_fetch_bs") > n_ctx:
-        raise ValueError(f"engine's recalled blocks run past the context's {n_ctx} cells")
-    if get("_mem_cell0") + get("_mem_n") > n_ctx:
-        raise ValueError(f"engine's memory cells run past the context's {n_ctx} cells")
+    recall_cells.check_saved(values, n_ctx)
     if "policy" not in values:
         raise ValueError("engine state has no policy state")
     check_positions(arrays, values["tokens_seen"], n_ctx)
