@@ -1,9 +1,11 @@
-"""kvpot adapter GGUF files: trained parts that run beside a base model (Locret's retaining heads;
-EdgeInfinite's memory gate joins with adapter.type = kvpot.memory_gate).
+"""kvpot adapter GGUF files: trained parts that run beside a base model. The one home of their
+in-memory types (BaseIdentity, RetainingHeads for Locret, MemoryGate for EdgeInfinite), of the header
+every adapter carries (`adapter_header`), and of their writers and readers.
 
-An adapter carries the identity of the base model it was made for, and is checked against the
-model in Python, with one clear line per problem, before any of it reaches C code. Format:
-docs/formats.md, "Adapters".
+Imports go one way: policies, training and the CLI import this module; it imports nothing from
+kvpot.policies (tests/test_adapter_imports.py checks it). An adapter carries the identity of the base
+model it was made for, and is checked against the model in Python, with one clear line per problem,
+before any of it reaches C code. Format: docs/formats.md, "Adapters".
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from kvpot.safe_write import atomic_write, resolve_target
 
 FORMAT_VERSION = 1
 RETAINING_HEADS = "kvpot.retaining_heads"
+MEMORY_GATE = "kvpot.memory_gate"
 _DIMS = ("n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_embd")
 # far above any model's layers, heads or widths: a header value past it is damage, and products of
 # two such values stay within what NumPy indexes
 _MAX_DIM = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# EdgeInfinite's untrained gate (MemoryGate): b1 = +INIT_OFFSET, b2 = -INIT_OFFSET, g = INIT_G
+INIT_OFFSET = 8.0
+INIT_G = -4.0
 
 # the model's hidden_act, which Locret's retaining heads use (section 3; fc2(act(fc1(x)))), by GGUF architecture
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu",
@@ -37,61 +43,7 @@ class AdapterError(KvpotError):
     """An adapter file that cannot be used with this model (or at all)."""
 
 
-# -- writing ------------------------------------------------------------------------------------------
-
-def check_adapter_output(out: Path | str, option: str = "--output", inputs: tuple = ()) -> Path:
-    """Where an adapter will be written, checked before any work: a .gguf name, new or a regular
-    writable file, in an existing writable folder, and none of the files the command reads (writing
-    over the base model would replace it). Returns the path the bytes will land at."""
-    out = Path(out).expanduser()
-    if out.suffix != ".gguf":
-        raise AdapterError(f"{option} {out}: expected a .gguf file name")
-    target = resolve_target(out, "adapter")
-    if target.exists():
-        if not os.access(target, os.W_OK):
-            raise AdapterError(f"{option} {out}: the file exists and is not writable")
-        for src in inputs:
-            if src is not None and _same_file(target, Path(src)):
-                raise AdapterError(f"{option} {out} is {src}, which this command reads; name a new file")
-    return target
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _write_adapter(path: Path, arch: str, fields: list[tuple[str, str, object]],
-                   tensors: list[tuple[str, np.ndarray, object]]) -> None:
-    """Write an adapter GGUF atomically (kvpot.safe_write): a failed or interrupted write leaves the
-    target as it was. fields: (kind, key, value) with kind a GGUFWriter adder (uint32, string, array,
-    type); tensors: (name, array, raw GGML type or None)."""
-    import gguf
-
-    w = gguf.GGUFWriter(None, arch=arch)
-    for kind, key, value in fields:
-        if kind == "type":
-            w.add_type(value)
-        else:
-            getattr(w, f"add_{kind}")(key, value)
-    for name, arr, raw_dtype in tensors:
-        if raw_dtype is None:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw_dtype)
-    with atomic_write(path, "adapter") as f:
-        # the writer opens the temporary file by name; atomic_write renames it once complete
-        try:
-            w.write_header_to_file(path=Path(f.name))
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-        except ValueError as e:  # gguf-py's check of a short write
-            raise AdapterError(f"cannot save the adapter to {path}: {e}") from None
-        finally:
-            w.close()
-
+# -- the types ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BaseIdentity:
@@ -188,11 +140,153 @@ def _tensor_names(il: int) -> tuple[str, str]:
     return f"blk.{il}.rh_fc1.weight", f"blk.{il}.rh_fc2.weight"
 
 
-def _identity_fields(kind: str, b: BaseIdentity) -> list[tuple[str, str, object]]:
+@dataclass
+class MemoryGate:
+    """EdgeInfinite's memory-gating module, the trained part, per pot layer (model layer ids in `layers`);
+    `mix` is its NumPy reference (kvpot/policies/edgeinfinite_memory.py holds the memory's).
+
+        gate:  A~ = W2 ReLU(W1 A_mem + b1) + b2                  (paper eq. 8)
+               A_com = sigmoid(g) A~ + (1 - sigmoid(g)) A_dot    (eq. 9), then W_o as usual
+
+    Shapes (decisions; the paper gives none, only "about 0.15 % of the weights" for its 3B model):
+      * W1 [d_h, d_v], b1 [d_h], W2 [d_v, d_h], b2 [d_v]: one MLP per layer, shared by the layer's query
+        heads, acting on each head's d_v-vector (the paper's eq. 8 is written per head, A_mem in R^{L x d});
+        d_h = d_v by default.
+      * g [n_head, d_v]: per query head and channel (the paper calls g "a gating vector"; per channel is the
+        Infini-attention choice, per head keeps heads that use the memory apart from those that do not).
+      Per layer that is 2 d_v^2 + d_h + d_v + n_head d_v weights. SmolLM2-135M (30 layers, d = 64, 9 heads):
+      30 x 8 896 = 266 880 weights, 0.20 % of its 134.5M. Gemma-3-270M's 3 global (pot) layers (d = 256,
+      4 heads): 3 x 132 608 = 397 824, 0.15 % of 268M. A per-head MLP would be 9x (SmolLM2: 1.8 %) and a
+      full-width one (n_head d_v)^2 far more; a shared d x d MLP is what lands near the paper's figure.
+    Initial values (the "untrained gate" ablation is exactly this): W1 = W2 = I, b1 = +c, b2 = -c with
+      c = INIT_OFFSET, so A~ = A_mem while every A_mem channel is above -c (A_mem is a convex combination
+      of cached values, so that holds unless a value channel reaches -c); g = INIT_G = -4, sigmoid(g) = 0.018:
+      the untrained layer is within 2 % of the stock attention output, and training opens the gate where
+      the memory helps (a frozen backbone cannot absorb the paper's Infini-attention start at g = 0, which
+      halves every attention output).
+    """
+
+    layers: list[int]
+    w1: np.ndarray  # [L, d_h, d_v]
+    b1: np.ndarray  # [L, d_h]
+    w2: np.ndarray  # [L, d_v, d_h]
+    b2: np.ndarray  # [L, d_v]
+    g: np.ndarray   # [L, n_head, d_v]
+    base: BaseIdentity | None = field(default=None, compare=False)  # needed to write it as an adapter
+
+    @classmethod
+    def initial(cls, layers: list[int], d_v: int, n_head: int, d_h: int | None = None,
+                base: BaseIdentity | None = None) -> MemoryGate:
+        d_h = d_v if d_h is None else d_h
+        L = len(layers)
+        eye = np.eye(d_h, d_v, dtype=np.float32)
+        return cls(layers=list(layers), w1=np.tile(eye, (L, 1, 1)), b1=np.full((L, d_h), INIT_OFFSET, np.float32),
+                   w2=np.tile(eye.T, (L, 1, 1)), b2=np.full((L, d_v), -INIT_OFFSET, np.float32),
+                   g=np.full((L, n_head, d_v), INIT_G, np.float32), base=base)
+
+    @property
+    def d_v(self) -> int:
+        return int(self.w1.shape[2])
+
+    @property
+    def d_h(self) -> int:
+        return int(self.w1.shape[1])
+
+    @property
+    def n_head(self) -> int:
+        return int(self.g.shape[1])
+
+    def check_shapes(self) -> None:
+        L, d_h, d_v = self.w1.shape
+        want = {"w1": (L, d_h, d_v), "b1": (L, d_h), "w2": (L, d_v, d_h), "b2": (L, d_v), "g": (L, self.n_head, d_v)}
+        if len(self.layers) != L:
+            raise AdapterError(f"memory gate: {len(self.layers)} layer ids for {L} layers of weights")
+        for name, shape in want.items():
+            a = getattr(self, name)
+            if a.shape != shape:
+                raise AdapterError(f"memory gate: {name} is {list(a.shape)}, expected {list(shape)}")
+            if not np.isfinite(a).all():
+                raise AdapterError(f"memory gate: {name} holds NaN or infinite weights")
+
+    def mix(self, layer: int, a_mem: np.ndarray, a_dot: np.ndarray) -> np.ndarray:
+        """A_com [n_tokens, n_head, d_v] for pot layer `layer` (index into `layers`), in float64."""
+        w1, b1, w2, b2 = (a[layer].astype(np.float64) for a in (self.w1, self.b1, self.w2, self.b2))
+        h = np.maximum(a_mem @ w1.T + b1, 0.0)
+        a_tl = h @ w2.T + b2
+        sg = 1.0 / (1.0 + np.exp(-self.g[layer].astype(np.float64)))  # [n_head, d_v]
+        return sg * a_tl + (1.0 - sg) * np.asarray(a_dot, dtype=np.float64)
+
+
+# -- the header every adapter carries -----------------------------------------------------------------
+
+def adapter_header(kind: str, base: BaseIdentity, own: list[tuple[str, str, object]],
+                   source: str = "") -> list[tuple[str, str, object]]:
+    """The key/values of an adapter of type `kind`, in the order every writer puts them: the adapter
+    type and format, the base model's identity, the type's own fields, then `source` (what made it) if
+    given. (kind, key, value) triples as `_write_adapter` takes them."""
     fields: list[tuple[str, str, object]] = [("type", "general.type", "adapter"), ("string", "adapter.type", kind),
                                              ("uint32", "kvpot.format_version", FORMAT_VERSION)]
-    fields += [("uint32", f"kvpot.base.{name}", int(getattr(b, name))) for name in _DIMS]
-    return fields + [("string", "kvpot.base.sha256", b.sha256)]
+    fields += [("uint32", f"kvpot.base.{name}", int(getattr(base, name))) for name in _DIMS]
+    fields += [("string", "kvpot.base.sha256", base.sha256), *own]
+    if source:
+        fields.append(("string", "kvpot.source", source))
+    return fields
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+def check_adapter_output(out: Path | str, option: str = "--output", inputs: tuple = ()) -> Path:
+    """Where an adapter will be written, checked before any work: a .gguf name, new or a regular
+    writable file, in an existing writable folder, and none of the files the command reads (writing
+    over the base model would replace it). Returns the path the bytes will land at."""
+    out = Path(out).expanduser()
+    if out.suffix != ".gguf":
+        raise AdapterError(f"{option} {out}: expected a .gguf file name")
+    target = resolve_target(out, "adapter")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise AdapterError(f"{option} {out}: the file exists and is not writable")
+        for src in inputs:
+            if src is not None and _same_file(target, Path(src)):
+                raise AdapterError(f"{option} {out} is {src}, which this command reads; name a new file")
+    return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _write_adapter(path: Path, arch: str, fields: list[tuple[str, str, object]],
+                   tensors: list[tuple[str, np.ndarray, object]]) -> None:
+    """Write an adapter GGUF atomically (kvpot.safe_write): a failed or interrupted write leaves the
+    target as it was. fields: (kind, key, value) with kind a GGUFWriter adder (uint32, string, array,
+    type); tensors: (name, array, raw GGML type or None)."""
+    import gguf
+
+    w = gguf.GGUFWriter(None, arch=arch)
+    for kind, key, value in fields:
+        if kind == "type":
+            w.add_type(value)
+        else:
+            getattr(w, f"add_{kind}")(key, value)
+    for name, arr, raw_dtype in tensors:
+        if raw_dtype is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw_dtype)
+    with atomic_write(path, "adapter") as f:
+        # the writer opens the temporary file by name; atomic_write renames it once complete
+        try:
+            w.write_header_to_file(path=Path(f.name))
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        except ValueError as e:  # gguf-py's check of a short write
+            raise AdapterError(f"cannot save the adapter to {path}: {e}") from None
+        finally:
+            w.close()
 
 
 def retaining_heads_contents(heads: RetainingHeads, dtype: str = "f32", source: str = "") -> tuple[list, list]:
@@ -200,13 +294,11 @@ def retaining_heads_contents(heads: RetainingHeads, dtype: str = "f32", source: 
     import gguf
 
     heads.check_shapes()
-    fields = _identity_fields(RETAINING_HEADS, heads.base) + [
+    fields = adapter_header(RETAINING_HEADS, heads.base, [
         ("uint32", "kvpot.retaining_heads.hidden", heads.hidden),
         ("string", "kvpot.retaining_heads.activation", heads.activation),
         ("string", "kvpot.retaining_heads.input", "q,k,v: the layer's attn_q, attn_k, attn_v of its normed input, "
-                                                  "before RoPE (and before any q/k norm)")]
-    if source:
-        fields.append(("string", "kvpot.source", source))
+                                                  "before RoPE (and before any q/k norm)")], source)
     tensors = []
     for il in range(heads.base.n_layer):
         for name, arr in zip(_tensor_names(il), (heads.fc1[il], heads.fc2[il])):
@@ -252,7 +344,7 @@ class ModelTarget:
         return cls(base=BaseIdentity.of_model(path), pot_layers=tuple(pot_layer_ids(path)), name=path.name)
 
 
-def _adapter_header(path: Path, kind: str, keep_arrays: frozenset = frozenset()) -> dict:
+def _read_adapter_header(path: Path, kind: str, keep_arrays: frozenset = frozenset()) -> dict:
     """An adapter GGUF's header, refused in one line unless it is a kvpot adapter of this kind and format."""
     try:
         check_gguf_header(path, what="adapter")
@@ -363,7 +455,7 @@ def _as_f32(t, shape: tuple[int, ...]) -> np.ndarray:
 def read_retaining_heads(path: Path, model: Path | ModelTarget | None = None) -> RetainingHeads:
     """Read and check an adapter; with `model`, refuse it unless it was made for that model."""
     path = Path(path)
-    kv = _adapter_header(path, RETAINING_HEADS)
+    kv = _read_adapter_header(path, RETAINING_HEADS)
     base = _base_identity(kv, path)
     activation = _header_str(kv, "kvpot.retaining_heads.activation", path, allowed=("silu", "gelu"))
     hidden = _header_int(kv, "kvpot.retaining_heads.hidden", path)
@@ -388,7 +480,6 @@ def read_retaining_heads(path: Path, model: Path | ModelTarget | None = None) ->
 
 # -- EdgeInfinite's memory gate (adapter.type = kvpot.memory_gate) ------------------------------------
 
-MEMORY_GATE = "kvpot.memory_gate"
 _GATE_TENSORS = ("mg_w1.weight", "mg_w1.bias", "mg_w2.weight", "mg_w2.bias", "mg_g")
 
 
@@ -401,33 +492,30 @@ def pot_layer_ids(model: Path) -> list[int]:
     return [il for il, s in enumerate(swa) if not s]
 
 
-def initial_memory_gate(model: Path, d_h: int | None = None):
-    """The untrained gate for a model (kvpot.memory_gate: identity MLP, nearly closed gate)."""
-    from kvpot.policies.edgeinfinite_memory import MemoryGate
-
+def initial_memory_gate(model: Path, d_h: int | None = None) -> MemoryGate:
+    """The untrained gate for a model (MemoryGate.initial: identity MLP, nearly closed gate)."""
     base = BaseIdentity.of_model(model)
     return MemoryGate.initial(pot_layer_ids(model), base.head_dim_v, base.n_head, d_h=d_h, base=base)
 
 
-def memory_gate_contents(gate, source: str = "") -> tuple[list, list]:
+def memory_gate_contents(gate: MemoryGate, source: str = "") -> tuple[list, list]:
     """The key/values and tensors of a memory-gate adapter (what write_memory_gate writes)."""
     gate.check_shapes()
-    fields = _identity_fields(MEMORY_GATE, gate.base) + [
+    fields = adapter_header(MEMORY_GATE, gate.base, [
         ("array", "kvpot.memory_gate.layers", [int(i) for i in gate.layers]),
         ("uint32", "kvpot.memory_gate.hidden", gate.d_h),
         ("string", "kvpot.memory_gate.sigma", "elu+1"),
         ("string", "kvpot.memory_gate.query", "the layer's attention queries after RoPE and any q norm, in the "
-                                              "unscaled convention (q * kq_scale * sqrt(d_k)); keys and values as cached")]
-    if source:
-        fields.append(("string", "kvpot.source", source))
+                                              "unscaled convention (q * kq_scale * sqrt(d_k)); keys and values as cached")],
+        source)
     tensors = [(f"blk.{il}.{name}", np.ascontiguousarray(arr, dtype=np.float32), None)
                for i, il in enumerate(gate.layers)
                for name, arr in zip(_GATE_TENSORS, (gate.w1[i], gate.b1[i], gate.w2[i], gate.b2[i], gate.g[i]))]
     return fields, tensors
 
 
-def write_memory_gate(path: Path, gate, source: str = "") -> None:
-    """Write EdgeInfinite's memory-gating module (kvpot.policies.edgeinfinite_memory.MemoryGate with .base) as an adapter GGUF."""
+def write_memory_gate(path: Path, gate: MemoryGate, source: str = "") -> None:
+    """Write EdgeInfinite's memory-gating module (with its .base) as an adapter GGUF."""
     fields, tensors = memory_gate_contents(gate, source)
     _write_adapter(path, gate.base.arch, fields, tensors)
 
@@ -442,12 +530,10 @@ def _gate_layers(kv: dict, path: Path, n_layer: int) -> list[int]:
     return v
 
 
-def read_memory_gate(path: Path, model: Path | ModelTarget | None = None):
+def read_memory_gate(path: Path, model: Path | ModelTarget | None = None) -> MemoryGate:
     """Read and check a memory-gate adapter; with `model`, refuse it unless it was made for that model."""
-    from kvpot.policies.edgeinfinite_memory import MemoryGate
-
     path = Path(path)
-    kv = _adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
+    kv = _read_adapter_header(path, MEMORY_GATE, keep_arrays=frozenset({"kvpot.memory_gate.layers"}))
     base = _base_identity(kv, path)
     layers = _gate_layers(kv, path, base.n_layer)
     hidden = _header_int(kv, "kvpot.memory_gate.hidden", path)
@@ -466,6 +552,6 @@ def read_memory_gate(path: Path, model: Path | ModelTarget | None = None):
                       b2=parts["mg_w2.bias"], g=parts["mg_g"], base=base)
     try:
         gate.check_shapes()
-    except KvpotError as e:
+    except AdapterError as e:
         raise AdapterError(f"{path}: {e}") from None
     return gate

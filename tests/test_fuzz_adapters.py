@@ -28,6 +28,7 @@ from kvpot.converters.adapter import (
     MEMORY_GATE,
     RETAINING_HEADS,
     BaseIdentity,
+    MemoryGate,
     ModelTarget,
     RetainingHeads,
     _write_adapter,
@@ -36,7 +37,6 @@ from kvpot.converters.adapter import (
     read_retaining_heads,
     retaining_heads_contents,
 )
-from kvpot.policies.edgeinfinite_memory import MemoryGate
 
 BASE = BaseIdentity(arch="llama", n_layer=2, n_head=4, n_head_kv=2, head_dim_k=4, head_dim_v=4, n_embd=16,
                     sha256="5e" * 32)

@@ -19,6 +19,7 @@ from kvpot.converters.adapter import (
     MEMORY_GATE,
     AdapterError,
     BaseIdentity,
+    MemoryGate,
     ModelTarget,
     RetainingHeads,
     _write_adapter,
@@ -28,7 +29,6 @@ from kvpot.converters.adapter import (
     retaining_heads_contents,
 )
 from kvpot.converters.torch_checkpoint import MAX_PICKLE_BYTES
-from kvpot.policies.edgeinfinite_memory import MemoryGate
 
 BASE = BaseIdentity(arch="llama", n_layer=2, n_head=2, n_head_kv=1, head_dim_k=8, head_dim_v=8, n_embd=16,
                     sha256="ab" * 32)

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-from kvpot.converters.adapter import BaseIdentity, RetainingHeads, write_memory_gate, write_retaining_heads
+from kvpot.converters.adapter import BaseIdentity, MemoryGate, RetainingHeads, write_memory_gate, write_retaining_heads
 from kvpot.errors import KvpotError
-from kvpot.policies.edgeinfinite_memory import MemoryGate
 from kvpot.session.checks import cpu_cores
 
 BASE = BaseIdentity(arch="llama", n_layer=2, n_head=2, n_head_kv=1, head_dim_k=8, head_dim_v=8, n_embd=16,

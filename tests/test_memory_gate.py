@@ -10,8 +10,8 @@ import pytest
 from potlib import TensorCatcher
 
 from kvpot.bench.logbook import logbook
-from kvpot.converters.adapter import BaseIdentity
-from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read
+from kvpot.converters.adapter import BaseIdentity, MemoryGate
+from kvpot.policies.edgeinfinite_memory import fold, read
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotCallError
 

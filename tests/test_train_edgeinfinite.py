@@ -13,11 +13,17 @@ import torch  # the `train` extra: `make test` installs it (train-deps), so thes
 from conftest import assert_one_line_error, run_cli  # noqa: E402
 
 from kvpot.bench.logbook import logbook  # noqa: E402
-from kvpot.converters.adapter import AdapterError, initial_memory_gate, read_memory_gate, write_memory_gate  # noqa: E402
+from kvpot.converters.adapter import (  # noqa: E402
+    AdapterError,
+    MemoryGate,
+    initial_memory_gate,
+    read_memory_gate,
+    write_memory_gate,
+)
 from kvpot.engine import Engine, EngineConfig  # noqa: E402
 from kvpot.errors import KvpotError  # noqa: E402
 from kvpot.policies import EdgeInfinite  # noqa: E402
-from kvpot.policies.edgeinfinite_memory import MemoryGate, fold, read  # noqa: E402
+from kvpot.policies.edgeinfinite_memory import fold, read  # noqa: E402
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from kvpot.runtime.pot import Pot  # noqa: E402
 from kvpot.train import edgeinfinite as te  # noqa: E402

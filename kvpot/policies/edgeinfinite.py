@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpot.converters.adapter import MemoryGate, initial_memory_gate, read_memory_gate
 from kvpot.errors import KvpotError
 from kvpot.policies.base import BudgetTooSmall, Policy, PotView
 
@@ -145,17 +146,15 @@ class EdgeInfinite(Policy):
 
     # -- engine hooks ---------------------------------------------------------------------------
 
-    def memory_gate(self, model_path: Path):
+    def memory_gate(self, model_path: Path) -> MemoryGate:
         """The gate to run in llama.cpp, checked against the model (before the engine sizes the cache)."""
-        from kvpot.converters.adapter import BaseIdentity, initial_memory_gate, read_memory_gate
-
         if self.gate in ("init", "closed"):
             gate = initial_memory_gate(model_path)
             if self.gate == "closed":
                 gate.g[:] = CLOSED_G
         else:
             gate = read_memory_gate(self._gate_path(model_path), model=model_path)
-        b: BaseIdentity = gate.base
+        b = gate.base
         mem_bytes = len(gate.layers) * b.n_head_kv * b.head_dim_k * (b.head_dim_v + 1) * 4
         cell_bytes = len(gate.layers) * b.n_head_kv * (b.head_dim_k + b.head_dim_v) * CELL_ELEM_BYTES
         self._mem_cells = -(-mem_bytes // cell_bytes)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpot.converters.adapter import RetainingHeads, read_retaining_heads
 from kvpot.errors import KvpotError
 from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
 
@@ -50,8 +51,7 @@ class Locret(Policy):
 
     # -- engine hooks ---------------------------------------------------------------------------
 
-    def retaining_heads(self, model_path: Path):
-        from kvpot.converters.adapter import read_retaining_heads
+    def retaining_heads(self, model_path: Path) -> RetainingHeads:
         from kvpot.models.registry import shipped_adapter_for
 
         # without heads=, the heads shipped for a known model (models/registry.py)

@@ -268,7 +268,7 @@ class Pot:
 
     def set_gate(self, gate) -> None:
         """Mix a compressive memory into every pot layer's attention through this memory-gating module
-        (kvpot.policies.edgeinfinite_memory.MemoryGate, already checked against the model); gives the context a zeroed
+        (kvpot.converters.adapter.MemoryGate, already checked against the model); gives the context a zeroed
         memory. None removes gate and memory."""
         if gate is None:
             self._check("kvpot_gate_set", self.lib.kvpot_gate_set(self.ctx, 0, 0, 0, 0, None, None, None, None, None))

@@ -1,7 +1,7 @@
 """`kvpot train edgeinfinite`: train EdgeInfinite's memory-gating module on a frozen backbone.
 
-The torch forward of the memory and gate here is the computation of kvpot.policies.edgeinfinite_memory (the NumPy
-reference the in-graph layer is tested against), written in torch; tests/test_train_edgeinfinite.py
+The torch forward of the memory and gate here is the computation of kvpot.policies.edgeinfinite_memory and
+MemoryGate.mix (the NumPy reference the in-graph layer is tested against), written in torch; tests/test_train_edgeinfinite.py
 checks the two agree on the same inputs.
 
 One training step (a decision: the paper gives data, epochs and learning rate, not the step):

@@ -1,11 +1,12 @@
-"""EdgeInfinite's memory and gate in torch: kvpot.policies.edgeinfinite_memory's equations as trainable
-code, shared by the training step (kvpot.train.edgeinfinite) and the engine-shaped step
-(kvpot.train.edgeinfinite_emulate)."""
+"""EdgeInfinite's memory and gate in torch: the equations of kvpot.policies.edgeinfinite_memory (the memory)
+and kvpot.converters.adapter.MemoryGate (the gate) as trainable code, shared by the training step
+(kvpot.train.edgeinfinite) and the engine-shaped step (kvpot.train.edgeinfinite_emulate)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from kvpot.converters.adapter import MemoryGate
 from kvpot.errors import KvpotError
 
 
@@ -40,7 +41,7 @@ def read(m, z, q):
 
 
 class GateModule:
-    """The trainable gate: torch parameters shaped as kvpot.policies.edgeinfinite_memory.MemoryGate's arrays."""
+    """The trainable gate: torch parameters shaped as MemoryGate's arrays."""
 
     def __init__(self, gate):
         torch = load_torch()
@@ -61,9 +62,7 @@ class GateModule:
         sg = torch.sigmoid(p["g"][layer])
         return sg * a_tl + (1.0 - sg) * a_dot
 
-    def to_gate(self):
-        from kvpot.policies.edgeinfinite_memory import MemoryGate
-
+    def to_gate(self) -> MemoryGate:
         arr = {n: p.detach().numpy().astype(np.float32).copy() for n, p in self.params.items()}
         return MemoryGate(layers=self.layers, base=self.base, **arr)
 
