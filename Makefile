@@ -37,13 +37,197 @@ pull-test-models: install
 demo: pull
 	$(BIN)/kvpot demo --model $(MODEL)
 
+# The tables of docs/benchmarks.md, one target each. Grids write every case to their JSON as it ends and
+# run with --resume, so a target run again continues where it stopped (and runs nothing where the JSON is
+# complete). Results go where the docs cite them; BENCH_DIR=elsewhere measures afresh. Most take hours on 2 cores.
+KVPOT       ?= $(BIN)/kvpot
+BENCH_PY    ?= $(BIN)/python
+BENCH_DIR   ?= docs/bench
+BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
+comma := ,
+BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
+	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
+	bench-infllm-memory bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
+D3  := -d 0.1 -d 0.5 -d 0.9
+D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
+D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
+.PHONY: $(BENCH_TARGETS)
+
 # answer quality on real documents (docs/benchmarks.md), the 8K and 32K parts: hours on 2 cores.
 # Every case is written to $(QA_JSON) as it ends; running it again continues where it stopped (--resume)
 QA_JSON ?= bench-qa.json
 bench-qa: install
-	$(BIN)/kvpot pull qwen2.5-coder-1.5b
-	$(BIN)/kvpot bench qa -m qwen2.5-coder-1.5b -P full -P default --length 8192 --length 32768 \
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P full -P default --length 8192 --length 32768 \
 		--json $(QA_JSON) --resume
+
+# the perplexity tables' texts (kvpot/bench/texts.py): stdlib code, the generated logbook, the diffutils manual
+bench-texts: install
+	mkdir -p $(BENCH_TEXTS)
+	for k in code-12 code-8k code-32k logbook manual; do $(BENCH_PY) -m kvpot.bench.texts $$k $(BENCH_TEXTS)/$$k.txt; done
+
+# IMDC's schedules against fixed memory, SmolLM2, 8K (code and logbook) and 32K (code)
+IMDC8 := imdc:pruner=snapkv,m_max=1024,chunk=512
+bench-imdc: pull-test-models bench-texts
+	for t in code-12:code logbook:text; do $(KVPOT) bench ppl -m smollm2-135m -f $(BENCH_TEXTS)/$${t%:*}.txt \
+		--tokens 8192 --budget 1024 --chunk 512 -P $(IMDC8),function=fixed \
+		-P $(IMDC8),function=linear,decremental_chunk=false -P $(IMDC8),function=linear \
+		-P $(IMDC8),function=square-sqrt -P $(IMDC8),function=adaptive \
+		--json $(BENCH_DIR)/ppl-imdc-smollm2-$${t#*:}.json; done
+	$(KVPOT) bench ppl -m smollm2-135m -f $(BENCH_TEXTS)/code-12.txt --tokens 32768 --budget 1024 --chunk 1024 \
+		-P imdc:pruner=snapkv,m_max=1024,chunk=1024,function=fixed \
+		-P imdc:pruner=snapkv,m_max=1024,chunk=1024,function=linear,m_0=64 \
+		--json $(BENCH_DIR)/ppl-imdc-smollm2-code-32k.json
+
+# accuracy against budget: InfiniPot at 1024-8192 cells beside full attention, one JSON per model, task,
+# length and budget (MODEL-TASK-LENGTH-BUDGET.json), then the table and plot (kvpot/bench/curve.py).
+# "8K" is 7,900 tokens, so full attention fits SmolLM2's 8,192-token context; what the grid leaves out is
+# in docs/benchmarks.md.
+curve = for b in $(5); do if [ $$b = full ]; then p="-P full"; else p="-P infinipot --budget $$b"; fi; \
+	$(KVPOT) bench niah -m $(1) --length $(2) --task $(3) $(4) $$p --chunk 512 -t 2 \
+	--json $(BENCH_DIR)/curve/$(1)-$(3)-$(2)-$$b.json --resume; done
+bench-curve: pull-test-models
+	mkdir -p $(BENCH_DIR)/curve
+	$(call curve,smollm2-135m,7900,multikey,$(D3) --seed 0,full 1024)
+	$(call curve,smollm2-135m,7900,multikey,-d 0.5 -d 0.9 --seed 0,2048 4096)
+	$(call curve,gemma3-270m,7900,multikey,$(D3) --seed 0,full 1024)
+	$(call curve,gemma3-270m,7900,prose,$(D5) --seed 0 --seed 1,full 1024 2048 4096)
+	$(call curve,smollm2-135m,7900,prose,$(D5) --seed 0,full 2048 4096)
+	$(call curve,gemma3-270m,31500,prose,-d 0.5 --seed 0,full 2048 8192)
+	$(BENCH_PY) -m kvpot.bench.curve --dir $(BENCH_DIR)/curve --png $(BENCH_DIR)/accuracy-vs-budget.png
+
+# which of a needle's digits InfiniPot keeps at each distillation, and by which rule (kvpot/bench/needle_trace.py)
+trace = $(BENCH_PY) -m kvpot.bench.needle_trace -m $(1) -n 2500 -d 0.5 --budget 1024 -t 1 $(2) \
+	--json $(BENCH_DIR)/curve/trace-$(3).json
+bench-trace: pull-test-models
+	$(call trace,smollm2-135m,,smollm2-2500-1024)
+	$(call trace,smollm2-135m,-P infinipot:nuc_ratio=0,smollm2-2500-1024-nuc0)
+	$(call trace,gemma3-270m,,gemma3-2500-1024)
+
+# Locret's needle grids beside the other policies. The Gemma-3 32K file started as a copy of
+# niah-gemma3-32k.json, so only Locret's cases ran into it
+bench-locret: pull-test-models
+	mkdir -p $(BENCH_DIR)/locret
+	$(KVPOT) bench niah -m gemma3-270m --length 32768 $(D5) --seed 0 --budget 1024 --chunk 512 --task passkey \
+		-P locret --json $(BENCH_DIR)/locret/gemma3-270m-passkey-32k-1024.json --resume
+	$(KVPOT) bench niah -m gemma3-270m --length 7900 --task prose $(D5) --seed 0 --seed 1 --budget 2048 --chunk 512 \
+		-P infinipot -P locret -P streaming --json $(BENCH_DIR)/locret/gemma3-270m-prose-7900-2048.json --resume
+	$(KVPOT) bench niah -m gemma3-270m --length 7900 --task prose $(D5) --seed 0 --seed 1 -P full --chunk 512 \
+		--json $(BENCH_DIR)/locret/gemma3-270m-prose-7900-full.json --resume
+	$(KVPOT) bench niah -m smollm2-135m --length 8192 $(D10) --seed 0 --seed 1 --budget 1024 --chunk 512 \
+		--task passkey -P locret -P infinipot -P streaming -P snapkv -t 2 \
+		--json $(BENCH_DIR)/locret/smollm2-135m-passkey-8k-1024.json --resume
+	$(KVPOT) bench niah -m smollm2-135m --length 32768 $(D5) --seed 0 --budget 1024 --chunk 512 --task passkey \
+		-P locret -t 1 --json $(BENCH_DIR)/locret/smollm2-135m-passkey-32k-1024.json --resume
+
+# EdgeInfinite's perplexity beside StreamingLLM at budget 1024, chunk 512, one thread (two runs side by side
+# fit 2 cores): per model and text, StreamingLLM with EdgeInfinite's sinks + the untrained gate + the shipped
+# one (-seg1.json: fit's split, segments of one cell), the gate shut (-seg1-closed.json), and StreamingLLM at
+# EdgeInfinite's KV, 1024 less the memory's cells (-kv.json). The model's sinks, KV and (seg16) window:
+# SmolLM2 112, 959, 831; Gemma-3 90, 767, 661
+EI_MODELS ?= smollm2-135m gemma3-270m
+EI_TEXTS  ?= code-8k logbook-8k manual-8k code-32k logbook-32k manual-32k
+ei_loop = for m in $(EI_MODELS); do case $$m in smollm2-135m) n=smollm2 s=112 kv=959 w=831;; \
+	gemma3-270m) n=gemma3 s=90 kv=767 w=661;; esac; for t in $(EI_TEXTS); do \
+	case $$t in code-*) f=$$t;; *) f=$${t%-*};; esac; case $$t in *-8k) tok=8192;; *) tok=32768;; esac; \
+	name=ppl-$$n-$$(echo $$t | sed 's/^logbook/text/; s/^manual/prose/'); \
+	ppl="$(KVPOT) bench ppl -m $$m -f $(BENCH_TEXTS)/$$f.txt --tokens $$tok --chunk 512 -t 1"; \
+	gate=models/$$m.edgeinfinite.gguf; $(1) done; done
+bench-edgeinfinite-ppl: pull-test-models bench-texts
+	mkdir -p $(BENCH_DIR)/edgeinfinite
+	$(call ei_loop,$$ppl --budget 1024 -P streaming:n_sink=$$s -P edgeinfinite:gate=init -P edgeinfinite:gate=$$gate \
+		--json $(BENCH_DIR)/edgeinfinite/$$name-seg1.json; \
+	$$ppl --budget 1024 -P edgeinfinite:gate=closed --json $(BENCH_DIR)/edgeinfinite/$$name-seg1-closed.json; \
+	$$ppl --budget $$kv -P streaming:n_sink=$$s --json $(BENCH_DIR)/edgeinfinite/$$name-kv.json;)
+
+# the same with segments of 16 cells (a 64th of the budget), the split the shipped gates were trained with
+bench-edgeinfinite-ppl-seg16: pull-test-models bench-texts
+	mkdir -p $(BENCH_DIR)/edgeinfinite
+	$(call ei_loop,x=L_sink=$$s$(comma)L_window=$$w$(comma)L_seg=16; \
+	$$ppl --budget 1024 -P streaming:n_sink=$$s -P edgeinfinite:gate=init$(comma)$$x -P edgeinfinite:gate=$$gate$(comma)$$x \
+		--json $(BENCH_DIR)/edgeinfinite/$$name-seg64.json; \
+	$$ppl --budget 1024 -P edgeinfinite:gate=closed$(comma)$$x --json $(BENCH_DIR)/edgeinfinite/$$name-seg64-closed.json;)
+
+# the paper's ablations (no sink, no window) on 8K tokens of code, SmolLM2
+bench-edgeinfinite-ablations: pull-test-models bench-texts
+	$(KVPOT) bench ppl -m smollm2-135m -f $(BENCH_TEXTS)/code-8k.txt --tokens 8192 --budget 1024 --chunk 512 -t 2 \
+		-P edgeinfinite -P edgeinfinite:L_sink=0 -P edgeinfinite:L_window=0 \
+		--json $(BENCH_DIR)/edgeinfinite/ppl-smollm2-code-8k-ablations-seg1.json
+
+# EdgeInfinite's passkey at 8K, 10 depths, seed 0, budget 1024, segments of 16 (the Gemma-3 file starts as a
+# copy of the Locret 8K grid, so only EdgeInfinite's cases run)
+EI_SEG16_SMOL  := L_sink=112,L_window=831,L_seg=16
+EI_SEG16_GEMMA := L_sink=90,L_window=661,L_seg=16
+bench-edgeinfinite-passkey: pull-test-models
+	mkdir -p $(BENCH_DIR)/edgeinfinite
+	$(KVPOT) bench niah -m smollm2-135m --length 8192 $(D10) --seed 0 --budget 1024 --chunk 512 --task passkey -t 1 \
+		-P edgeinfinite:$(EI_SEG16_SMOL) -P edgeinfinite:gate=init,$(EI_SEG16_SMOL) \
+		--json $(BENCH_DIR)/edgeinfinite/smollm2-135m-passkey-8k-1024-seg64.json --resume
+	[ -f $(BENCH_DIR)/edgeinfinite/gemma3-270m-passkey-8k-1024-seg64.json ] || \
+		cp docs/bench/niah-gemma3-8k-locret.json $(BENCH_DIR)/edgeinfinite/gemma3-270m-passkey-8k-1024-seg64.json
+	$(KVPOT) bench niah -m gemma3-270m --length 8192 $(D10) --seed 0 --budget 1024 --chunk 512 --task passkey -t 1 \
+		-P edgeinfinite:$(EI_SEG16_GEMMA) -P edgeinfinite:gate=init,$(EI_SEG16_GEMMA) \
+		--json $(BENCH_DIR)/edgeinfinite/gemma3-270m-passkey-8k-1024-seg64.json --resume
+
+# InfLLM's passkey grids with the defaults (lookup inside the layer, execution blocks of 256, the memory at
+# one distance), Gemma-3, 2048 cells, one thread (two grids side by side fit 2 cores)
+INFLLM := infllm:exc_block_size=256,distance=constant
+bench-infllm: pull-test-models
+	mkdir -p $(BENCH_DIR)/infllm
+	$(KVPOT) bench niah -m gemma3-270m --length 8192 $(D10) --seed 0 --seed 1 --budget 2048 --chunk 512 --task passkey \
+		-P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-8k-grid-graph-exc256-const.json --resume
+	$(KVPOT) bench niah -m gemma3-270m --length 32768 $(D5) --seed 0 --budget 2048 --chunk 512 --task passkey \
+		-P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-32k-graph-exc256-const.json --resume
+	$(KVPOT) bench niah -m gemma3-270m --length 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
+		--task passkey -P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-128k-graph-exc256-const.json --resume
+
+# InfLLM's peak RSS at 8K and 128K, and the 1M-token read, each length in a fresh process
+bench-infllm-memory: pull-test-models
+	mkdir -p $(BENCH_DIR)/infllm
+	$(KVPOT) bench throughput -m gemma3-270m -P $(INFLLM) --budget 2048 --chunk 512 -n 8192 -n 131072 \
+		--stock-tokens 2048 -t 1 --json $(BENCH_DIR)/infllm/rss-gemma3-8k-128k-graph-exc256-const.json
+	$(KVPOT) bench throughput -m gemma3-270m -P $(INFLLM) --budget 2048 --chunk 512 -n 8192 -n 1048576 \
+		--stock-tokens 2048 -t 2 --json $(BENCH_DIR)/infllm/read-gemma3-1m-graph-exc256-const.json
+
+# reading speed beside StreamingLLM: one `bench throughput` per model and policy (stock prefill of 8,192 tokens
+# in the same command), budget 2048; nothing else should run (the ratio to StreamingLLM compares two commands)
+speed = $(KVPOT) bench throughput -m $(1) -P $(3) --budget 2048 --chunk 512 $(4) -t 2 --json $(BENCH_DIR)/speed/$(1)-$(2).json
+bench-speed: pull-test-models
+	mkdir -p $(BENCH_DIR)/speed
+	$(call speed,smollm2-135m,streaming,streaming,-n 8192)
+	$(call speed,smollm2-135m,locret,locret,-n 8192)
+	$(call speed,smollm2-135m,infllm,infllm,-n 8192)
+	$(call speed,smollm2-135m,edgeinfinite,edgeinfinite,-n 8192 -n 32768)
+	$(call speed,gemma3-270m,streaming,streaming,-n 8192 -n 32768)
+	$(call speed,gemma3-270m,locret,locret,-n 8192 -n 32768)
+	$(call speed,gemma3-270m,infllm,infllm,-n 8192 -n 32768)
+	$(call speed,gemma3-270m,edgeinfinite,edgeinfinite:gate=init,-n 8192 -n 32768)
+
+# interleaved A/Bs: the policies of one table in turn, AB_ROUNDS times, each in fresh processes, so a slow
+# minute of the machine hits every policy alike; each is compared with the StreamingLLM run next to it
+AB_ROUNDS ?= 2
+ab = $(KVPOT) bench throughput -m $(2) -P $(4) --budget 2048 --chunk 512 --tokens 8192 --stock-tokens 64 -t 2 \
+	--json $(BENCH_DIR)/speed/$(1)/$(2)-$(3)-$$r.json;
+bench-speed-ab: pull-test-models
+	mkdir -p $(BENCH_DIR)/speed/ab
+	for r in $$(seq $(AB_ROUNDS)); do $(call ab,ab,gemma3-270m,streaming,streaming) \
+		$(call ab,ab,gemma3-270m,infllm-graph,infllm:lookup=graph) $(call ab,ab,gemma3-270m,infllm-host,infllm:lookup=host) \
+		$(call ab,ab,smollm2-135m,streaming,streaming) $(call ab,ab,smollm2-135m,edgeinfinite,edgeinfinite) done
+bench-speed-ab-exc: pull-test-models
+	mkdir -p $(BENCH_DIR)/speed/ab-exc
+	for r in $$(seq $(AB_ROUNDS)); do $(call ab,ab-exc,gemma3-270m,streaming,streaming) \
+		$(call ab,ab-exc,gemma3-270m,infllm-exc512,infllm:exc_block_size=512) \
+		$(call ab,ab-exc,gemma3-270m,infllm-default,infllm) done
+bench-speed-ab-dist: pull-test-models
+	mkdir -p $(BENCH_DIR)/speed/ab-dist
+	for r in $$(seq $(AB_ROUNDS)); do $(call ab,ab-dist,gemma3-270m,streaming,streaming) \
+		$(call ab,ab-dist,gemma3-270m,infllm-chunk,infllm:distance=chunk) \
+		$(call ab,ab-dist,gemma3-270m,infllm-default,infllm) \
+		$(call ab,ab-dist,smollm2-135m,streaming,streaming) $(call ab,ab-dist,smollm2-135m,edgeinfinite,edgeinfinite) done
+
+# what a smaller Locret retaining-head hidden size costs (docs/locret.md): one capture, a fit per size (torch)
+bench-locret-hidden: pull-test-models train-deps
+	$(BENCH_PY) -m kvpot.bench.locret_hidden smollm2-135m 8 32 128 1024 --json $(BENCH_DIR)/locret-hidden-smollm2.json
 
 # the trained parts' tests (kvpot train locret|edgeinfinite) need torch, kvpot's optional `train` extra;
 # this pin is the CPU build (other versions may pull a multi-GB CUDA build)

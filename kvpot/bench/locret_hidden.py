@@ -3,13 +3,15 @@
 Captures one set of samples (kept in --cache, so a rerun only fits), fits heads of each hidden size
 with the same seed, data and steps, and prints the held-out Spearman correlation with the labels.
 
-    KVPOT_HOME=... .venv/bin/python docs/bench/locret_hidden.py smollm2-135m 32 1024
+    KVPOT_HOME=... .venv/bin/python -m kvpot.bench.locret_hidden smollm2-135m 32 1024 [--json OUT]
+
+(`make bench-locret-hidden`); the rows are also written to OUT, locret-hidden-MODEL.json by default.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from kvpot.train.locret_fit import FitConfig, evaluate, fit
 N_TRAIN, N_HELD, LENGTH, STEPS, SEED = 16, 4, 512, 120, 0
 
 
-def main(model: str, hiddens: list[int]) -> None:
+def main(model: str, hiddens: list[int], json_out: Path | None = None) -> None:
     facts, _ = resolve_model(model)
     base = BaseIdentity.of_model(facts.path)
     vocab = LlamaModel(str(facts.path), vocab_only=True)
@@ -43,8 +45,17 @@ def main(model: str, hiddens: list[int]) -> None:
                "heldout_spearman": heldout_spearman(model_, te), "fit_seconds": time.perf_counter() - t0}
         print(json.dumps(row), flush=True)
         out.append(row)
-    Path(f"locret-hidden-{model}.json").write_text(json.dumps(out, indent=1))
+    (json_out or Path(f"locret-hidden-{model}.json")).write_text(json.dumps(out, indent=1))
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("hidden", type=int, nargs="+")
+    ap.add_argument("--json", type=Path)
+    return ap
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(h) for h in sys.argv[2:]])
+    a = parser().parse_args()
+    main(a.model, a.hidden, a.json)

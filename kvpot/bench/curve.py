@@ -2,7 +2,9 @@
 docs/bench/curve/ (one per model, task, length and budget, named MODEL-TASK-LENGTH-BUDGET.json, BUDGET
 a number of cells or "full"), prints a Markdown table and writes the plot.
 
-    .venv/bin/python docs/bench/curve.py [--dir docs/bench/curve] [--png docs/bench/accuracy-vs-budget.png]
+    .venv/bin/python -m kvpot.bench.curve [--dir docs/bench/curve] [--png docs/bench/accuracy-vs-budget.png]
+
+(the last step of `make bench-curve`, which runs the grid).
 
 Reading speed is given as a ratio to full attention on the same model and length, from the same run
 (the figures were taken on a shared machine, so only ratios are meaningful)."""
@@ -101,11 +103,15 @@ def plot(runs: dict, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=Path("docs/bench/curve"))
     ap.add_argument("--png", type=Path, default=Path("docs/bench/accuracy-vs-budget.png"))
-    a = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     runs = load(a.dir)
     print(table(runs))
     plot(runs, a.png)

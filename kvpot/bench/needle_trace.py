@@ -4,8 +4,10 @@ every distillation that holds the asked needle, records per (layer, KV head) for
 digits: held before, kept after, and why (an attention sink, one of NuC's T slots, or CaP's top
 |C| - T), with the digit's NuC beside the T-th highest NuC of that head.
 
-    .venv/bin/python docs/bench/needle_trace.py -m smollm2-135m -n 7900 -d 0.5 --seed 0 --budget 1024 \
-        --json docs/bench/curve/trace-smollm2-1024.json
+    .venv/bin/python -m kvpot.bench.needle_trace -m smollm2-135m -n 2500 -d 0.5 --budget 1024 -t 1 \
+        --json docs/bench/curve/trace-smollm2-2500-1024.json
+
+(`make bench-trace` runs the traces docs/benchmarks.md quotes).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def needle_digits(model, text: str, needle: str, key: str) -> list[int]:
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("-n", "--length", type=int, default=7900)
@@ -50,7 +52,11 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--json")
-    a = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
 
     facts, _ = resolve_model(a.model)
     policy = make_policy(a.policy)
