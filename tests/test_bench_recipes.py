@@ -197,3 +197,19 @@ def test_curve_table_and_plot_from_tiny_runs(tmp_path):
     png = tmp_path / "c.png"
     curve.main(["--dir", str(tmp_path), "--png", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_needle_trace_places_the_keys_digits_in_the_tokens():
+    class Chars:  # a tokenizer with one token per character: the digits' indices are their places in the text
+        def tokenize(self, text):
+            return [ord(c) for c in text]
+
+        def piece(self, t):
+            return chr(t).encode()
+
+    text = "Filler 0x00 words. Whoever needs the north gate should know its access code: 77114. More 42."
+    needle = "Whoever needs the north gate should know its access code: 77114."
+    start = text.index("77114")
+    assert needle_trace.needle_digits(Chars(), text, needle, "77114") == list(range(start, start + 5))
+    with pytest.raises(SystemExit):
+        needle_trace.needle_digits(Chars(), text, needle, "77115")
