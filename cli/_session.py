@@ -22,7 +22,7 @@ from kvpot.session.checks import check_budget, check_cli_numbers, check_pot_room
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
-from kvpot.session.settings import AUTO, RunSettings, resolve_settings
+from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_policy
 
 from ._common import err, write_out
 from ._interrupt import Interrupts
@@ -38,18 +38,17 @@ def parse_budget(raw: str | None) -> int | str | None:
         raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
 
 
-def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens) -> RunSettings:
-    """The options merged over the config file and the model's registry defaults, checked."""
+def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens) -> tuple[RunSettings, Policy]:
+    """The options merged over the config file and the model's registry defaults, checked, with the
+    policy they name: built once, here, and the one the session runs. A bad spec is refused before the
+    model loads, and so is a budget the policy cannot honour (fitted to it, naming where the budget
+    was set); an automatic budget is fitted once it is resolved (new_session)."""
     budget = parse_budget(budget)
     check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
     known = KNOWN.get(model)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
            "max_tokens": max_tokens}
-    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    # a bad spec is refused before the model loads; a budget the policy cannot honour too (settings'
-    # own check, naming where the budget was set); an automatic one once it is resolved (new_session)
-    make_policy(settings.policy)
-    return settings
+    return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, cli)
 
 
 def _innermost(policy: Policy) -> Policy:
@@ -83,12 +82,12 @@ def policy_files(policy: Policy, model_path: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def protect_session_files(policy_spec: str, model_path: Path, save_to: Path | str | None) -> None:
+def protect_session_files(policy: Policy, model_path: Path, save_to: Path | str | None) -> None:
     """The model and the policy's files are never replaced by a save of this command, and a
     --save-context that names one of them (or an input, protected as it was collected) is refused
     now, before anything is read."""
     protect(model_path, "the model")
-    for path, role in policy_files(make_policy(policy_spec), model_path):
+    for path, role in policy_files(policy, model_path):
         protect(path, role)
     if save_to is not None:
         resolve_target(save_to, "context")
@@ -100,7 +99,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     """A session for new inputs, with everything that can be refused refused before the model loads
     (options, inputs, the budget, the memory, a save that would replace a file the session reads),
     and the question set when it is known (CaP-Q)."""
-    settings = run_settings(model, **opts)  # options first: they are cheap to check
+    settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
     def notice(msg: str) -> None:
         err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
 
@@ -113,20 +112,21 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
 
     sources = collect_sources(inputs, glob, notice=hold, exclude=exclude, verbose=verbose)
     facts, known = resolve_model(model)
-    protect_session_files(settings.policy, facts.path, save_to)
+    protect_session_files(policy, facts.path, save_to)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
-                        reserve=answer_reserve(settings), notice=notice)
-    settings = plan.settings
-    # an automatic budget, and a policy whose smallest step depends on the input's length (IMDC's m_0),
-    # checked against the policy now that both are known
-    check_budget(settings.policy, settings.budget, settings.chunk, expected_tokens=_estimated_tokens(sources))
-    check_settings_fit(facts, settings)  # a context that cannot fit is refused before the model loads
+                        reserve=answer_reserve(settings), notice=notice, policy=policy)
+    settings, policy = plan.settings, plan.policy
+    # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
+    # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with
+    # the settings is not fitted again (Policy.fit)
+    check_budget(policy, settings.budget, settings.chunk, expected_tokens=_estimated_tokens(sources))
+    check_settings_fit(facts, settings, policy)  # a context that cannot fit is refused before the model loads
     for msg in held:
         notice(msg)
     if plan.note:
         err.print(plan.note, soft_wrap=True)
     with err.status(f"loading {facts.name}"):
-        session = Session(facts, known.name if known else facts.name, settings)
+        session = Session(facts, known.name if known else facts.name, settings, policy=policy)
     if question:
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
     check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
@@ -149,9 +149,12 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     if model is None and name not in KNOWN:
         name = header["model"]["path"]
     facts, known = resolve_model(name)
-    protect_session_files(header["policy"], facts.path, save_to)
+    # the saved policy, built once for the files it names and the session; reading the file checked its
+    # state against a policy of its own (context_file.check_saved, which runs with no session)
+    policy = make_policy(header["policy"])
+    protect_session_files(policy, facts.path, save_to)
     with err.status(f"reopening {context}"):
-        session = Session.reopen(context, facts, known.name if known else facts.name, threads)
+        session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy)
     if max_tokens is not None:  # the answer's length is not part of the saved state
         session.set_max_tokens(max_tokens)
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "

@@ -10,6 +10,7 @@ adaptive and square-sqrt schedules) a layer may hold fewer: its other cells are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,6 +111,46 @@ class Fetch:
     n_local: int      # queries scored at RoPE angle n_local; keys placed n_local before the ubatch
 
 
+def _fits_once(fit):
+    """`fit` that remembers the (budget, chunk) it last succeeded for and returns at once when asked
+    again for the same: the session fits the policy before the model loads, and the engine's own call
+    then finds it fitted. A fit that raises leaves the policy unfitted, so a retry runs it again."""
+    if getattr(fit, "fits_once", False):
+        return fit
+
+    @functools.wraps(fit)
+    def fitted(self, budget: int, chunk: int) -> None:
+        if getattr(self, "_fitted_for", None) == (budget, chunk):
+            return
+        object.__setattr__(self, "_fitted_for", None)
+        try:
+            fit(self, budget, chunk)
+        except BaseException:
+            object.__setattr__(self, "_fitted_for", None)  # a super().fit inside may have set it
+            raise
+        object.__setattr__(self, "_fitted_for", (budget, chunk))
+
+    fitted.fits_once = True
+    return fitted
+
+
+def _refits_after_gate(memory_gate):
+    """`memory_gate` that makes the next `fit` run again when it returns a gate: EdgeInfinite learns
+    its memory's size there, and that memory counts against the budget fit shares out."""
+    if getattr(memory_gate, "refits", False):
+        return memory_gate
+
+    @functools.wraps(memory_gate)
+    def gated(self, model_path):
+        gate = memory_gate(self, model_path)
+        if gate is not None:
+            object.__setattr__(self, "_fitted_for", None)
+        return gate
+
+    gated.refits = True
+    return gated
+
+
 class Policy:
     """Base: keeps everything. Subclasses are small dataclasses that override what they need.
 
@@ -117,9 +158,13 @@ class Policy:
       check_budget(budget)       -> raise BudgetTooSmall when the budget can never work (SnapKV's window,
                                     StreamingLLM's sinks, ...); select calls it too
     Hooks, in the order the engine calls them:
-      fit(budget, chunk)         -> once, before anything else: the user's --budget and --chunk, mapped
+      fit(budget, chunk)         -> before anything else: the user's --budget and --chunk, mapped
                                     onto the policy's own sizes that its spec left open (None);
-                                    BudgetTooSmall when the budget cannot work
+                                    BudgetTooSmall when the budget cannot work. A policy remembers the
+                                    (budget, chunk) it was fitted for: fitting it again with the same
+                                    does nothing (every subclass's fit is wrapped so), so the session
+                                    fits it before the model loads and the engine's call is free;
+                                    a memory_gate that returns a gate makes the next fit run again
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
       retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
@@ -162,10 +207,21 @@ class Policy:
     # infinipot:cr_rope=0); a Wrapping policy forwards its wrapped policy's
     cr_rope = False
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # every subclass's own fit remembers what it was fitted for, and its own memory_gate forgets it
+        # when it returns a gate (_fits_once, _refits_after_gate): no policy file has to do either
+        if "fit" in cls.__dict__:
+            cls.fit = _fits_once(cls.__dict__["fit"])
+        if "memory_gate" in cls.__dict__:
+            cls.memory_gate = _refits_after_gate(cls.__dict__["memory_gate"])
+
+    @_fits_once
     def fit(self, budget: int, chunk: int) -> None:
         """Take the user's --budget (cells the pot may hold) and --chunk (tokens per step). A policy
         maps them onto its own sizes where its spec left them open, and refuses a budget it cannot
-        honour with one line (BudgetTooSmall). The engine calls it once, before reading."""
+        honour with one line (BudgetTooSmall). Called again with the same budget and chunk, it
+        returns at once: a policy is fitted once per session, before the model loads."""
         self.check_budget(budget)
 
     def check_budget(self, budget: int) -> None:

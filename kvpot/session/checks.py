@@ -12,7 +12,9 @@ Each refusal is one KvpotError line that names the command-line option to change
 
 from __future__ import annotations
 
+import copy
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +22,9 @@ from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.session.auto_budget import ContextCost, context_cost, device_memory
 from kvpot.session.limits import MAX_CELLS
+
+if TYPE_CHECKING:
+    from kvpot.policies import Policy
 
 
 def cpu_cores() -> int:
@@ -47,21 +52,29 @@ def check_cli_numbers(budget: int | None, chunk: int | None, threads: int | None
         raise KvpotError(f"--n-predict {max_tokens:,} is larger than any context ({MAX_CELLS:,})")
 
 
-def check_budget(policy_spec: str, budget: int, chunk: int, option: str = "--budget",
-                 expected_tokens: int | None = None) -> None:
+def check_budget(policy: Policy | str, budget: int, chunk: int, option: str = "--budget",
+                 expected_tokens: int | None = None) -> Policy:
     """Refuse a budget the policy cannot work with, before the model loads: the policy sized as the
-    engine will size it (`Policy.fit`). `expected_tokens`: the input's estimated length, where a
-    policy's smallest step depends on it (IMDC's m_0)."""
-    from kvpot.policies import BudgetTooSmall, build_policy
+    engine will size it (`Policy.fit`). `policy`: the session's own, fitted here once (the engine's
+    fit then does nothing), or a spec, built for this check alone (commands that start the engine
+    elsewhere, a benchmark's worker). `expected_tokens`: the input's estimated length, where a
+    policy's smallest step depends on it (IMDC's m_0). Returns the fitted policy."""
+    from kvpot.policies import BudgetTooSmall, make_policy
 
     try:
-        policy = build_policy(policy_spec, budget, chunk)
+        if isinstance(policy, str):
+            policy = make_policy(policy)
+        policy.fit(budget, chunk)
         if expected_tokens:
-            policy.set_expected_length(expected_tokens)
+            # declared on a copy: a declared length shrinks IMDC's cache_cells to this estimate's
+            # schedule, while the engine sizes its context for every schedule (c + m_max) and the session
+            # declares the length it counts as reading starts
+            copy.deepcopy(policy).set_expected_length(expected_tokens)
     except BudgetTooSmall as e:
         if e.least is None:  # another parameter of the policy must change, not the budget
             raise
         raise BudgetTooSmall(f"{e}; raise {option} to at least {e.least}", least=e.least) from None
+    return policy
 
 
 def check_adapters(policy_spec: str, model_path) -> None:
@@ -96,13 +109,15 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_settings_fit(facts: ModelFacts, settings) -> None:
-    """The context `Session` would create for these settings, checked before the model loads."""
+def check_settings_fit(facts: ModelFacts, settings, policy: Policy | None = None) -> None:
+    """The context `Session` would create for these settings, checked before the model loads.
+    `policy`: the session's, fitted to the settings (check_budget); without one it is built here."""
     from kvpot.policies import build_policy
     from kvpot.session.room import answer_reserve
 
     reserve = answer_reserve(settings)
-    policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
+    if policy is None:
+        policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
     n_ctx = policy.cache_cells(settings.budget, settings.chunk) + reserve
     check_memory(facts, n_ctx, settings.chunk, settings.budget, settings.chunk, settings.max_tokens)
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
-from kvpot.policies import make_policy
+from kvpot.policies import Policy, make_policy
 from kvpot.session import auto_budget as device_budget
-from kvpot.session.settings import AUTO, RunSettings
+from kvpot.session.settings import AUTO, RunSettings, reads_in_full
 
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
 # larger than limit x this cannot fit and is not counted (loading Gemma's vocabulary alone takes ~3 s)
@@ -30,6 +30,9 @@ MAX_BYTES_PER_TOKEN = 16
 class ReadingPlan:
     settings: RunSettings    # with a number for the budget (full attention: the input's tokens)
     note: str | None         # what was decided and why, for stderr (None: the user's own budget)
+    # the policy to run: the one plan_reading was given, or full attention's when the plan chose it
+    # instead of the settings' (None: none was given and the settings' spec stands)
+    policy: Policy | None = None
 
 
 def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) -> int | None:
@@ -76,18 +79,20 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
-                 notice: Callable[[str], None] = lambda msg: None) -> ReadingPlan:
+                 notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
     replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
-    when reading a stream ahead waits."""
-    full = settings.policy.partition(":")[0].strip().lower() == "full"
+    when reading a stream ahead waits; `policy`: the session's, built from `settings.policy` and not
+    yet fitted (the plan asks what its steps need, and hands it on)."""
+    full = reads_in_full(settings.policy)
     if settings.budget != AUTO and not full:
-        return ReadingPlan(settings, None)
+        return ReadingPlan(settings, None, policy)
     chunk = settings.chunk
     if settings.budget != AUTO:  # --policy full --budget N: a context of N cells, as asked
         limit, why = settings.budget, f"--budget {settings.budget}"
     else:
-        wants_logprobs = False if full else make_policy(settings.policy).before_chunk(chunk).logprobs
+        steps = None if full else policy if policy is not None else make_policy(settings.policy)
+        wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
         mem = memory or device_budget.device_memory()
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1)
         limit, why = plan.cells, plan.reason
@@ -103,12 +108,15 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
                                            asked=settings.budget != AUTO)
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
                 else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
-        return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}")
+        return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}", policy)
     reading = device_budget.choose_reading(device_budget.DevicePlan(limit, why), n_ctx_train, tokens, reserve, chunk,
                                            complete=counted is None or counted.complete)
     if reading.mode == "full" and not policy_chosen:
-        return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}")
+        # the settings' policy was built only to learn what its steps need (the device plan's logit rows)
+        return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}",
+                           make_policy("full"))
     if reading.mode == "full":  # the user's policy, at the largest budget (it will not need to evict)
         pot = device_budget.pot_cells(limit, n_ctx_train, reserve, chunk)
-        return ReadingPlan(replace(settings, budget=pot), f"budget auto: {settings.policy} with {pot:,} cells ({why})")
-    return ReadingPlan(replace(settings, budget=reading.cells), f"budget auto: {reading.reason}")
+        return ReadingPlan(replace(settings, budget=pot), f"budget auto: {settings.policy} with {pot:,} cells ({why})",
+                           policy)
+    return ReadingPlan(replace(settings, budget=reading.cells), f"budget auto: {reading.reason}", policy)

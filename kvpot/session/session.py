@@ -19,7 +19,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
-from kvpot.policies import make_policy
+from kvpot.policies import Policy, make_policy
 from kvpot.runtime import library
 from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import SavedContext, read_context, write_context
@@ -27,7 +27,7 @@ from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
-from kvpot.session.settings import RunSettings
+from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
 from kvpot.session.sources import SourceMap
 from kvpot.wording import plural
 
@@ -53,13 +53,18 @@ class ReadProgress:
 
 
 class Session:
-    def __init__(self, facts: ModelFacts, model_name: str, settings: RunSettings, n_ctx: int | None = None):
+    def __init__(self, facts: ModelFacts, model_name: str, settings: RunSettings, n_ctx: int | None = None,
+                 policy: Policy | None = None):
+        """`policy`: the one `settings.policy` names, already built (and fitted: the engine's fit then
+        does nothing) by the checks before the model loaded; without one it is built here."""
         self.facts = facts
         self.model_name = model_name
         self.settings = settings
-        self.policy_spec = settings.policy  # sized by --budget and --chunk (Policy.fit, in the engine)
+        self.policy_spec = settings.policy  # sized by --budget and --chunk (Policy.fit)
         reserve = answer_reserve(settings)
-        self.engine = Engine(str(facts.path), make_policy(self.policy_spec), EngineConfig(
+        if policy is None:
+            policy = make_policy(self.policy_spec)
+        self.engine = Engine(str(facts.path), policy, EngineConfig(
             budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,
             n_ctx=n_ctx))
         self.format = choose_format(self.engine.model, settings.prompt)
@@ -83,7 +88,10 @@ class Session:
 
     def set_max_tokens(self, max_tokens: int) -> None:
         """A reopened context may answer at another length (the answer reserve limits it anyway)."""
-        self.settings = replace(self.settings, max_tokens=max_tokens).check()
+        problem = setting_problem("max_tokens", max_tokens)  # the rest was checked as the session began
+        if problem:
+            raise KvpotError(f"{option_name('max_tokens')} {problem}")
+        self.settings = replace(self.settings, max_tokens=max_tokens)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -164,7 +172,7 @@ class Session:
         toks = self._tokens(segs)
         eng = self.engine
         self.conversation_dropped = 0
-        if self.turns and self.policy_spec.partition(":")[0].strip().lower() == "full":
+        if self.turns and reads_in_full(self.policy_spec):
             # full attention keeps every token, so a conversation fills its context: rather than cut
             # the answer (and leave none for the next question), the oldest turns make way, StreamingLLM-style
             self.conversation_dropped = eng.make_room(len(toks) + (max_tokens or self.settings.max_tokens))
@@ -247,8 +255,10 @@ class Session:
         return write_context(path, SavedContext(header=header, state=state))
 
     @classmethod
-    def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None) -> Session:
-        """Reopen a saved context with the given model; refuses another model or runtime."""
+    def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None,
+               policy: Policy | None = None) -> Session:
+        """Reopen a saved context with the given model; refuses another model or runtime. `policy`:
+        the one the saved header names, already built (else it is built here)."""
         saved = read_context(path)
         h = saved.header
         rt = library.info()
@@ -262,7 +272,7 @@ class Session:
                              f"not {model_name} (sha256 {sha[:12]}…)")
         # read_context checked every field (context_file.check_saved): the settings as `ask` checks them
         settings = RunSettings(**dict(h["settings"], **({"threads": threads} if threads else {})))
-        s = cls(facts, model_name, settings, n_ctx=h["n_ctx"])
+        s = cls(facts, model_name, settings, n_ctx=h["n_ctx"], policy=policy)
         try:
             s.engine.import_state(saved.state)
             s._check_restored(saved.state)

@@ -11,6 +11,7 @@ import difflib
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomllib
 
@@ -18,6 +19,9 @@ from kvpot import paths
 from kvpot.errors import KvpotError
 from kvpot.session.limits import MAX_CELLS
 from kvpot.session.prompting import PROMPT_CHOICES
+
+if TYPE_CHECKING:
+    from kvpot.policies import Policy
 
 AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
@@ -45,16 +49,32 @@ class RunSettings:
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
+        return self.check_with_policy(names)[0]
+
+    def check_with_policy(self, names: dict[str, str] | None = None) -> tuple[RunSettings, Policy]:
+        """`check`, with the policy the settings name, built once for the session to run it: parsed
+        from the spec (a bad one named where it was set) and, when the budget is a number, fitted to
+        it, so a budget the policy can never work with is said now, not at its first compaction.
+        Full attention is left unfitted: the reading plan sizes its context from the input."""
+        from kvpot.session.checks import check_budget
+
         n = lambda key: (names or {}).get(key, option_name(key))  # noqa: E731
+        policy = None
         for key in KEYS:
-            problem = setting_problem(key, getattr(self, key))
+            if key == "policy":
+                policy, problem = parse_policy(self.policy)
+            else:
+                problem = setting_problem(key, getattr(self, key))
             if problem:
                 raise KvpotError(f"{n(key)} {problem}")
-        if self.budget != AUTO:  # a budget the policy can never work with: said now, not at its first compaction
-            from kvpot.session.checks import check_budget
+        if self.budget != AUTO and not reads_in_full(self.policy):
+            check_budget(policy, self.budget, self.chunk, n("budget"))
+        return replace(self, threads=self.threads or default_threads()), policy
 
-            check_budget(self.policy, self.budget, self.chunk, n("budget"))
-        return replace(self, threads=self.threads or default_threads())
+
+def reads_in_full(policy_spec: str) -> bool:
+    """The spec names full attention (`--policy full`), whose context the input sets, not a pot."""
+    return policy_spec.strip().partition(":")[0].strip().lower() == "full"
 
 
 def default_threads() -> int:
@@ -102,13 +122,24 @@ def setting_problem(key: str, value) -> str | None:
     if key == "prompt" and value not in PROMPT_CHOICES:
         return f"must be one of {', '.join(PROMPT_CHOICES)}, got {describe(value)}"
     if key == "policy":
-        from kvpot.policies import make_policy
-
-        try:
-            make_policy(value)
-        except KvpotError as e:
-            return f"{describe(value)} is not a policy spec kvpot can run: {e}"
+        # a spec is checked by building it (each policy checks its parameters as it is made) and the
+        # object dropped: a stored value (the config file's tables, a saved context's header) is checked
+        # where it was set, before any budget is known; the session's own policy is built once from the
+        # merged settings (RunSettings.check_with_policy)
+        return parse_policy(value)[1]
     return None
+
+
+def parse_policy(value) -> tuple[Policy | None, str | None]:
+    """The policy a spec names, or what is wrong with it (as `setting_problem` words it)."""
+    from kvpot.policies import make_policy
+
+    if not isinstance(value, str):
+        return None, f"must be a string, got {describe(value)}"
+    try:
+        return make_policy(value), None
+    except KvpotError as e:
+        return None, f"{describe(value)} is not a policy spec kvpot can run: {e}"
 
 
 def config_path() -> Path:
@@ -187,15 +218,30 @@ def _one_line(e: Exception) -> str:
 
 def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict, path: Path | None = None) -> RunSettings:
     """Merge the layers; `cli` holds only the options the user gave (None values are ignored)."""
+    return resolve_settings_and_policy(model_name, registry_defaults, cli, path)[0]
+
+
+def resolve_settings_and_policy(model_name: str | None, registry_defaults: dict, cli: dict,
+                                path: Path | None = None) -> tuple[RunSettings, Policy]:
+    """`resolve_settings`, with the policy they name, built once for the session to run
+    (RunSettings.check_with_policy)."""
     path = path or config_path()
-    return merge_settings(load_config(path), path, model_name, registry_defaults, cli)
+    settings, names = _merge(load_config(path), path, model_name, registry_defaults, cli)
+    return settings.check_with_policy(names)
 
 
 def merge_settings(cfg: dict, path: Path | str, model_name: str | None, registry_defaults: dict,
                    cli: dict) -> RunSettings:
     """The layers over a checked config (load_config), checked together (a budget the policy cannot use)."""
+    settings, names = _merge(cfg, path, model_name, registry_defaults, cli)
+    return settings.check(names)
+
+
+def _merge(cfg: dict, path: Path | str, model_name: str | None, registry_defaults: dict,
+           cli: dict) -> tuple[RunSettings, dict[str, str]]:
+    """The layers merged, unchecked, with where each key was set (to name it in an error)."""
     merged: dict = {}
-    names: dict[str, str] = {}  # where each key was set, to name it in an error
+    names: dict[str, str] = {}
     layers = [({k: v for k, v in registry_defaults.items() if k in KEYS}, "in the model registry"),
               (cfg.get("defaults", {}), f"in {path} [defaults]")]
     if model_name:
@@ -206,4 +252,4 @@ def merge_settings(cfg: dict, path: Path | str, model_name: str | None, registry
     given = {k: v for k, v in cli.items() if v is not None}
     merged.update(given)
     names.update({k: option_name(k) for k in given})
-    return RunSettings(**merged).check(names)
+    return RunSettings(**merged), names
