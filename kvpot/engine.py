@@ -71,9 +71,14 @@ class Engine:
         self.facts = facts
         self.policy = policy
         self.config = config
+        n_ctx = config.cache_size(policy)
+        if config.n_ctx is None and any(facts.swa_layers):
+            # llama.cpp gives a sliding-window layer min(n_ctx, window + n_ubatch) cells: with fewer than
+            # window + chunk it has no room for a chunk once the stream passes the window (a small pot)
+            n_ctx = max(n_ctx, facts.sliding_window + config.chunk)
         self.model = LlamaModel(model_path)
         self.ctx = LlamaContext(self.model, ContextParams(
-            n_ctx=config.cache_size(policy), n_batch=config.chunk, n_threads=config.n_threads,
+            n_ctx=n_ctx, n_batch=config.chunk, n_threads=config.n_threads,
             flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
         self.pot = Pot(self.ctx)
         self.pot.reset()

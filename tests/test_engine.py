@@ -10,6 +10,7 @@ import pytest
 from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
+from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies import H2O, FullAttention, SnapKV, StreamingLLM, Truncate
 
 BUDGET, CHUNK = 192, 64
@@ -138,3 +139,18 @@ def test_pot_refuses_calls_after_close(smollm2_path):
         pot.stats()
     with pytest.raises(KvpotError, match="context is closed"):
         pot.compact(np.zeros((pot.n_layers, pot.n_head_kv, 1), dtype=np.int64), cr_rope=False)
+
+
+def test_a_small_pot_on_a_sliding_window_model_reads_past_the_window(gemma_path, document):
+    """Gemma-3's window layers need window + chunk cells; a pot of 64 cells with 32-token chunks would
+    size the context below that (352 cells, 512 after llama.cpp's rounding) and stop at position 512."""
+    facts = read_model_facts(gemma_path)
+    eng = Engine(str(gemma_path), StreamingLLM(), EngineConfig(budget=64, chunk=32))
+    try:
+        assert eng.ctx.n_ctx >= facts.sliding_window + 32
+        toks = eng.model.tokenize(document[0])[:facts.sliding_window + 200]
+        assert len(toks) > facts.sliding_window + 64
+        eng.feed(toks)
+        assert eng.tokens_seen >= len(toks) and eng.n_cells <= 64 + 32  # (+ the BOS)
+    finally:
+        eng.close()
