@@ -52,10 +52,8 @@ def test_register_policy_refuses_a_taken_or_unspellable_name(registry):
 
 def test_the_toy_reads_a_document_longer_than_its_budget_and_answers(gemma_path, registry):
     text = logbook(n_entries=12, seed=3)[0]
-    # n_ctx: Gemma-3's sliding-window layers need their window (512) + a chunk of cells once the
-    # stream passes the window; the default context (budget + chunk + answer reserve) is smaller
     eng = Engine(str(gemma_path), make_policy(f"every_nth:stride={STRIDE}"),
-                 EngineConfig(budget=BUDGET, chunk=CHUNK, n_ctx=1024, n_threads=2))
+                 EngineConfig(budget=BUDGET, chunk=CHUNK, n_threads=2))
     held: list[int] = []   # the stream positions the pot holds, by the rule restated above
     seen = 0               # tokens read (the BOS included)
     compactions = 0
