@@ -3,7 +3,9 @@
 Nothing here holds a whole file: `SourceSet.pieces()` yields decoded text a piece at a time, and
 records where each piece starts (file, and page, chapter, paragraph or line: `SourceSet.where`).
 Files are told apart by content (kvpot.ingest.formats): PDF, EPUB, DOCX, ODT and HTML are read as
-their text, compressed files decompressed. Invalid UTF-8 is replaced with U+FFFD and counted;
+their text, compressed files decompressed; stdin and pipes are told apart the same way by their first
+bytes (HTML, compressed text), except the documents that need seeking (PDF, zips), which are refused
+with the way to read them (their path). Invalid UTF-8 is replaced with U+FFFD and counted;
 binary and unreadable files are left out (named in `skipped`, with reasons in `left_out`); several
 sources are joined with their names as headers.
 """
@@ -26,8 +28,9 @@ from typing import BinaryIO
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import formats
-from kvpot.ingest.formats import Kind, UnreadableInput
-from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
+from kvpot.ingest.formats import Kind, UnreadableInput, compressed
+from kvpot.ingest.formats.detect import COMPRESSED_MAGIC
+from kvpot.ingest.textfile import SNIFF_BYTES
 from kvpot.ingest.tree import walk
 from kvpot.safe_write import protect
 
@@ -46,6 +49,18 @@ class Source:
     stream: BinaryIO | None = None  # a pipe or pseudo-file opened once (reading it again would lose data)
     complete: bool = False  # streams only: `head` holds all of it (read ahead to its end; see read_ahead)
     kind: Kind = Kind("text")  # what the file is (kvpot.ingest.formats); size is its file's, not its text's
+    # what was said about this source while reading (a PDF's damaged page): said once, however often
+    # the source is read (counted, read, quoted)
+    said: set[str] = field(default_factory=set, compare=False, repr=False)
+
+    @property
+    def is_stream(self) -> bool:
+        """stdin or a pipe: its bytes are `head` and then (unless `complete`) what is left of the stream."""
+        return self.path is None or self.stream is not None or self.complete
+
+
+def say_on_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def header(name: str) -> str:
@@ -68,6 +83,9 @@ class SourceSet:
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (path, why) for everything not read
     marks: list[Mark] = field(default_factory=list)  # where each piece of pieces() came from, in order
     chars: int = 0          # characters pieces() has yielded
+    # told, as reading meets it, what is left out of a source (a PDF's damaged page); stderr by default,
+    # since it happens while reading, after the command's opening lines
+    warn: Callable[[str], None] = field(default=say_on_stderr, repr=False)
 
     @property
     def sizes_are_text(self) -> bool:
@@ -133,18 +151,32 @@ class SourceSet:
                 self.chars += len(text)
                 yield text
 
+    def _warn_once(self, src: Source, msg: str) -> None:
+        if msg not in src.said:
+            src.said.add(msg)
+            self.warn(msg)
+
     def _source_pieces(self, src: Source, piece_bytes: int, stdin: BinaryIO | None) -> Iterator[tuple[str, str]]:
         if not src.kind.plain:
+            shown = "stdin" if src.path is None else src.name
+            raw = None
+            if src.is_stream:  # HTML or compressed text on stdin or a pipe
+                raw = io.BytesIO(src.head) if src.complete else _Prefixed(
+                    src.head, stdin_buffer(stdin) if src.path is None else src.stream)
             try:
                 if src.kind.kind == "text":  # compressed text
-                    with formats.open_bytes(src.kind, src.path, src.name) as f:
+                    with formats.open_bytes(src.kind, src.path, shown, raw) as f:
                         yield from self._decode(f, piece_bytes, src.name)
                 else:
-                    for text, where in formats.pieces(src.kind, src.path, src.name):
+                    for text, where in formats.pieces(src.kind, src.path, shown, stream=raw,
+                                                      warn=lambda msg: self._warn_once(src, msg)):
                         self.bytes_read += len(text.encode("utf-8"))
                         yield text, where
             except OSError as e:
-                raise KvpotError(f"cannot read {src.name}: {e.strerror or e}") from None
+                raise KvpotError(f"cannot read {shown}: {e.strerror or e}") from None
+            finally:
+                if src.stream is not None:
+                    src.stream.close()
             return
         if src.complete:  # a stream read ahead to its end
             yield from self._decode(io.BytesIO(src.head), piece_bytes, src.name)
@@ -199,7 +231,10 @@ class _Prefixed:
     def __init__(self, head: bytes, rest: BinaryIO):
         self.head, self.rest = head, rest
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            out, self.head = self.head + self.rest.read(), b""
+            return out
         if self.head:
             out, self.head = self.head[:n], self.head[n:]
             return out
@@ -242,8 +277,8 @@ def _read_head(stream: BinaryIO, name: str = STDIN) -> bytes:
 
 
 def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: None) -> bytes:
-    """Wait for the first bytes on stdin (or its end) so an empty or binary stream is refused
-    before a model is loaded."""
+    """Wait for the first bytes on stdin (or its end) so an empty stream is refused before a model
+    is loaded."""
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty():
         notice(STDIN_PROMPT + " (the terminal); end it with Ctrl-D")
@@ -253,9 +288,47 @@ def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: No
             head = _read_head(stream)
     if not head:
         raise KvpotError("stdin was empty (closed before any text arrived)")
-    if looks_binary(head):
-        raise KvpotError("stdin looks binary (not text); kvpot reads text")
     return head
+
+
+# the first bytes that tell a stream's kind (formats.detect): a head shorter than these is read on
+_MAGICS = (*COMPRESSED_MAGIC, b"%PDF-", b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _read_on(stream: BinaryIO, head: bytes, enough: Callable[[bytes], bool], shown: str) -> tuple[bytes, bool]:
+    """`head` and what follows it on `stream`, read until `enough(bytes so far)` or the stream ends;
+    True when it ended."""
+    read = getattr(stream, "read1", None) or stream.read
+    out = bytearray(head)
+    while not enough(out):
+        try:
+            raw = read(PIECE_BYTES)
+        except OSError as e:
+            raise KvpotError(f"cannot read {shown}: {e.strerror}") from None
+        if not raw:
+            return bytes(out), True
+        out += raw
+    return bytes(out), False
+
+
+def _stream_source(name: str, path: Path | None, head: bytes, stream: BinaryIO,
+                   notice: Callable[[str], None]) -> Source:
+    """A stream's source (stdin when `path` is None), its kind told from its first bytes
+    (formats.identify_stream). A compressed stream is read ahead up to compressed.VERIFY_BYTES and
+    held: one that ends within that is decompressed whole now, so a truncated or corrupt one is
+    refused before a model loads, as a file of that size is."""
+    shown = "stdin" if path is None else name
+    head, ended = _read_on(stream, head, lambda b: not any(m.startswith(bytes(b)) and len(b) < len(m)
+                                                            for m in _MAGICS), shown)
+    if not ended and formats.detect(head) in formats.COMPRESSIONS:
+        limit = compressed.VERIFY_BYTES
+        with _SayIfBlocked(notice, f"reading {shown} ahead (up to {limit:,} bytes) to check the compressed stream"):
+            head, ended = _read_on(stream, head, lambda b: len(b) > limit, shown)
+    kind = formats.identify_stream(head, ended, shown)
+    if ended and path is not None:
+        stream.close()
+    return Source(name, path, len(head) if ended else None, head=head, complete=ended, kind=kind,
+                  stream=None if ended or path is None else stream)
 
 
 # -- counting replacements: a codecs error handler that replaces like errors="replace" and counts
@@ -330,14 +403,22 @@ def looks_like_input(arg: str) -> bool:
 
 def _open_stream(path: Path, item: str, notice: Callable[[str], None]) -> Source:
     """A pipe, FIFO, device or pseudo-file (/proc): opened once and read as a stream, its first
-    bytes kept, so nothing is consumed twice; a FIFO with no writer yet says it is waiting."""
+    bytes kept, so nothing is consumed twice; a FIFO with no writer yet says it is waiting. An
+    empty one has no kind (`head` is empty); a stream kvpot cannot read is UnreadableInput."""
     with _SayIfBlocked(notice, f"waiting for input on {item}"):
         try:
             f = open(path, "rb")
             head = _read_head(f, item)
         except OSError as e:
             raise KvpotError(f"cannot read {item}: {e.strerror}") from None
-    return Source(item, path, None, head=head, stream=f)
+    if not head:
+        f.close()
+        return Source(item, path, None)
+    try:
+        return _stream_source(item, path, head, f, notice)
+    except KvpotError:
+        f.close()
+        raise
 
 
 def _is_stream(path: Path, st: os.stat_result) -> bool:
@@ -382,7 +463,12 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
     walked = False
     for item in inputs:
         if item == STDIN:
-            sources.append(Source(STDIN, None, None, head=_stdin_head(stdin_buffer(stdin), notice)))
+            stream = stdin_buffer(stdin)
+            src = _stream_source(STDIN, None, _stdin_head(stream, notice), stream, notice)
+            if src.kind.kind == "binary":
+                inside = f" once decompressed ({src.kind.codec})" if src.kind.codec else ""
+                raise KvpotError(f"stdin looks binary{inside} (not text); kvpot reads text")
+            sources.append(src)
             continue
         if not item.strip():
             raise KvpotError("an input path is empty")
@@ -390,14 +476,22 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
         st = stat_input(item)
         is_dir = stat.S_ISDIR(st.st_mode)
         if not is_dir and _is_stream(path, st):
-            src = _open_stream(path, item, notice)
-            if looks_binary(src.head):
-                src.stream.close()
+            try:
+                src = _open_stream(path, item, notice)
+            except UnreadableInput as e:
+                if len(inputs) == 1:
+                    raise
+                skipped.append(item)
+                unreadable.append(str(e))
+                left_out.append((item, f"{UNREADABLE}: {e}"))
+                continue
+            if not src.head:
+                raise KvpotError(f"input {item} is empty (nothing arrived before it ended)")
+            if src.kind.kind == "binary":
+                if src.stream is not None:
+                    src.stream.close()
                 skipped.append(item)
                 left_out.append((item, BINARY))
-            elif not src.head:
-                src.stream.close()
-                raise KvpotError(f"input {item} is empty (nothing arrived before it ended)")
             else:
                 sources.append(src)
             continue

@@ -2,16 +2,19 @@
 piece at a time with where each piece comes from (page, chapter, paragraph or line).
 
 identify() runs before any model loads and refuses an unreadable document with one line
-(UnreadableInput); pieces() reads one lazily.
+(UnreadableInput); identify_stream() does the same for a stream (stdin, a pipe) from its first bytes;
+pieces() reads one lazily.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from kvpot.ingest.formats.compressed import Checked, decompressed_head
+from kvpot.ingest.formats.compressed import Checked, decompressed_head, stream_head
 from kvpot.ingest.formats.detect import COMPRESSED_MAGIC, UnreadableInput, detect, looks_like_html, zip_kind
 from kvpot.ingest.formats.html import html_pieces
 from kvpot.ingest.textfile import SNIFF_BYTES, looks_binary
@@ -35,12 +38,7 @@ def identify(path: Path, head: bytes, name: str) -> Kind:
     the file's first bytes."""
     kind = detect(head)
     if kind in COMPRESSIONS:
-        inner = decompressed_head(kind, path, name, SNIFF_BYTES)
-        if not inner.strip():
-            raise UnreadableInput(f"{name} is empty once decompressed")
-        if looks_binary(inner):  # a tarball, a compressed image: not text
-            return Kind("binary", kind)
-        return Kind("html" if looks_like_html(inner) else "text", kind)
+        return _inside(decompressed_head(kind, path, name, SNIFF_BYTES), kind, name)
     if kind == "pdf":
         from kvpot.ingest.formats.pdf import check_pdf
 
@@ -62,12 +60,43 @@ def identify(path: Path, head: bytes, name: str) -> Kind:
     return Kind(kind)
 
 
-def pieces(kind: Kind, path: Path, name: str) -> Iterator[tuple[str, str]]:
-    """(text, location) of a document that is not plain text, a piece at a time."""
+def _inside(inner: bytes, codec: str, name: str) -> Kind:
+    """What a compressed input holds, from its first decompressed bytes."""
+    if not inner.strip():
+        raise UnreadableInput(f"{name} is empty once decompressed")
+    if looks_binary(inner):  # a tarball, a compressed image: not text
+        return Kind("binary", codec)
+    return Kind("html" if looks_like_html(inner) else "text", codec)
+
+
+def identify_stream(head: bytes, whole: bool, name: str) -> Kind:
+    """What a stream that cannot seek (stdin, a pipe) holds, from its first bytes `head` (all of it
+    when `whole`): text or HTML, either compressed (a compressed `head` that is `whole` is
+    decompressed to its end, to refuse a truncated or corrupt one now), or binary. PDF, EPUB, DOCX
+    and ODT are read by seeking in the file: refused, with the way to read them."""
+    kind = detect(head)
+    if kind == "pdf":
+        raise UnreadableInput(f"{name} holds a PDF, which kvpot reads only from a file (it seeks in it): "
+                              "save it and pass its path")
+    if kind == "zip":
+        raise UnreadableInput(f"{name} holds a zip archive (an EPUB, DOCX or ODT?), which kvpot reads only "
+                              "from a file (it seeks in it): save it and pass its path")
+    if kind in COMPRESSIONS:
+        return _inside(stream_head(kind, head, whole, name, SNIFF_BYTES), kind, name)
+    if looks_binary(head):
+        return Kind("binary")
+    return Kind(kind)
+
+
+def pieces(kind: Kind, path: Path | None, name: str, warn: Callable[[str], None] = lambda msg: None,
+           stream: BinaryIO | None = None) -> Iterator[tuple[str, str]]:
+    """(text, location) of a document that is not plain text, a piece at a time. `warn` is told of
+    what is left out as it is met (a PDF's damaged page); `stream`: the bytes of a stream source
+    (stdin, a pipe: HTML or compressed text only), read instead of `path`."""
     if kind.kind == "pdf":
         from kvpot.ingest.formats.pdf import pdf_pieces
 
-        yield from pdf_pieces(path, name)
+        yield from pdf_pieces(path, name, warn)
     elif kind.kind == "epub":
         from kvpot.ingest.formats.epub import epub_pieces
 
@@ -77,19 +106,18 @@ def pieces(kind: Kind, path: Path, name: str) -> Iterator[tuple[str, str]]:
 
         yield from office_pieces(kind.kind, path, name)
     elif kind.kind == "html":
-        with _open(kind, path, name) as f:
+        with open_bytes(kind, path, name, stream) as f:
             yield from html_pieces(f)
     else:
         raise ValueError(f"{kind} is read as text by the caller")
 
 
-def open_bytes(kind: Kind, path: Path, name: str):
-    """The file's bytes, decompressed when it is compressed (errors are this input's one line)."""
-    return _open(kind, path, name)
-
-
-def _open(kind: Kind, path: Path, name: str):
+def open_bytes(kind: Kind, path: Path | None, name: str, stream: BinaryIO | None = None):
+    """The file's bytes (or `stream`'s, left open), decompressed when it is compressed (errors are
+    this input's one line)."""
+    if stream is not None:
+        return Checked(kind.codec, stream, name, "stream") if kind.codec else nullcontext(stream)
     return Checked(kind.codec, path, name) if kind.codec else open(path, "rb")
 
 
-__all__ = ["Kind", "UnreadableInput", "identify", "pieces", "open_bytes"]
+__all__ = ["Kind", "UnreadableInput", "identify", "identify_stream", "pieces", "open_bytes"]

@@ -83,9 +83,15 @@ def epub_pieces(path: Path, name: str) -> Iterator[tuple[str, str]]:
             yield book.title + "\n\n", "title"
         for i, member in enumerate(book.chapters, 1):
             try:
+                # whitespace is joined to the piece before it, so a chapter ends with its text, not
+                # with pieces of a character or two (a passage quoted by --sources spans few pieces)
+                held = ""
                 with zf.open(member) as f:
                     for text, _ in html_pieces(f, title=False):
-                        yield text, f"ch. {i}"
-                yield "\n", f"ch. {i}"  # a chapter ends with a newline: a blank line before the next
+                        if held and text.strip():
+                            yield held, f"ch. {i}"
+                            held = ""
+                        held += text
+                yield held + "\n", f"ch. {i}"  # a chapter ends with a newline: a blank line before the next
             except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
                 raise UnreadableInput(f"{name}: chapter {i} ({member}) cannot be read ({e})") from None

@@ -2,12 +2,13 @@
 
 Only the page being read is extracted at a time. A PDF is refused before reading with one line
 when it needs a password, is broken, or has no text layer on its first pages (a scan: it needs OCR).
+A damaged page (its content cannot be parsed) is said and skipped; the other pages are read.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvpot.ingest.formats.detect import UnreadableInput
@@ -45,30 +46,50 @@ def _why(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def _page_text(reader, i: int, name: str) -> str:
+class DamagedPage(Exception):
+    """A page whose content pypdf cannot parse: skipped, the rest of the document read."""
+
+    def __init__(self, page: int, why: str):
+        super().__init__(f"page {page}: {why}")
+        self.page, self.why = page, why
+
+
+def _page_text(reader, i: int) -> str:
     try:
         return reader.pages[i].extract_text() or ""
-    except Exception as e:  # noqa: BLE001 - a damaged page is this input's one line
-        raise UnreadableInput(f"{name}: page {i + 1} cannot be read ({_why(e)})") from None
+    except Exception as e:  # noqa: BLE001 - a parser of untrusted files can fail in any way
+        raise DamagedPage(i + 1, _why(e)) from None
 
 
 def check_pdf(path: Path, name: str) -> None:
-    """Refuse a PDF that cannot be read, before any model loads."""
+    """Refuse a PDF that cannot be read, before any model loads: one whose first pages (up to
+    PROBE_PAGES) hold no text, damaged or blank."""
     reader, n_pages = _open(path, name)
     if n_pages == 0:
         raise UnreadableInput(f"{name} is a PDF with no pages")
+    damaged: list[DamagedPage] = []
     for i in range(min(n_pages, PROBE_PAGES)):
-        if _page_text(reader, i, name).strip():
-            return
+        try:
+            if _page_text(reader, i).strip():
+                return
+        except DamagedPage as e:
+            damaged.append(e)
     pages = f"its {n_pages} pages" if n_pages <= PROBE_PAGES else f"its first {PROBE_PAGES} pages"
-    raise UnreadableInput(f"{name} has no text layer on {pages} (a scanned PDF?): run OCR first, "
+    if len(damaged) == min(n_pages, PROBE_PAGES):
+        raise UnreadableInput(f"{name} is not a readable PDF: none of {pages} can be read ({damaged[0]})")
+    also = f" ({len(damaged)} of them damaged)" if damaged else ""
+    raise UnreadableInput(f"{name} has no text layer on {pages}{also} (a scanned PDF?): run OCR first, "
                           "e.g. ocrmypdf IN OUT")
 
 
-def pdf_pieces(path: Path, name: str) -> Iterator[tuple[str, str]]:
-    """(text of one page, "p. N"), page by page."""
+def pdf_pieces(path: Path, name: str, warn: Callable[[str], None] = lambda msg: None) -> Iterator[tuple[str, str]]:
+    """(text of one page, "p. N"), page by page; a damaged page is told to `warn` and skipped."""
     reader, n_pages = _open(path, name)
     for i in range(n_pages):
-        text = _page_text(reader, i, name)
+        try:
+            text = _page_text(reader, i)
+        except DamagedPage as e:
+            warn(f"{name}: page {e.page} cannot be read ({e.why}); skipped, the other pages are read")
+            continue
         if text.strip():
             yield text.rstrip() + "\n\n", f"p. {i + 1}"
