@@ -14,6 +14,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-logprobs.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-weights.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-heads.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-heads-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp

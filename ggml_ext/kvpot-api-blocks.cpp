@@ -343,8 +343,7 @@ int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, 
                 }
             }
         }
-        st.lookup.reset(); // its cells moved; the caller sets the range again
-        st.distance = {};
+        st.cells_moved(); // InfLLM's lookup and distance: the caller sets them again
         cells.reset();
         for (uint32_t j = 0; j < n_new; ++j) {
             cells.pos_set(j, p_next - (llama_pos) n_new + (llama_pos) j);
@@ -361,28 +360,28 @@ int32_t kvpot_pot_insert(llama_context * ctx, int32_t n_cells, const float * k, 
 
 int32_t kvpot_query_request(llama_context * ctx, bool on, llama_pos angle) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
+        kvpot_infllm_state & inf = kvpot_state_get(ctx).method<kvpot_infllm_state>();
         if (on && kvpot_kv_access::attn_rot_k(*pot.kv)) {
             return kvpot_fail(KVPOT_ERR_STATE, "lookup queries need a K cache without Hadamard rotation (f16 or f32)");
         }
-        st.q_on = on;
-        st.q_angle = angle;
-        st.q_acc.clear();
-        st.pending_lookup_q.clear();
+        inf.q_on = on;
+        inf.q_angle = angle;
+        inf.q_acc.clear();
+        inf.pending_q.clear();
         return 0;
     });
 }
 
 int32_t kvpot_query_take(llama_context * ctx, int32_t ipot, float * out, int32_t n_out) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
+        kvpot_infllm_state & inf = kvpot_state_get(ctx).method<kvpot_infllm_state>();
         if (ipot < 0 || ipot >= (int32_t) kvpot_kv_access::n_layers(*pot.kv) || !out) {
             return kvpot_fail(KVPOT_ERR_ARG, "pot layer out of range or output NULL");
         }
-        if (ipot >= (int32_t) st.q_acc.size() || st.q_acc[ipot].empty()) {
+        if (ipot >= (int32_t) inf.q_acc.size() || inf.q_acc[ipot].empty()) {
             return 0;
         }
-        auto & acc = st.q_acc[ipot];
+        auto & acc = inf.q_acc[ipot];
         if ((int32_t) acc.size() != n_out) {
             return kvpot_fail(KVPOT_ERR_ARG, "query output must hold " + std::to_string(acc.size()) + " floats");
         }
@@ -394,9 +393,10 @@ int32_t kvpot_query_take(llama_context * ctx, int32_t ipot, float * out, int32_t
 
 int32_t kvpot_lookup_set(llama_context * ctx, kvpot_blocks * bs, int32_t cell0, int32_t n_fetch, int32_t n_local) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
+        kvpot_state &        st  = kvpot_state_get(ctx);
+        kvpot_infllm_state & inf = st.method<kvpot_infllm_state>();
         if (!bs) {
-            st.lookup.reset();
+            inf.lookup.reset();
             st.force_rebuild = true;
             return 0;
         }
@@ -431,7 +431,7 @@ int32_t kvpot_lookup_set(llama_context * ctx, kvpot_blocks * bs, int32_t cell0, 
             lk->layers[l].owner = lk.get();
             lk->layers[l].layer = (uint32_t) l;
         }
-        st.lookup = std::move(lk);
+        inf.lookup = std::move(lk);
         st.force_rebuild = true;
         return 0;
     });
@@ -439,11 +439,11 @@ int32_t kvpot_lookup_set(llama_context * ctx, kvpot_blocks * bs, int32_t cell0, 
 
 int32_t kvpot_lookup_take(llama_context * ctx, int32_t ipot, int32_t * blocks, int32_t n_blocks, int32_t * pos, int32_t n_pos) {
     return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
-        if (!st.lookup) {
+        kvpot_infllm_state & inf = kvpot_state_get(ctx).method<kvpot_infllm_state>();
+        if (!inf.lookup) {
             return kvpot_fail(KVPOT_ERR_STATE, "no lookup is set");
         }
-        kvpot_lookup & lk = *st.lookup;
+        kvpot_lookup & lk = *inf.lookup;
         if (!lk.error.empty()) {
             std::string why = std::move(lk.error);
             lk.error.clear();
@@ -469,9 +469,9 @@ int32_t kvpot_lookup_take(llama_context * ctx, int32_t ipot, int32_t * blocks, i
 
 int32_t kvpot_lookup_hold(llama_context * ctx, bool hold) {
     return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
-        if (st.lookup) {
-            st.lookup->hold = hold;
+        kvpot_infllm_state & inf = kvpot_state_get(ctx).method<kvpot_infllm_state>();
+        if (inf.lookup) {
+            inf.lookup->hold = hold;
         }
         return 0;
     });
@@ -479,10 +479,11 @@ int32_t kvpot_lookup_hold(llama_context * ctx, bool hold) {
 
 int32_t kvpot_distance_set(llama_context * ctx, int32_t cell0, int32_t n_cells, int32_t distance) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
+        kvpot_state &        st  = kvpot_state_get(ctx);
+        kvpot_infllm_state & inf = st.method<kvpot_infllm_state>();
         st.force_rebuild = true;
         if (n_cells == 0) {
-            st.distance = {};
+            inf.distance = {};
             return 0;
         }
         if (std::string why = check_plain(pot, st); !why.empty()) {
@@ -497,7 +498,7 @@ int32_t kvpot_distance_set(llama_context * ctx, int32_t cell0, int32_t n_cells, 
                               + " of them, at distance " + std::to_string(distance) + ": not within the pot's "
                               + std::to_string(st.n_compacted) + " placed cells");
         }
-        st.distance = {cell0, n_cells, distance};
+        inf.distance = {cell0, n_cells, distance};
         return 0;
     });
 }

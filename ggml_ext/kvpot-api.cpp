@@ -2,8 +2,6 @@
 #include "kvpot.h"
 #include "kvpot-barrier.h"
 #include "kvpot-compact.h"
-#include "kvpot-heads.h"
-#include "kvpot-memory.h"
 #include "kvpot-pot.h"
 #include "kvpot-state.h"
 
@@ -14,8 +12,8 @@
 
 #include <cmath>
 #include <exception>
-#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 int32_t kvpot_fail(int32_t code, const std::string & msg) {
@@ -108,90 +106,34 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
         if (!ctx) {
             return kvpot_fail(KVPOT_ERR_ARG, "context is NULL");
         }
-        // the retaining heads and the memory gate belong to the model, not to the document being forgotten
-        std::shared_ptr<kvpot_heads> heads;
-        std::shared_ptr<kvpot_gate>  gate;
-        bool heads_on = true;
+        // a method's part that belongs to the model (Locret's heads, EdgeInfinite's gate) outlives the
+        // document being forgotten: its state stays, with the document's part cleared (kvpot_method_state::reset)
+        kvpot_state::method_map methods;
         if (kvpot_state * st = kvpot_state_find(ctx)) {
-            heads    = st->heads;
-            heads_on = st->heads_on;
-            gate     = st->gate;
+            methods = std::move(st->methods);
         }
         kvpot_state_drop(ctx);
-        if (heads || gate) {
-            kvpot_state & st = kvpot_state_get(ctx);
-            st.heads    = heads;
-            st.heads_on = heads_on;
-            st.force_rebuild = true;
-            if (gate) {
-                // the memory (M, z) is the document's: a new, zeroed one
-                kvpot_pot pot;
-                std::string err = kvpot_pot_resolve(ctx, pot);
-                auto mem = err.empty() ? kvpot_memory_make(pot, err) : nullptr;
-                if (!mem) {
-                    return kvpot_fail(KVPOT_ERR_STATE, err);
-                }
-                st.gate   = gate;
-                st.memory = std::move(mem);
+        std::string err;
+        for (auto it = methods.begin(); it != methods.end();) {
+            std::string why;
+            if (it->second->reset(ctx, why)) {
+                ++it;
+            } else {
+                it = methods.erase(it);
+            }
+            if (err.empty()) {
+                err = why;
             }
         }
+        if (!methods.empty() || !err.empty()) {
+            kvpot_state & st = kvpot_state_get(ctx);
+            st.methods = std::move(methods);
+            st.force_rebuild = true;
+        }
+        if (!err.empty()) {
+            return kvpot_fail(KVPOT_ERR_STATE, err);
+        }
         return 0;
-    });
-}
-
-int32_t kvpot_heads_set(llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width, int32_t n_head_kv,
-                        int32_t act, const float * fc1, const float * fc2) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
-        st.force_rebuild = true;
-        st.head_scores.clear();
-        if (!fc1 && !fc2) {
-            st.heads.reset();
-            return 0;
-        }
-        std::string err;
-        auto heads = kvpot_heads_make(llama_get_model(ctx), n_layer, hidden, width, n_head_kv, act, fc1, fc2, err);
-        if (!heads) {
-            return kvpot_fail(KVPOT_ERR_ARG, err);
-        }
-        st.heads = std::move(heads);
-        return 0;
-    });
-}
-
-int32_t kvpot_heads_enable(llama_context * ctx, bool on) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
-        if (on && !st.heads) {
-            return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
-        }
-        st.force_rebuild = st.force_rebuild || st.heads_on != on;
-        st.heads_on = on;
-        return 0;
-    });
-}
-
-int32_t kvpot_heads_take(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t n_head_kv) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->heads) {
-            return kvpot_fail(KVPOT_ERR_STATE, "no retaining heads are set");
-        }
-        if (n_head_kv != st->heads->n_head_kv || il < 0 || il >= (int32_t) st->heads->fc2.size()) {
-            return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: bad layer or KV-head count");
-        }
-        if (il >= (int32_t) st->head_scores.size()) {
-            return 0;
-        }
-        auto & s = st->head_scores[il];
-        const int32_t n_have = (int32_t) (s.size() / n_head_kv);
-        if (!out || n_tokens < n_have) {
-            return kvpot_fail(KVPOT_ERR_ARG, "retaining head scores: the output holds " + std::to_string(n_tokens) +
-                              " tokens, " + std::to_string(n_have) + " were scored");
-        }
-        std::copy(s.begin(), s.end(), out);
-        s.clear();
-        return n_have;
     });
 }
 
@@ -259,37 +201,6 @@ int32_t kvpot_tap_get(llama_context * ctx, int32_t ipot, float * out, int32_t n_
                 out[(size_t) h*n_cells + c] = acc[(size_t) h*kv_size + c];
             }
         }
-        return 0;
-    });
-}
-
-int32_t kvpot_logprobs_request(llama_context * ctx, llama_pos pos0, const llama_token * targets, int32_t n) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int32_t {
-        if (n < 0 || (n > 0 && !targets) || pos0 < 0) {
-            return kvpot_fail(KVPOT_ERR_ARG, "log-prob request: bad list");
-        }
-        kvpot_state & st = kvpot_state_get(ctx);
-        st.lp_pos0 = pos0;
-        st.lp_targets.assign(targets, targets + n);
-        st.lp_out.assign(n, std::numeric_limits<float>::quiet_NaN());
-        st.lp_error.clear();
-        return 0;
-    });
-}
-
-int32_t kvpot_logprobs_get(llama_context * ctx, float * out, int32_t n) {
-    return kvpot_guarded([&]() -> int32_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || st->lp_out.empty()) {
-            return kvpot_fail(KVPOT_ERR_STATE, "no log-probs were requested");
-        }
-        if (!st->lp_error.empty()) {
-            return kvpot_fail(KVPOT_ERR_STATE, st->lp_error);
-        }
-        if (!out || n != (int32_t) st->lp_out.size()) {
-            return kvpot_fail(KVPOT_ERR_ARG, "log-prob output must hold " + std::to_string(st->lp_out.size()) + " values");
-        }
-        std::copy(st->lp_out.begin(), st->lp_out.end(), out);
         return 0;
     });
 }
@@ -362,66 +273,5 @@ int32_t kvpot_pot_cell_pos(llama_context * ctx, int32_t * out, int32_t n) {
             out[i] = cells.is_empty(i) ? -1 : cells.pos_get(i);
         }
         return 0;
-    });
-}
-
-// ---- Locret: training capture ----
-
-int32_t kvpot_capture_enable(llama_context * ctx, bool on) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
-        st.force_rebuild = st.force_rebuild || st.capture_on != on;
-        st.capture_on = on;
-        st.captured_qkv.clear();
-        st.captured_q.clear();
-        return 0;
-    });
-}
-
-namespace {
-
-// hand over rows of `row` floats captured for index i, then forget them
-int32_t capture_take(std::vector<std::vector<float>> & src, int32_t i, float * out, int32_t n_rows, int64_t row,
-                     const char * what) {
-    if (i < 0 || row < 1) {
-        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": bad layer or row size");
-    }
-    if (i >= (int32_t) src.size() || src[i].empty()) {
-        return 0;
-    }
-    auto & s = src[i];
-    if ((int64_t) s.size() % row != 0) {
-        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": " + std::to_string(s.size()) +
-                          " captured values are not rows of " + std::to_string(row));
-    }
-    const int64_t n_have = (int64_t) s.size() / row;
-    if (!out || n_rows < n_have) {
-        return kvpot_fail(KVPOT_ERR_ARG, std::string(what) + ": the output holds " + std::to_string(n_rows) +
-                          " rows, " + std::to_string(n_have) + " were captured");
-    }
-    std::copy(s.begin(), s.end(), out);
-    s.clear();
-    return (int32_t) n_have;
-}
-
-} // namespace
-
-int32_t kvpot_capture_qkv_take(llama_context * ctx, int32_t il, float * out, int32_t n_tokens, int32_t width) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->capture_on) {
-            return kvpot_fail(KVPOT_ERR_STATE, "capture is off");
-        }
-        return capture_take(st->captured_qkv, il, out, n_tokens, width, "captured [Q; K; V]");
-    });
-}
-
-int32_t kvpot_capture_q_take(llama_context * ctx, int32_t ipot, float * out, int32_t n_rows, int32_t n_head, int32_t d) {
-    return kvpot_with_pot(ctx, [&](kvpot_pot &, int32_t) -> int32_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->capture_on) {
-            return kvpot_fail(KVPOT_ERR_STATE, "capture is off");
-        }
-        return capture_take(st->captured_q, ipot, out, n_rows, (int64_t) n_head*d, "captured query rows");
     });
 }

@@ -139,8 +139,7 @@ void apply_cells(kvpot_state & st, const kvpot_pot & pot, kvpot_compact_plan && 
 
     st.rope_pos      = std::move(plan.new_rope);
     st.n_compacted   = (uint32_t) n_keep;
-    st.lookup.reset(); // InfLLM's reserved cells moved
-    st.distance = {};
+    st.cells_moved(); // InfLLM's reserved cells moved
     st.n_live        = std::all_of(n_live.begin(), n_live.end(), [&](int32_t n) { return n == n_keep; })
                      ? std::vector<int32_t>() : n_live;
     st.force_rebuild = true;

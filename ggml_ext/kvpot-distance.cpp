@@ -8,7 +8,7 @@
 //
 // RoPE is a rotation by position, so rotating the already-rotated query by angle_c + distance - pos_i
 // gives the query the paper's angle relative to a key at angle_c. The cells InfLLM's lookup fetches in
-// this same graph sit at the lookup's angle; the others at their recorded RoPE angle (kvpot_state).
+// this same graph sit at the lookup's angle; the others at their recorded RoPE angle (kvpot_state::rope_pos).
 #include "kvpot-distance.h"
 #include "kvpot-blocks.h"
 #include "kvpot-compact.h"
@@ -29,7 +29,11 @@ ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, c
                                   llama_kv_cache & kv, const kvpot_state & st, const llama_ubatch & ub,
                                   ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale,
                                   int32_t ipot, int32_t il) {
-    const kvpot_distance & md = st.distance;
+    const kvpot_infllm_state * inf = st.find_method<kvpot_infllm_state>();
+    if (!inf) {
+        return kq_mask;
+    }
+    const kvpot_distance & md = inf->distance;
     const int64_t n_kv = kq_mask->ne[0];
     if (md.n_cells <= 0 || md.cell0 + md.n_cells > n_kv || kq_mask->ne[2] != 1 || kq_mask->ne[3] != 1 ||
         k->ne[2] != n_kv) {
@@ -44,8 +48,8 @@ ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, c
 
     // each memory cell's RoPE angle per KV head; InfLLM's fetch of this graph puts its keys at lk.angle
     const llama_kv_cells & cells = kvpot_kv_access::cells(kv);
-    const kvpot_lookup * lk = st.lookup && !st.lookup->hold && st.lookup->built &&
-                              ipot < (int32_t) st.lookup->layers.size() ? st.lookup.get() : nullptr;
+    const kvpot_lookup * lk = inf->lookup && !inf->lookup->hold && inf->lookup->built &&
+                              ipot < (int32_t) inf->lookup->layers.size() ? inf->lookup.get() : nullptr;
     const int64_t f0 = lk ? lk->cell0 : 0;
     const int64_t f1 = lk ? f0 + (int64_t) lk->n_fetch*lk->store->shape().block_size : 0;
     auto angle = [&](int64_t c, int64_t h) -> llama_pos {

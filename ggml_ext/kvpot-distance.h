@@ -32,7 +32,8 @@ struct kvpot_distance {
 };
 
 // in the attention hook of pot layer ipot (model layer il), after InfLLM's lookup wrote its cells: the
-// layer's mask with the bias above on the memory cells (unchanged when the state holds no distance)
+// layer's mask with the bias above on the memory cells (unchanged when the context's InfLLM state,
+// kvpot_infllm_state, holds no distance)
 ggml_tensor * kvpot_distance_mask(ggml_context * ctx0, llm_graph_result * res, const llama_context * lctx,
                                   llama_kv_cache & kv, const kvpot_state & st, const llama_ubatch & ub,
                                   ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale,

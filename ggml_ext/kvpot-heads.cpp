@@ -8,6 +8,7 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <utility>
 
 std::shared_ptr<kvpot_heads> kvpot_heads_make(const llama_model * model, int32_t n_layer, int32_t hidden, int32_t width,
                                               int32_t n_head_kv, int32_t act, const float * fc1, const float * fc2,
@@ -85,4 +86,83 @@ ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, 
     h = ggml_add(ctx0, h, ggml_mul_mat(ctx0, heads.fc1_v[il], kvpot_heads_flat(ctx0, v)));
     h = heads.act == 0 ? ggml_silu(ctx0, h) : ggml_gelu(ctx0, h);
     return ggml_mul_mat(ctx0, heads.fc2[il], h);                                            // [n_head_kv, n_tokens]
+}
+
+void kvpot_heads_state::clear_pending() {
+    pending_scores.clear();
+    pending_qkv.clear();
+    pending_q.clear();
+}
+
+bool kvpot_heads_state::has_pending() const {
+    return !pending_scores.empty() || !pending_qkv.empty() || !pending_q.empty();
+}
+
+void kvpot_heads_state::computed(kvpot_state &) {
+    // appended ubatch after ubatch until taken (a decode longer than n_ubatch spans several)
+    auto append = [](std::vector<std::vector<float>> & dst, const std::vector<std::pair<int32_t, ggml_tensor *>> & src) {
+        for (const auto & [i, t] : src) {
+            if (i >= (int32_t) dst.size()) {
+                dst.resize(i + 1);
+            }
+            auto & out = dst[i];
+            const size_t n0 = out.size();
+            out.resize(n0 + ggml_nelements(t));
+            ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
+        }
+    };
+    append(scores, pending_scores);
+    append(captured_qkv, pending_qkv);
+    append(captured_q, pending_q);
+    clear_pending();
+}
+
+bool kvpot_heads_state::reset(llama_context *, std::string &) {
+    scores.clear();
+    capture_on = false;
+    captured_qkv.clear();
+    captured_q.clear();
+    clear_pending();
+    return heads != nullptr;
+}
+
+void kvpot_heads_qkv(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k,
+                     ggml_tensor * v, int32_t il, bool pot_layer) {
+    kvpot_heads_state * hs = st.find_method<kvpot_heads_state>();
+    if (!hs) {
+        return;
+    }
+    // scored for the pot's layers only: the engine reads no other (Gemma-3's sliding-window layers keep
+    // their window whatever the policy says, and their heads would be computed for nothing)
+    const bool score = hs->heads && hs->on && il < (int32_t) hs->heads->fc2.size() && pot_layer;
+    if (hs->capture_on) {
+        // training reads [Q; K; V] of the very tensors the heads read
+        ggml_tensor * x = kvpot_heads_input(ctx0, q, k, v); // [width, n_tokens]
+        ggml_set_output(x);
+        ggml_build_forward_expand(gf, x);
+        hs->pending_qkv.push_back({il, x});
+    }
+    if (score) {
+        ggml_tensor * s = kvpot_heads_build(ctx0, *hs->heads, q, k, v, il); // [n_head_kv, n_tokens]
+        ggml_set_output(s);
+        ggml_build_forward_expand(gf, s);
+        hs->pending_scores.push_back({il, s});
+    }
+}
+
+bool kvpot_heads_capturing(const kvpot_state & st) {
+    const kvpot_heads_state * hs = st.find_method<kvpot_heads_state>();
+    return hs && hs->capture_on;
+}
+
+void kvpot_heads_capture_q(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * qr, float kq_scale,
+                           int32_t ipot) {
+    kvpot_heads_state * hs = st.find_method<kvpot_heads_state>();
+    if (!hs || !hs->capture_on) {
+        return;
+    }
+    ggml_tensor * qs = ggml_scale(ctx0, qr, kq_scale); // [d*n_head, n_tap]
+    ggml_set_output(qs);
+    ggml_build_forward_expand(gf, qs);
+    hs->pending_q.push_back({ipot, qs});
 }

@@ -2,13 +2,16 @@
 // for every token of the ubatch and every KV head, on the layer's pre-RoPE projections
 #pragma once
 
+#include "kvpot-state.h"
 #include "kvpot-weights.h"
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
 struct llama_model;
@@ -43,3 +46,40 @@ ggml_tensor * kvpot_heads_input(ggml_context * ctx0, ggml_tensor * q, ggml_tenso
 // the graph piece for layer il on the same q, k, v; returns scores [n_head_kv, n_tokens]
 ggml_tensor * kvpot_heads_build(ggml_context * ctx0, const kvpot_heads & heads, ggml_tensor * q, ggml_tensor * k,
                                 ggml_tensor * v, int32_t il);
+
+// a context's Locret state. The heads: while set and on, every ubatch graph scores each token in every
+// pot layer; they belong to the model, so kvpot_pot_reset keeps them (and `on`) and drops the scores.
+// The training capture (kvpot_capture_enable): per model layer the heads' input [Q; K; V] of every
+// token, per pot layer the tapped query rows after RoPE, times kq_scale
+struct kvpot_heads_state : kvpot_method_state {
+    std::shared_ptr<kvpot_heads>                   heads;
+    bool                                           on = true; // score while decoding (off: answering)
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_scores; // (model layer, [n_head_kv, n_tokens])
+    std::vector<std::vector<float>>                scores;         // per model layer, [n_tokens][n_head_kv] since the last take
+
+    bool                                           capture_on = false;
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_qkv;  // (model layer, [width, n_tokens])
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_q;    // (pot layer, [d*n_head, n_tap])
+    std::vector<std::vector<float>>                captured_qkv; // per model layer, [n_tokens][width] since the last take
+    std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
+
+    bool active() const override { return (heads != nullptr && on) || capture_on; }
+    void clear_pending() override;
+    bool has_pending() const override;
+    // appends the scores and the captured rows, ubatch after ubatch, until taken
+    void computed(kvpot_state & st) override;
+    bool reset(llama_context * lctx, std::string & err) override;
+};
+
+// in the QKV hook of model layer il (pot_layer: il is a pot layer): the capture's [Q; K; V] and, for pot
+// layers while the heads are on, their scores
+void kvpot_heads_qkv(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml_tensor * k,
+                     ggml_tensor * v, int32_t il, bool pot_layer);
+
+// the training capture is on: score taps stay attention taps, whose query rows it records
+bool kvpot_heads_capturing(const kvpot_state & st);
+
+// in a score tap of pot layer ipot: Locret's labels, the tapped rows qr [d*n_head, n_tap] times kq_scale
+// (q·k of these rows is then the pre-softmax score)
+void kvpot_heads_capture_q(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * qr, float kq_scale,
+                           int32_t ipot);

@@ -2,16 +2,41 @@
 // llama.cpp keeps and copies logits only for the rows the batch marks as outputs
 #pragma once
 
+#include "kvpot-state.h"
 #include "llama.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 struct ggml_cgraph;
 struct ggml_context;
-struct kvpot_state;
+struct ggml_tensor;
 struct llama_ubatch;
 class  llm_graph_result;
+
+// a context's log-prob request (kvpot_logprobs_request): the target token for the row at position
+// pos0 + i, and its log-prob once computed
+struct kvpot_logprobs_state : kvpot_method_state {
+    llama_pos                pos0 = 0;
+    std::vector<llama_token> targets;
+    std::vector<float>       out;   // NaN until computed
+    std::string              error;
+
+    // the graph's [1, n_pick] log-probs per block of rows, and the index into out of each picked row,
+    // in block order
+    std::vector<ggml_tensor *> pending;
+    std::vector<int32_t>       pending_rows;
+
+    bool active() const override { return !targets.empty(); }
+    void clear_pending() override {
+        pending.clear();
+        pending_rows.clear();
+    }
+    bool has_pending() const override { return !pending.empty(); }
+    // the rows' log-probs into out
+    void computed(kvpot_state & st) override;
+};
 
 // the order the graph keeps the ubatch's rows in when every row reaches the output head: rows marked
 // as outputs first (ascending), then the others (ascending); the identity when every row is marked
@@ -24,9 +49,6 @@ bool kvpot_logprobs_wanted(const kvpot_state & st, const llama_ubatch & ub);
 // are soft-maxed a block of rows at a time, so no second full-size tensor lives at once, and only
 // log p(target) of each requested row, one float per row, is a graph output
 void kvpot_logprobs_build(kvpot_state & st, const llama_ubatch & ub, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf);
-
-// after compute: the rows' log-probs into the request's output
-void kvpot_logprobs_read(kvpot_state & st);
 
 // graph nodes the pieces above may add (the graph's node pool is sized up front)
 uint32_t kvpot_logprobs_graph_nodes();

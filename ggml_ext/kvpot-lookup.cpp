@@ -17,6 +17,7 @@
 #include "kvpot-input.h"
 #include "kvpot-pot.h"
 
+#include "llama-batch.h"
 #include "llama-context.h"
 #include "llama-graph.h"
 
@@ -27,6 +28,30 @@
 #include <cstring>
 
 namespace {
+
+// InfLLM's lookup query: the ubatch's queries [d, n_head, n_tokens] (after RoPE at their own positions)
+// rotated to position `angle`, summed over the rows and over the query heads of each KV group: [1, d, n_head_kv]
+ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, const llama_context * lctx, const llama_kv_cache & kv,
+                        const llama_ubatch & ub, ggml_tensor * q, int32_t n_head_kv, llama_pos angle, int32_t il) {
+    const int64_t d        = q->ne[0];
+    const int64_t n_head   = q->ne[1];
+    const int64_t n_tokens = q->ne[2];
+    const int64_t n_group  = n_head / n_head_kv;
+    std::vector<int32_t> delta((size_t) n_tokens);
+    for (int64_t i = 0; i < n_tokens; ++i) {
+        delta[i] = angle - ub.pos[i];
+    }
+    ggml_tensor * dt = kvpot_add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
+    ggml_tensor * qc = ggml_cont(ctx0, q);
+    if (qc->type != GGML_TYPE_F32) {
+        qc = ggml_cast(ctx0, qc, GGML_TYPE_F32);
+    }
+    qc = kvpot_rerope(ctx0, lctx, kv, qc, dt, nullptr, il);                       // [d, n_head, n_tokens]
+    ggml_tensor * t = ggml_cont(ctx0, ggml_permute(ctx0, qc, 1, 2, 0, 3));        // [n_tokens, d, n_head]
+    t = ggml_sum_rows(ctx0, t);                                                   // [1, d, n_head]
+    t = ggml_reshape_3d(ctx0, t, d, n_group, n_head_kv);                          // query head h -> KV head h / n_group
+    return ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
+}
 
 // the custom op: runs on one thread (n_tasks 1). A failure leaves zeros in the fetched cells and is
 // reported by kvpot_lookup_take after the decode (a graph op cannot fail the compute)
@@ -104,4 +129,55 @@ void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result 
     ggml_tensor * kr = kvpot_rerope(ctx0, lctx, kv, kf, delta, nullptr, il);          // [d_k, 1, H*m]
     kvpot_store_k(ctx0, gf, kvpot_kv_access::k(kv, ipot), ggml_reshape_3d(ctx0, kr, dk, m, H), lk->cell0);
     kvpot_store_v(ctx0, gf, kvpot_kv_access::v(kv, ipot), vf, lk->cell0, kv.get_size(), kvpot_kv_access::v_trans(kv));
+}
+
+void kvpot_infllm_attn(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res,
+                       const llama_context * lctx, llama_kv_cache & kv, const llama_ubatch & ub, ggml_tensor * q,
+                       int32_t n_head_kv, int32_t ipot, int32_t il) {
+    kvpot_infllm_state * inf = st.find_method<kvpot_infllm_state>();
+    if (!inf) {
+        return;
+    }
+    ggml_tensor * qs = nullptr;
+    if (inf->lookup && !inf->lookup->hold && ipot < (int32_t) inf->lookup->layers.size()) {
+        qs = query_sum(ctx0, res, lctx, kv, ub, q, n_head_kv, inf->lookup->n_local, il);
+        kvpot_lookup_build(ctx0, gf, res, lctx, kv, inf->lookup, qs, ipot, il, ub.pos[0]);
+    }
+    if (inf->q_on) {
+        // captured for the host-side lookup, or to check the in-graph one (the same tensor at the same angle)
+        ggml_tensor * t = qs && inf->q_angle == inf->lookup->n_local ? qs : query_sum(ctx0, res, lctx, kv, ub, q, n_head_kv, inf->q_angle, il);
+        ggml_set_output(t);
+        ggml_build_forward_expand(gf, t);
+        inf->pending_q.push_back({ipot, t});
+    }
+}
+
+void kvpot_infllm_state::computed(kvpot_state & st) {
+    if (lookup && lookup->built) {
+        // the fetched keys now sit at the lookup's angle in every head of every pot layer
+        kvpot_lookup & lk = *lookup;
+        lk.built = false;
+        const size_t n_pot = lk.layers.size();
+        const size_t m = (size_t) lk.n_fetch*lk.store->shape().block_size;
+        const size_t n_head_kv = (size_t) lk.n_head_kv;
+        if ((size_t) lk.cell0 + m <= st.n_compacted && st.rope_pos.size() == n_pot*n_head_kv*st.n_compacted) {
+            for (size_t r = 0; r < n_pot*n_head_kv; ++r) {
+                std::fill_n(st.rope_pos.begin() + r*st.n_compacted + lk.cell0, m, lk.angle);
+            }
+        }
+    }
+    std::vector<float> buf;
+    for (const auto & [ipot, t] : pending_q) {
+        if (ipot >= (int32_t) q_acc.size()) {
+            q_acc.resize(ipot + 1);
+        }
+        auto & acc = q_acc[ipot];
+        buf.resize(ggml_nelements(t));
+        ggml_backend_tensor_get(t, buf.data(), 0, ggml_nbytes(t));
+        acc.resize(buf.size(), 0.0f);
+        for (size_t i = 0; i < buf.size(); ++i) {
+            acc[i] += buf[i];
+        }
+    }
+    pending_q.clear();
 }

@@ -4,17 +4,21 @@
 // block memory"). The Python side reserves the cells (kvpot_pot_insert) and sets the range.
 #pragma once
 
+#include "kvpot-distance.h"
+#include "kvpot-state.h"
 #include "llama.h"
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct ggml_context;
 struct ggml_cgraph;
 struct ggml_tensor;
 struct llama_context;
+struct llama_ubatch;
 class  llama_kv_cache;
 class  llm_graph_result;
 class  kvpot_block_store;
@@ -49,3 +53,33 @@ struct kvpot_lookup {
 void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_context * lctx,
                         llama_kv_cache & kv, const std::shared_ptr<kvpot_lookup> & lk, ggml_tensor * qsum,
                         int32_t ipot, int32_t il, llama_pos pos0);
+
+// a context's InfLLM state. The lookup query (kvpot_query_request): per pot layer, the ubatch queries
+// rotated to position q_angle, summed over rows and over the query heads of each KV group, accumulated
+// until taken (kvpot_query_take). The lookup (set after the cells are reserved) and the memory cells'
+// distance (kvpot_distance_set) name cells: anything that moves cells drops them
+struct kvpot_infllm_state : kvpot_method_state {
+    bool                                           q_on    = false;
+    llama_pos                                      q_angle = 0;
+    std::vector<std::vector<float>>                q_acc;     // [n_pot_layer][n_head_kv * d_k]
+    std::vector<std::pair<int32_t, ggml_tensor *>> pending_q; // (pot layer, [1, d_k, n_head_kv])
+    std::shared_ptr<kvpot_lookup>                  lookup;
+    kvpot_distance                                 distance;
+
+    bool active() const override { return q_on || lookup != nullptr || distance.n_cells > 0; }
+    void cells_moved() override {
+        lookup.reset();
+        distance = {};
+    }
+    void clear_pending() override { pending_q.clear(); }
+    bool has_pending() const override { return !pending_q.empty(); }
+    // the fetched keys' RoPE angle into the state's rope_pos; the lookup queries into q_acc
+    void computed(kvpot_state & st) override;
+};
+
+// in the attention hook of pot layer ipot (model layer il), before anything reads the cache: the
+// lookup's fetch into its reserved cells, and the lookup query (kvpot_query_request) as a graph output;
+// q [d, n_head, n_tokens] the layer's queries after RoPE
+void kvpot_infllm_attn(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res,
+                       const llama_context * lctx, llama_kv_cache & kv, const llama_ubatch & ub, ggml_tensor * q,
+                       int32_t n_head_kv, int32_t ipot, int32_t il);

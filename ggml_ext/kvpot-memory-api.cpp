@@ -27,16 +27,22 @@ size_t state_bytes(const kvpot_memory & m) {
     return MEM_HEADER + sizeof(float)*layer_floats(m)*m.m.size();
 }
 
+kvpot_memory_state * find_memory(const llama_context * ctx) {
+    kvpot_state * st = kvpot_state_find(ctx);
+    return st ? st->find_method<kvpot_memory_state>() : nullptr;
+}
+
 } // namespace
 
 int32_t kvpot_gate_set(llama_context * ctx, int32_t n_layer, int32_t d_v, int32_t d_h, int32_t n_head,
                        const float * w1, const float * b1, const float * w2, const float * b2, const float * g) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t) -> int32_t {
-        kvpot_state & st = kvpot_state_get(ctx);
+        kvpot_state &        st = kvpot_state_get(ctx);
+        kvpot_memory_state & ms = st.method<kvpot_memory_state>();
         st.force_rebuild = true;
         if (!w1 && !b1 && !w2 && !b2 && !g) {
-            st.gate.reset();
-            st.memory.reset();
+            ms.gate.reset();
+            ms.memory.reset();
             return 0;
         }
         std::string err;
@@ -48,16 +54,17 @@ int32_t kvpot_gate_set(llama_context * ctx, int32_t n_layer, int32_t d_v, int32_
         if (!mem) {
             return kvpot_fail(KVPOT_ERR_STATE, err);
         }
-        st.gate   = std::move(gate);
-        st.memory = std::move(mem);
+        ms.gate   = std::move(gate);
+        ms.memory = std::move(mem);
         return 0;
     });
 }
 
 int32_t kvpot_memory_fold(llama_context * ctx, const int32_t * cells, int32_t n_layer, int32_t n_head_kv, int32_t n_cells) {
     return kvpot_with_pot(ctx, [&](kvpot_pot & pot, int32_t n_head_pot) -> int32_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->memory) {
+        kvpot_state *        st = kvpot_state_find(ctx);
+        kvpot_memory_state * ms = st ? st->find_method<kvpot_memory_state>() : nullptr;
+        if (!ms || !ms->memory) {
             return kvpot_fail(KVPOT_ERR_STATE, "no memory gate is set");
         }
         if (n_cells < 1 || !cells || n_layer != (int32_t) kvpot_kv_access::n_layers(*pot.kv) || n_head_kv != n_head_pot) {
@@ -80,8 +87,8 @@ int32_t kvpot_memory_fold(llama_context * ctx, const int32_t * cells, int32_t n_
                 seen[c] = true;
             }
         }
-        const bool was_live = st->memory_live();
-        const std::string why = kvpot_memory_fold(ctx, pot, *st->memory, cells, n_cells);
+        const bool was_live = ms->live();
+        const std::string why = kvpot_memory_fold(ctx, pot, *ms->memory, cells, n_cells);
         if (!why.empty()) {
             return kvpot_fail(KVPOT_ERR_COMPUTE, why);
         }
@@ -93,25 +100,25 @@ int32_t kvpot_memory_fold(llama_context * ctx, const int32_t * cells, int32_t n_
 
 int64_t kvpot_memory_folded(llama_context * ctx) {
     return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot &, int32_t) -> int64_t {
-        const kvpot_state * st = kvpot_state_find(ctx);
-        return st && st->memory ? st->memory->n_folded : 0;
+        const kvpot_memory_state * ms = find_memory(ctx);
+        return ms && ms->memory ? ms->memory->n_folded : 0;
     });
 }
 
 int64_t kvpot_memory_state_size(llama_context * ctx) {
     return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot &, int32_t) -> int64_t {
-        const kvpot_state * st = kvpot_state_find(ctx);
-        return st && st->memory ? (int64_t) state_bytes(*st->memory) : 0;
+        const kvpot_memory_state * ms = find_memory(ctx);
+        return ms && ms->memory ? (int64_t) state_bytes(*ms->memory) : 0;
     });
 }
 
 int64_t kvpot_memory_state_get(llama_context * ctx, uint8_t * dst, size_t size) {
     return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot &, int32_t) -> int64_t {
-        const kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->memory) {
+        const kvpot_memory_state * ms = find_memory(ctx);
+        if (!ms || !ms->memory) {
             return kvpot_fail(KVPOT_ERR_STATE, "no memory gate is set");
         }
-        const kvpot_memory & m = *st->memory;
+        const kvpot_memory & m = *ms->memory;
         const size_t need = state_bytes(m);
         if (!dst || size < need) {
             return kvpot_fail(KVPOT_ERR_ARG, "memory buffer of " + std::to_string(size) + " bytes is smaller than " + std::to_string(need));
@@ -132,11 +139,12 @@ int64_t kvpot_memory_state_get(llama_context * ctx, uint8_t * dst, size_t size) 
 
 int64_t kvpot_memory_state_set(llama_context * ctx, const uint8_t * src, size_t size) {
     return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot &, int32_t) -> int64_t {
-        kvpot_state * st = kvpot_state_find(ctx);
-        if (!st || !st->memory) {
+        kvpot_state *        st = kvpot_state_find(ctx);
+        kvpot_memory_state * ms = st ? st->find_method<kvpot_memory_state>() : nullptr;
+        if (!ms || !ms->memory) {
             return kvpot_fail(KVPOT_ERR_STATE, "no memory gate is set");
         }
-        kvpot_memory & m = *st->memory;
+        kvpot_memory & m = *ms->memory;
         if (!src || size < MEM_HEADER) {
             return kvpot_fail(KVPOT_ERR_ARG, "memory state is truncated (" + std::to_string(size) + " bytes)");
         }
@@ -156,7 +164,7 @@ int64_t kvpot_memory_state_set(llama_context * ctx, const uint8_t * src, size_t 
             return kvpot_fail(KVPOT_ERR_ARG, "memory state has " + std::to_string(size) + " bytes, expected " +
                               std::to_string(state_bytes(m)));
         }
-        const bool was_live = st->memory_live();
+        const bool was_live = ms->live();
         const uint8_t * p = src + MEM_HEADER;
         for (size_t l = 0; l < m.m.size(); ++l) {
             ggml_backend_tensor_set(m.m[l], p, 0, ggml_nbytes(m.m[l]));
@@ -165,7 +173,7 @@ int64_t kvpot_memory_state_set(llama_context * ctx, const uint8_t * src, size_t 
             p += ggml_nbytes(m.z[l]);
         }
         m.n_folded = n_folded;
-        st->force_rebuild = st->force_rebuild || was_live != st->memory_live();
+        st->force_rebuild = st->force_rebuild || was_live != ms->live();
         return 0;
     });
 }

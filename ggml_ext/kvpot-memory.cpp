@@ -215,3 +215,31 @@ ggml_tensor * kvpot_memory_build(ggml_context * ctx0, const kvpot_gate & gate, c
     GGML_UNUSED(d_k);
     return ggml_reshape_2d(ctx0, out, d_v*n_head, n_tokens);
 }
+
+bool kvpot_memory_state::reset(llama_context * lctx, std::string & err) {
+    // the memory (M, z) is the document's: freed, then a new, zeroed one beside the model's gate
+    memory.reset();
+    if (!gate) {
+        return false;
+    }
+    kvpot_pot pot;
+    err = kvpot_pot_resolve(lctx, pot);
+    if (err.empty()) {
+        memory = kvpot_memory_make(pot, err);
+    }
+    return memory != nullptr;
+}
+
+bool kvpot_memory_live(const kvpot_state & st) {
+    const kvpot_memory_state * ms = st.find_method<kvpot_memory_state>();
+    return ms && ms->live();
+}
+
+ggml_tensor * kvpot_memory_attn_out(const kvpot_state & st, ggml_context * ctx0, ggml_tensor * q, ggml_tensor * a_dot,
+                                    float kq_scale, int32_t ipot, int32_t il) {
+    const kvpot_memory_state * ms = st.find_method<kvpot_memory_state>();
+    if (!ms || !ms->live() || ipot < 0 || ipot >= (int32_t) ms->memory->m.size()) {
+        return a_dot;
+    }
+    return kvpot_memory_build(ctx0, *ms->gate, *ms->memory, q, a_dot, kq_scale, ipot, il);
+}

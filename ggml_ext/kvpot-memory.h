@@ -14,6 +14,7 @@
 // Query head h reads KV head h / (n_head / n_head_kv), llama.cpp's GQA grouping.
 #pragma once
 
+#include "kvpot-state.h"
 #include "kvpot-weights.h"
 
 #include <cstdint>
@@ -69,3 +70,25 @@ std::string kvpot_memory_fold(llama_context * lctx, const kvpot_pot & pot, kvpot
 // Intermediate tensors are named kvpot_mem_q-<il> (the queries read) and kvpot_mem_out-<il> for tests.
 ggml_tensor * kvpot_memory_build(ggml_context * ctx0, const kvpot_gate & gate, const kvpot_memory & mem,
                                  ggml_tensor * q, ggml_tensor * a_dot, float kq_scale, int32_t ipot, int32_t il);
+
+// a context's EdgeInfinite state: the gate belongs to the model (kept across kvpot_pot_reset), the
+// memory M, z to the document (zeroed by the reset). While memory->n_folded > 0 every pot layer mixes
+// its read-out into the attention output; a graph built with the mix reads M, z where they live, so it
+// may be reused
+struct kvpot_memory_state : kvpot_method_state {
+    std::shared_ptr<kvpot_gate>   gate;
+    std::shared_ptr<kvpot_memory> memory;
+
+    bool live() const { return gate && memory && memory->n_folded > 0; }
+    bool active() const override { return false; }
+    bool in_graph() const override { return live(); }
+    bool reset(llama_context * lctx, std::string & err) override;
+};
+
+// the context's memory mixes into the attention output (kvpot_memory_state::live)
+bool kvpot_memory_live(const kvpot_state & st);
+
+// in the attention-output hook of pot layer ipot: kvpot_memory_build's A_com while the memory is live,
+// else a_dot unchanged
+ggml_tensor * kvpot_memory_attn_out(const kvpot_state & st, ggml_context * ctx0, ggml_tensor * q, ggml_tensor * a_dot,
+                                    float kq_scale, int32_t ipot, int32_t il);

@@ -36,8 +36,8 @@ shape shape_of(const kvpot_pot & pot, int32_t n_head_kv) {
     return out;
 }
 
-size_t snap_size(const kvpot_state & st, const shape & s) {
-    return SNAP_HEADER + sizeof(int32_t)*((size_t) s.n_layer*s.n_head_kv*st.n_compacted + s.n_layer);
+size_t snap_size(uint32_t n_compacted, const shape & s) {
+    return SNAP_HEADER + sizeof(int32_t)*((size_t) s.n_layer*s.n_head_kv*n_compacted + s.n_layer);
 }
 
 } // namespace
@@ -50,7 +50,7 @@ int64_t kvpot_pot_state_size(llama_context * ctx) {
     }
     return kvpot_with_pot<int64_t>(ctx, [&](kvpot_pot & pot, int32_t n_head_kv) -> int64_t {
         const kvpot_state * st = kvpot_state_find(ctx);
-        return (int64_t) snap_size(st ? *st : kvpot_state{}, shape_of(pot, n_head_kv));
+        return (int64_t) snap_size(st ? st->n_compacted : 0, shape_of(pot, n_head_kv));
     });
 }
 
@@ -131,8 +131,7 @@ int64_t kvpot_pot_state_set(llama_context * ctx, const uint8_t * src, size_t siz
             std::memcpy(st.rope_pos.data(), src + SNAP_HEADER, n_pos*sizeof(llama_pos));
         }
         st.n_live = all_live ? std::vector<int32_t>() : std::move(n_live);
-        st.lookup.reset(); // a restored context sets its InfLLM lookup again (kvpot_lookup_set)
-        st.distance = {};
+        st.cells_moved(); // a restored context sets its InfLLM lookup and distance again
         st.force_rebuild = true;
         return 0;
     });

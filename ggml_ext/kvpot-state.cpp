@@ -1,7 +1,6 @@
 #include "kvpot-state.h"
 #include "kvpot.h"
 #include "kvpot-hooks.h"
-#include "kvpot-memory.h"
 
 #include <memory>
 
@@ -41,6 +40,3 @@ void kvpot_hook_context_free(const llama_context * lctx) {
     kvpot_state_drop(lctx);
 }
 
-bool kvpot_state::memory_live() const {
-    return gate && memory && memory->n_folded > 0;
-}

@@ -1,26 +1,55 @@
-// per-context kvpot state: pending tap / log-prob requests, their results, and per-head positions
+// per-context kvpot state: the pot's per-head positions and layer budgets, the score taps, and each
+// method's own state (kvpot_method_state)
 #pragma once
 
-#include "kvpot-distance.h"
 #include "llama.h"
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <typeindex>
+#include <typeinfo>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 struct ggml_tensor;
-struct kvpot_heads;
-struct kvpot_gate;
-struct kvpot_memory;
-struct kvpot_lookup;
+struct kvpot_state;
+struct llama_context;
 
 struct kvpot_tap_out {
     int32_t       ipot;   // index of the pot layer
     ggml_tensor * t;      // [1, n_kv, n_head_kv] attention mass per cell and KV head
     int64_t       n_kv;
+};
+
+// one method's per-context state (NuC's log-probs, Locret's heads, EdgeInfinite's memory, InfLLM's
+// lookup), declared in the method's own header; kvpot_state holds one of each type in use and reaches
+// it through these calls only
+struct kvpot_method_state {
+    virtual ~kvpot_method_state() = default;
+
+    // every ubatch graph must be built anew while true (the method adds per-ubatch pieces or reads)
+    virtual bool active() const = 0;
+    // the graph being built takes the method's pieces (the hooks run for it); a reused graph keeps them
+    virtual bool in_graph() const { return active(); }
+    // the pot's cells moved (compaction, insert, restore): drop what names cells
+    virtual void cells_moved() {}
+    // a graph is being built: forget the output tensors of the last one
+    virtual void clear_pending() {}
+    // the graph just computed has outputs of this method to read back (after a scheduler sync)
+    virtual bool has_pending() const { return false; }
+    // after every computed graph: read the pending outputs back, and anything else that follows a compute
+    virtual void computed(kvpot_state & st) { (void) st; }
+    // kvpot_pot_reset forgets the document: clear the document's part and return true to stay (what
+    // belongs to the model, kept across resets), or return false to go with the document; a failure
+    // sets err (and returns false)
+    virtual bool reset(llama_context * lctx, std::string & err) {
+        (void) lctx;
+        (void) err;
+        return false;
+    }
 };
 
 struct kvpot_state {
@@ -30,16 +59,8 @@ struct kvpot_state {
     int32_t                         tap_mode = 0; // KVPOT_TAP_ATTENTION or KVPOT_TAP_QK (kvpot_tap_mode)
     int32_t                         tap_rows_seen = 0;
 
-    // log-probs: target token for the row at position lp_pos0 + i
-    llama_pos                lp_pos0 = 0;
-    std::vector<llama_token> lp_targets;
-    std::vector<float>       lp_out;       // NaN until computed
-    std::string              lp_error;
-
     // tensors of the graph being built / just computed
     std::vector<kvpot_tap_out> pending_taps;
-    std::vector<ggml_tensor *> pending_lp;      // [1, n_pick] log-probs per block of rows (kvpot-logprobs.cpp)
-    std::vector<int32_t>       pending_lp_rows; // index into lp_out for each picked row, in block order
 
     // the next graph must be rebuilt (after a compaction)
     bool force_rebuild = false;
@@ -58,45 +79,61 @@ struct kvpot_state {
     int32_t budget = 0;
     int32_t n_compactions = 0;
 
-    // Locret's retaining heads: while set, every ubatch graph scores each token in every layer
-    // (kvpot-heads.cpp); kept across kvpot_pot_reset, they belong to the model, not the document
-    std::shared_ptr<kvpot_heads>                   heads;
-    bool                                           heads_on = true; // score while decoding (off: answering)
-    std::vector<std::pair<int32_t, ggml_tensor *>> pending_heads; // (model layer, [n_head_kv, n_tokens])
-    std::vector<std::vector<float>>                head_scores;   // per model layer, [n_tokens][n_head_kv] since the last take
+    // the methods' states, one per type, created by method<T>() on first use
+    using method_map = std::unordered_map<std::type_index, std::unique_ptr<kvpot_method_state>>;
+    method_map methods;
 
-    // training capture for the retaining heads (kvpot_capture_enable): per model layer the heads'
-    // input [Q; K; V] of every token, per pot layer the tapped query rows after RoPE, times kq_scale
-    bool                                           capture_on = false;
-    std::vector<std::pair<int32_t, ggml_tensor *>> pending_qkv;  // (model layer, [width, n_tokens])
-    std::vector<std::pair<int32_t, ggml_tensor *>> pending_q;    // (pot layer, [d*n_head, n_tap])
-    std::vector<std::vector<float>>                captured_qkv; // per model layer, [n_tokens][width] since the last take
-    std::vector<std::vector<float>>                captured_q;   // per pot layer, [n_rows][n_head][d] since the last take
-
-    bool active() const {
-        return !tap_pos.empty() || !lp_targets.empty() || (heads != nullptr && heads_on) || capture_on || q_on || lookup != nullptr ||
-               distance.n_cells > 0;
+    template <typename T>
+    T & method() {
+        auto & slot = methods[std::type_index(typeid(T))];
+        if (!slot) {
+            slot = std::make_unique<T>();
+        }
+        return static_cast<T &>(*slot);
     }
 
-    // EdgeInfinite's gated memory: the gate belongs to the model (kept across kvpot_pot_reset), the
-    // memory M, z to the document (zeroed by the reset). While memory->n_folded > 0 every pot layer
-    // mixes its read-out into the attention output (kvpot-memory.cpp)
-    std::shared_ptr<kvpot_gate>   gate;
-    std::shared_ptr<kvpot_memory> memory;
-    bool memory_live() const;
+    // the method's state if one was created, else nullptr (hooks must not create one)
+    template <typename T>
+    T * find_method() {
+        auto it = methods.find(std::type_index(typeid(T)));
+        return it == methods.end() ? nullptr : static_cast<T *>(it->second.get());
+    }
 
-    // InfLLM: per pot layer, the ubatch queries rotated to position q_angle, summed over rows and over
-    // the query heads of each KV group, accumulated until taken (kvpot_query_take)
-    bool                                           q_on    = false;
-    llama_pos                                      q_angle = 0;
-    std::vector<std::vector<float>>                q_acc;     // [n_pot_layer][n_head_kv * d_k]
-    std::vector<std::pair<int32_t, ggml_tensor *>> pending_lookup_q; // (pot layer, [1, d_k, n_head_kv])
-    // InfLLM's lookup inside the layer (kvpot-lookup.h): set after the cells are reserved, dropped by
-    // anything that moves cells (compaction, insert, reset, restore)
-    std::shared_ptr<kvpot_lookup>                  lookup;
-    // InfLLM's memory cells seen at one distance by every query (kvpot-distance.h, kvpot_distance_set);
-    // dropped with the lookup by anything that moves cells
-    kvpot_distance                                 distance;
+    template <typename T>
+    const T * find_method() const {
+        auto it = methods.find(std::type_index(typeid(T)));
+        return it == methods.end() ? nullptr : static_cast<const T *>(it->second.get());
+    }
+
+    bool active() const {
+        if (!tap_pos.empty()) {
+            return true;
+        }
+        for (const auto & [id, m] : methods) {
+            if (m->active()) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    bool in_graph() const {
+        if (!tap_pos.empty()) {
+            return true;
+        }
+        for (const auto & [id, m] : methods) {
+            if (m->in_graph()) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    void cells_moved() {
+        for (auto & [id, m] : methods) {
+            m->cells_moved();
+        }
+    }
 
     bool has_dead_cells() const {
         for (int32_t n : n_live) {

@@ -1,7 +1,5 @@
-// score taps and token log-probs: small extra graph pieces added while llama.cpp builds a ubatch graph,
-// read back after it computes
-#include "kvpot-blocks.h"
-#include "kvpot-compact.h"
+// the graph hooks: score taps and the dead-cell mask, and the calls into each method's graph pieces
+// (kvpot_method_state), added while llama.cpp builds a ubatch graph and read back after it computes
 #include "kvpot-distance.h"
 #include "kvpot-heads.h"
 #include "kvpot-hooks.h"
@@ -21,9 +19,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 namespace {
 
@@ -75,8 +71,6 @@ int32_t pot_index_of(const llama_kv_cache & kv, int32_t il) {
 }
 
 // defined after the hooks
-ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
-                        llama_pos angle, int32_t il);
 void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale, int32_t ipot);
 void tap_logits(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * q, ggml_tensor * k,
@@ -111,7 +105,7 @@ bool kvpot_hook_force_rebuild(const llama_context * lctx) {
 void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & ubatch) {
     g_build = {};
     kvpot_state * st = kvpot_state_find(lctx);
-    if (!st || (!st->active() && !st->has_dead_cells() && !st->memory_live())) {
+    if (!st || (!st->in_graph() && !st->has_dead_cells())) {
         return;
     }
     kvpot_pot pot;
@@ -123,12 +117,9 @@ void kvpot_hook_build_begin(const llama_context * lctx, const llama_ubatch & uba
     g_build.pot = pot.kv;
     g_build.ub  = &ubatch;
     st->pending_taps.clear();
-    st->pending_lp.clear();
-    st->pending_lp_rows.clear();
-    st->pending_heads.clear();
-    st->pending_qkv.clear();
-    st->pending_q.clear();
-    st->pending_lookup_q.clear();
+    for (auto & [id, m] : st->methods) {
+        m->clear_pending();
+    }
     if (!st->tap_pos.empty()) {
         for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
             for (llama_pos p : st->tap_pos) {
@@ -146,26 +137,8 @@ void kvpot_hook_qkv(ggml_context * ctx0, ggml_cgraph * gf, ggml_tensor * q, ggml
     if (!st || il < 0) {
         return;
     }
-    // scored for the pot's layers only: the engine reads no other (Gemma-3's sliding-window layers keep
-    // their window whatever the policy says, and their heads would be computed for nothing)
-    const bool score = st->heads && st->heads_on && il < (int32_t) st->heads->fc2.size() &&
-                       g_build.pot && pot_index_of(*g_build.pot, il) >= 0;
-    if (!score && !st->capture_on) {
-        return;
-    }
-    if (st->capture_on) {
-        // training reads [Q; K; V] of the very tensors the heads read
-        ggml_tensor * x = kvpot_heads_input(ctx0, q, k, v); // [width, n_tokens]
-        ggml_set_output(x);
-        ggml_build_forward_expand(gf, x);
-        st->pending_qkv.push_back({il, x});
-    }
-    if (score) {
-        ggml_tensor * s = kvpot_heads_build(ctx0, *st->heads, q, k, v, il); // [n_head_kv, n_tokens]
-        ggml_set_output(s);
-        ggml_build_forward_expand(gf, s);
-        st->pending_heads.push_back({il, s});
-    }
+    const bool pot_layer = g_build.pot && pot_index_of(*g_build.pot, il) >= 0;
+    kvpot_heads_qkv(*st, ctx0, gf, q, k, v, il, pot_layer);
 }
 
 ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_hparams & hparams,
@@ -180,20 +153,9 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     kq_mask = mask_dead_cells(ctx0, res, *g_build.st, kq_mask, ipot);
     // InfLLM's lookup first: the fetched blocks must be in their cells before anything reads the cache
     kvpot_state & st = *g_build.st;
-    ggml_tensor * qs = nullptr;
-    if (st.lookup && !st.lookup->hold && ipot < (int32_t) st.lookup->layers.size()) {
-        qs = query_sum(ctx0, res, q, (int32_t) k->ne[1], st.lookup->n_local, il);
-        kvpot_lookup_build(ctx0, gf, res, g_build.lctx, *g_build.pot, st.lookup, qs, ipot, il, g_build.ub->pos[0]);
-    }
-    if (st.q_on) {
-        // captured for the host-side lookup, or to check the in-graph one (the same tensor at the same angle)
-        ggml_tensor * t = qs && st.q_angle == st.lookup->n_local ? qs : query_sum(ctx0, res, q, (int32_t) k->ne[1], st.q_angle, il);
-        ggml_set_output(t);
-        ggml_build_forward_expand(gf, t);
-        st.pending_lookup_q.push_back({ipot, t});
-    }
+    kvpot_infllm_attn(st, ctx0, gf, res, g_build.lctx, *g_build.pot, *g_build.ub, q, (int32_t) k->ne[1], ipot, il);
     if (!g_build.rows.empty()) {
-        if (g_build.st->tap_mode == KVPOT_TAP_QK && !g_build.st->capture_on) {
+        if (st.tap_mode == KVPOT_TAP_QK && !kvpot_heads_capturing(st)) {
             tap_logits(ctx0, gf, res, q, k, kq_scale, ipot);
         } else {
             tap_scores(ctx0, gf, res, hparams, q, k, kq_mask, kq_scale, ipot);
@@ -206,42 +168,17 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
 
 ggml_tensor * kvpot_hook_attn_out(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * cur, float kq_scale, int32_t il) {
     kvpot_state * st = g_build.st;
-    if (!st || !st->memory_live() || q->ne[3] != 1) {
+    if (!st || !kvpot_memory_live(*st) || q->ne[3] != 1) {
         return cur;
     }
     const int32_t ipot = pot_index_of(*g_build.pot, il);
-    if (ipot < 0 || ipot >= (int32_t) st->memory->m.size()) {
+    if (ipot < 0) {
         return cur;
     }
-    return kvpot_memory_build(ctx0, *st->gate, *st->memory, q, cur, kq_scale, ipot, il);
+    return kvpot_memory_attn_out(*st, ctx0, q, cur, kq_scale, ipot, il);
 }
 
 namespace {
-
-// InfLLM's lookup query: the ubatch's queries [d, n_head, n_tokens] (after RoPE at their own positions)
-// rotated to position `angle`, summed over the rows and over the query heads of each KV group: [1, d, n_head_kv]
-ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, ggml_tensor * q, int32_t n_head_kv,
-                        llama_pos angle, int32_t il) {
-    const llama_ubatch & ub = *g_build.ub;
-    const int64_t d        = q->ne[0];
-    const int64_t n_head   = q->ne[1];
-    const int64_t n_tokens = q->ne[2];
-    const int64_t n_group  = n_head / n_head_kv;
-    std::vector<int32_t> delta((size_t) n_tokens);
-    for (int64_t i = 0; i < n_tokens; ++i) {
-        delta[i] = angle - ub.pos[i];
-    }
-    ggml_tensor * dt = kvpot_add_i32_input(res, ctx0, std::move(delta)); // [n_tokens]
-    ggml_tensor * qc = ggml_cont(ctx0, q);
-    if (qc->type != GGML_TYPE_F32) {
-        qc = ggml_cast(ctx0, qc, GGML_TYPE_F32);
-    }
-    qc = kvpot_rerope(ctx0, g_build.lctx, *g_build.pot, qc, dt, nullptr, il);      // [d, n_head, n_tokens]
-    ggml_tensor * t = ggml_cont(ctx0, ggml_permute(ctx0, qc, 1, 2, 0, 3));        // [n_tokens, d, n_head]
-    t = ggml_sum_rows(ctx0, t);                                                   // [1, d, n_head]
-    t = ggml_reshape_3d(ctx0, t, d, n_group, n_head_kv);                          // query head h -> KV head h / n_group
-    return ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
-}
 
 // the K of a pot layer as [d, n_kv, n_head_kv] for mul_mat (src0), from the cache view k [d, n_head_kv, n_kv]
 ggml_tensor * keys_by_head(ggml_context * ctx0, ggml_tensor * k) {
@@ -303,13 +240,7 @@ void tap_scores(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, c
 
     // the tapped query rows: [d, n_head, n_tap] -> [d, n_tap, n_head]
     ggml_tensor * qr = tapped_rows(ctx0, res, q);
-    if (g_build.st->capture_on) {
-        // Locret's labels: q·k of these rows is the pre-softmax score once q carries kq_scale
-        ggml_tensor * qs = ggml_scale(ctx0, qr, kq_scale); // [d*n_head, n_tap]
-        ggml_set_output(qs);
-        ggml_build_forward_expand(gf, qs);
-        g_build.st->pending_q.push_back({ipot, qs});
-    }
+    kvpot_heads_capture_q(*g_build.st, ctx0, gf, qr, kq_scale, ipot);
     qr = ggml_permute(ctx0, ggml_reshape_3d(ctx0, qr, d, n_head, n_tap), 0, 2, 1, 3);
 
     // [d, n_kv, n_head_kv]; query head h reads KV head h / n_group (ggml's mul_mat broadcast, as in llama.cpp)
@@ -354,25 +285,16 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
     GGML_UNUSED(res);
     GGML_UNUSED(ubatch);
     kvpot_state * st = kvpot_state_find(lctx);
-    if (st && st->lookup && st->lookup->built) {
-        // the fetched keys now sit at the lookup's angle in every head of every pot layer
-        kvpot_lookup & lk = *st->lookup;
-        lk.built = false;
-        const size_t n_pot = lk.layers.size();
-        const size_t m = (size_t) lk.n_fetch*lk.store->shape().block_size;
-        const size_t n_head_kv = (size_t) lk.n_head_kv;
-        if ((size_t) lk.cell0 + m <= st->n_compacted && st->rope_pos.size() == n_pot*n_head_kv*st->n_compacted) {
-            for (size_t r = 0; r < n_pot*n_head_kv; ++r) {
-                std::fill_n(st->rope_pos.begin() + r*st->n_compacted + lk.cell0, m, lk.angle);
-            }
-        }
-    }
-    if (!st || (st->pending_taps.empty() && st->pending_lp.empty() && st->pending_heads.empty() &&
-                st->pending_qkv.empty() && st->pending_q.empty() &&
-                st->pending_lookup_q.empty())) {
+    if (!st) {
         return;
     }
-    ggml_backend_sched_synchronize(lctx->get_sched());
+    bool pending = !st->pending_taps.empty();
+    for (const auto & [id, m] : st->methods) {
+        pending = pending || m->has_pending();
+    }
+    if (pending) {
+        ggml_backend_sched_synchronize(lctx->get_sched());
+    }
     std::vector<float> buf;
     for (const auto & tap : st->pending_taps) {
         if (tap.ipot >= (int32_t) st->tap_acc.size()) {
@@ -390,47 +312,7 @@ void kvpot_hook_computed(llama_context * lctx, llm_graph_result * res, const lla
         }
     }
     st->pending_taps.clear();
-    for (const auto & [il, t] : st->pending_heads) {
-        if (il >= (int32_t) st->head_scores.size()) {
-            st->head_scores.resize(il + 1);
-        }
-        // appended ubatch after ubatch until taken (a decode longer than n_ubatch spans several)
-        auto & out = st->head_scores[il];
-        const size_t n0 = out.size();
-        out.resize(n0 + ggml_nelements(t));
-        ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
-    }
-    st->pending_heads.clear();
-    // training capture, appended the same way
-    auto append = [](std::vector<std::vector<float>> & dst, const std::vector<std::pair<int32_t, ggml_tensor *>> & src) {
-        for (const auto & [i, t] : src) {
-            if (i >= (int32_t) dst.size()) {
-                dst.resize(i + 1);
-            }
-            auto & out = dst[i];
-            const size_t n0 = out.size();
-            out.resize(n0 + ggml_nelements(t));
-            ggml_backend_tensor_get(t, out.data() + n0, 0, ggml_nbytes(t));
-        }
-    };
-    append(st->captured_qkv, st->pending_qkv);
-    append(st->captured_q, st->pending_q);
-    st->pending_qkv.clear();
-    st->pending_q.clear();
-    for (const auto & [ipot, t] : st->pending_lookup_q) {
-        if (ipot >= (int32_t) st->q_acc.size()) {
-            st->q_acc.resize(ipot + 1);
-        }
-        auto & acc = st->q_acc[ipot];
-        buf.resize(ggml_nelements(t));
-        ggml_backend_tensor_get(t, buf.data(), 0, ggml_nbytes(t));
-        acc.resize(buf.size(), 0.0f);
-        for (size_t i = 0; i < buf.size(); ++i) {
-            acc[i] += buf[i];
-        }
-    }
-    st->pending_lookup_q.clear();
-    if (!st->pending_lp.empty()) {
-        kvpot_logprobs_read(*st);
+    for (auto & [id, m] : st->methods) {
+        m->computed(*st);
     }
 }
