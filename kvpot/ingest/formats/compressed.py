@@ -166,29 +166,26 @@ def broken(codec: str, name: str, e: BaseException, what: str = "file") -> str:
 def decompressed_head(codec: str, path: Path, name: str, n: int) -> bytes:
     """The first n decompressed bytes; a small file is decompressed to its end to prove it whole."""
     with Checked(codec, path, name) as f:
-        head = b""
-        while len(head) < n:
-            raw = f.read(n - len(head))
-            if not raw:
-                return head
-            head += raw
-        if path.stat().st_size <= VERIFY_BYTES:
-            while f.read(1 << 20):
-                pass
-    return head
+        return _read_head(f, n, verify=path.stat().st_size <= VERIFY_BYTES)
 
 
 def stream_head(codec: str, raw: bytes, whole: bool, name: str, n: int) -> bytes:
     """The first n decompressed bytes of a compressed stream whose first bytes are `raw`; when `raw`
     is the whole stream (`whole`), it is decompressed to its end to prove it whole."""
     with Checked(codec, io.BytesIO(raw), name, "stream") as f:
-        head = b""
-        while len(head) < n:
-            got = f.read(n - len(head))
-            if not got:
-                return head
-            head += got
-        if whole:
-            while f.read(1 << 20):
-                pass
+        return _read_head(f, n, verify=whole)
+
+
+def _read_head(f, n: int, verify: bool) -> bytes:
+    """The first n bytes of a decompressing reader; with `verify`, the rest is decompressed too (and
+    dropped), so a corrupt or truncated end is refused before anything is read for real."""
+    head = b""
+    while len(head) < n:
+        got = f.read(n - len(head))
+        if not got:
+            return head
+        head += got
+    if verify:
+        while f.read(1 << 20):
+            pass
     return head
