@@ -105,24 +105,16 @@ struct kvpot_state {
         return it == methods.end() ? nullptr : static_cast<const T *>(it->second.get());
     }
 
-    bool active() const {
-        if (!tap_pos.empty()) {
-            return true;
-        }
-        for (const auto & [id, m] : methods) {
-            if (m->active()) {
-                return true;
-            }
-        }
-        return false;
-    }
+    bool active()   const { return taps_or_any(&kvpot_method_state::active); }
+    bool in_graph() const { return taps_or_any(&kvpot_method_state::in_graph); }
 
-    bool in_graph() const {
+    // the score taps are requested, or some method answers true to `ask`
+    bool taps_or_any(bool (kvpot_method_state::*ask)() const) const {
         if (!tap_pos.empty()) {
             return true;
         }
         for (const auto & [id, m] : methods) {
-            if (m->in_graph()) {
+            if ((m.get()->*ask)()) {
                 return true;
             }
         }
