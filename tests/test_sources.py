@@ -78,6 +78,29 @@ def test_a_saved_map_reads_back_and_a_broken_one_is_refused():
         SourceMap.from_header(bad)
 
 
+def test_a_passage_across_many_short_pages_is_quoted(tmp_path):
+    """A passage that crosses three or more pieces (short PDF pages) is found and quoted whole."""
+    from docmaker import write_pdf
+
+    from kvpot.ingest import collect_sources
+    from kvpot.session.sources import Passage, quote
+
+    pages = [[f"page{i} alpha{i} beta{i}"] for i in range(1, 13)]
+    path = write_pdf(tmp_path / "short.pdf", pages)
+    text = collect_sources([str(path)])
+    joined = "".join(text.pieces())
+    smap = SourceMap(end_char=len(joined), marks=list(text.marks))
+    assert [m.where for m in text.marks] == [f"p. {i}" for i in range(1, 13)]   # one piece a page
+    start, end = joined.index("alpha4"), joined.index("beta8") + len("beta8")  # pages 4 to 8
+    assert sum(start <= m.offset < end for m in text.marks) >= 3
+    early = joined.index("alpha2"), joined.index("page3") + len("page3")       # two pages, as before
+    got, two = quote([Passage(str(path), "p. 4", start, end, 0.5), Passage(str(path), "p. 2", *early, 0.3)],
+                     text, smap)
+    assert got.quote == " ".join(joined[start:end].split())
+    assert got.quote.startswith("alpha4") and got.quote.endswith("beta8")
+    assert two.quote == "alpha2 beta2 page3"
+
+
 # -- through the CLI, with a model -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

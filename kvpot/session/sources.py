@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ PASSAGE_TOKENS = 24    # a passage: about one sentence
 TOP = 3                # passages shown
 SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a source (see rank)
 QUOTE_CHARS = 160      # longest quote
+WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
 
 
 @dataclass
@@ -182,9 +184,10 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
         return passages
     want = sorted(range(len(passages)), key=lambda i: passages[i].start)
     last = max(p.end for p in passages)
+    span = max(p.end - p.start for p in passages) + 2 * WORD_REACH  # a passage, widened to whole words
     got: dict[int, tuple[str, str]] = {}
     try:
-        for buf_start, buf, n_marks in _windows(text.pieces(), text, last):
+        for buf_start, buf, n_marks in _windows(text.pieces(), text, last, span):
             if text.marks[:n_marks] != smap.marks[:n_marks]:
                 return passages
             for i in want:
@@ -199,16 +202,23 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
             for i, p in enumerate(passages)]
 
 
-def _windows(pieces: Iterable[str], text: SourceSet, last: int) -> Iterator[tuple[int, str, int]]:
-    """(start, text, marks so far) of each piece joined to the one before it (a passage may straddle
-    two), until the character `last` is passed."""
-    prev, seen = "", 0
+def _windows(pieces: Iterable[str], text: SourceSet, last: int, span: int) -> Iterator[tuple[int, str, int]]:
+    """(start, text, marks so far) of each piece joined to the pieces before it that hold at least its
+    `span` characters before it (or all of them, near the start), until the character `last` is passed.
+    Every run of up to `span` characters up to `last` then lies whole in one window (the window of
+    the piece holding its last character), however many pieces it crosses: short PDF pages or lines
+    make passages that cross three or more."""
+    held: deque[str] = deque()   # the pieces before the current one that the window keeps
+    held_chars, seen = 0, 0
     for piece in pieces:
-        yield seen - len(prev), prev + piece, len(text.marks)
+        yield seen - held_chars, "".join(held) + piece, len(text.marks)
         seen += len(piece)
         if seen >= last:
             return
-        prev = piece
+        held.append(piece)
+        held_chars += len(piece)
+        while held and held_chars - len(held[0]) >= span:
+            held_chars -= len(held.popleft())
 
 
 def _line(smap: SourceMap, p: Passage, buf: str, buf_start: int) -> str:
@@ -219,7 +229,7 @@ def _line(smap: SourceMap, p: Passage, buf: str, buf_start: int) -> str:
     return f"line {int(mark.where[5:]) + buf.count(chr(10), mark.offset - buf_start, p.start - buf_start)}"
 
 
-def _whole_words(buf: str, a: int, b: int, reach: int = 24) -> str:
+def _whole_words(buf: str, a: int, b: int, reach: int = WORD_REACH) -> str:
     """buf[a:b] widened to the words it cuts (a passage starts and ends at token offsets)."""
     lo, hi = a, b
     while lo > max(a - reach, 0) and not buf[lo - 1].isspace():
