@@ -42,7 +42,9 @@ def report(session: Session, said: Answered, answer_seconds: float, context: str
         "budget": session.settings.budget,
         "context": context,
         "inputs": {"read": [s["name"] for s in session.sources],
-                   "skipped": [{"path": p, "why": why} for p, why in (read.left_out if read else [])]},
+                   "skipped": [{"path": p, "why": why} for p, why in (read.left_out if read else [])],
+                   # what was left out while reading (a PDF's damaged page), as said on stderr
+                   "warnings": list(read.warnings) if read else []},
         "tokens_read": session.doc_tokens,
         "cells": st.n_cells_used,
         "compactions": st.n_compactions,

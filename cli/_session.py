@@ -101,7 +101,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     and the question set when it is known (CaP-Q)."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
     def notice(msg: str) -> None:
-        err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
+        err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 
     # what the inputs gave (the folders' summary, inputs skipped) is said once nothing is refused, so that
     # a refusal stays one line; a prompt to type the document on the terminal is said at once
@@ -111,6 +111,9 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
         (notice if msg.startswith(STDIN_PROMPT) else held.append)(msg)
 
     sources = collect_sources(inputs, glob, notice=hold, exclude=exclude, verbose=verbose)
+    # what reading meets (a PDF's damaged page) is a notice too, said as it is met; --json also lists
+    # it (inputs.warnings, from sources.warnings)
+    sources.warn = notice
     facts, known = resolve_model(model)
     protect_session_files(policy, facts.path, save_to)
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,

@@ -86,6 +86,12 @@ class SourceSet:
     # told, as reading meets it, what is left out of a source (a PDF's damaged page); stderr by default,
     # since it happens while reading, after the command's opening lines
     warn: Callable[[str], None] = field(default=say_on_stderr, repr=False)
+    warnings: list[str] = field(default_factory=list)  # everything told to `warn`, in order (--json's inputs.warnings)
+
+    def counter(self) -> SourceSet:
+        """The same sources with counters of their own (marks, characters, bytes: a count before the read);
+        what reading them meets is told to this set's `warn` and recorded in its `warnings`."""
+        return SourceSet(sources=list(self.sources), warn=self.warn, warnings=self.warnings)
 
     @property
     def sizes_are_text(self) -> bool:
@@ -154,6 +160,7 @@ class SourceSet:
     def _warn_once(self, src: Source, msg: str) -> None:
         if msg not in src.said:
             src.said.add(msg)
+            self.warnings.append(msg)
             self.warn(msg)
 
     def _source_pieces(self, src: Source, piece_bytes: int, stdin: BinaryIO | None) -> Iterator[tuple[str, str]]:

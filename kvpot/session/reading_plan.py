@@ -66,7 +66,7 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
         n = len(vocab.bos())
         n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open())
         tok = IncrementalTokenizer(vocab.tokenize)
-        pieces = tok.stream(SourceSet(sources=list(sources.sources)).pieces())  # a copy: its own counters
+        pieces = tok.stream(sources.counter().pieces())  # a copy: its own counters
         for toks in pieces:
             n += len(toks)
             if n > limit:

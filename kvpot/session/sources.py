@@ -171,9 +171,12 @@ def reread(session) -> SourceSet | None:
     if STDIN in names:  # read once, gone (and reading it again would wait on the terminal)
         return None
     try:
-        return collect_sources(names, "*", notice=lambda msg: None) if names else None
+        again = collect_sources(names, "*", notice=lambda msg: None) if names else None
     except KvpotError:
         return None
+    if again is not None:
+        again.warn = lambda msg: None  # what reading them met was said when they were read
+    return again
 
 
 def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> list[Passage]:

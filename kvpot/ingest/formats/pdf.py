@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kvpot.ingest.formats.detect import UnreadableInput
 
 PROBE_PAGES = 20  # pages looked at for a text layer before reading: a scan has none on any of them
 
-# pypdf reports recoverable damage through logging; a user sees only kvpot's own lines
-logging.getLogger("pypdf").setLevel(logging.ERROR)
+# pypdf reports recoverable damage through logging. Its warnings are noise to a reader; its errors (text
+# it could not decode, e.g. an encoding it does not implement) are told, while a page is read, to the
+# reader's `warn` (pdf_pieces), never written raw to stderr by Python's last-resort handler
+_PYPDF_LOG = logging.getLogger("pypdf")
+_PYPDF_LOG.setLevel(logging.ERROR)
+_PYPDF_LOG.propagate = False
+_PYPDF_LOG.addHandler(logging.NullHandler())
 
 
 def _open(path: Path, name: str):
@@ -85,11 +91,37 @@ def check_pdf(path: Path, name: str) -> None:
 def pdf_pieces(path: Path, name: str, warn: Callable[[str], None] = lambda msg: None) -> Iterator[tuple[str, str]]:
     """(text of one page, "p. N"), page by page; a damaged page is told to `warn` and skipped."""
     reader, n_pages = _open(path, name)
+    told = _Told(name, warn)
     for i in range(n_pages):
         try:
-            text = _page_text(reader, i)
+            with told.page(i + 1):
+                text = _page_text(reader, i)
         except DamagedPage as e:
             warn(f"{name}: page {e.page} cannot be read ({e.why}); skipped, the other pages are read")
             continue
         if text.strip():
             yield text.rstrip() + "\n\n", f"p. {i + 1}"
+
+
+class _Told(logging.Handler):
+    """What pypdf logs while a page is read, told to `warn` as one line naming the file and the first
+    page it was logged on; the same message from later pages is not said again."""
+
+    def __init__(self, name: str, warn: Callable[[str], None]):
+        super().__init__(logging.ERROR)
+        self.name_, self.warn, self.seen, self.at = name, warn, set(), 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = " ".join(record.getMessage().split())
+        if msg and msg not in self.seen:
+            self.seen.add(msg)
+            self.warn(f"{self.name_}: page {self.at}: {msg} (its text may be incomplete)")
+
+    @contextmanager
+    def page(self, number: int) -> Iterator[None]:
+        self.at = number
+        _PYPDF_LOG.addHandler(self)
+        try:
+            yield
+        finally:
+            _PYPDF_LOG.removeHandler(self)
