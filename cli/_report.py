@@ -1,5 +1,5 @@
-"""What ask and run print after reading: the answer, `--sources` (the passages it drew on) and `--json`
-(one JSON object on stdout for scripts, instead of the streamed answer).
+"""What ask, run and chat print after reading: the answer, `--sources` (the passages it drew on) and, for
+ask and run, `--json` (one JSON object on stdout for scripts, instead of the streamed answer).
 
 Errors under --json are JSON too (cli/_common.errors_as_json); progress and notices stay on stderr as text.
 """
@@ -19,7 +19,7 @@ from kvpot.session.sources import format_passages, top_passages
 from ._common import write_out
 from ._session import Answered, answer
 
-# the options ask and run share
+# the options ask and run share (chat takes --sources too)
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="print one JSON object on stdout (answer, sources, inputs read and skipped, tokens, times, model, "
                    "policy, budget) instead of the answer's text; errors as JSON on stderr")]
@@ -59,18 +59,27 @@ def print_report(obj: dict) -> None:
     write_out(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
+def answer_tracked(session: Session, question: str, sampler: Sampler | None, stop_at: tuple[str, ...],
+                   echo: bool, want_sources: bool) -> tuple[Answered, float, list[dict] | None]:
+    """Answer (streamed to stdout when `echo`), with the passages it drew on when `want_sources`
+    (every answer token is tapped for them); (what was said, seconds, the passages or None)."""
+    if want_sources:
+        session.engine.track_answer_attention(True)
+    try:
+        t0 = time.perf_counter()
+        said = answer(session, question, sampler, stop_at, echo=echo)
+        seconds = time.perf_counter() - t0
+        found = [p.as_dict() for p in top_passages(session)] if want_sources else None
+    finally:
+        if want_sources:
+            session.engine.track_answer_attention(False)
+    return said, seconds, found
+
+
 def answer_with_sources(session: Session, question: str, sampler: Sampler | None, stop_at: tuple[str, ...],
                         json_out: bool, want_sources: bool, context: str | None = None) -> Answered:
     """Answer as ask and run do, then the passages it drew on (--sources) and the JSON object (--json)."""
-    if want_sources:
-        session.engine.track_answer_attention(True)
-    t0 = time.perf_counter()
-    said = answer(session, question, sampler, stop_at, echo=not json_out)
-    seconds = time.perf_counter() - t0
-    found = None
-    if want_sources:
-        found = [p.as_dict() for p in top_passages(session)]
-        session.engine.track_answer_attention(False)
+    said, seconds, found = answer_tracked(session, question, sampler, stop_at, not json_out, want_sources)
     if json_out:
         print_report(report(session, said, seconds, context, found))
     elif found is not None and not said.stopped:

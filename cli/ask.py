@@ -19,6 +19,7 @@ from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
+from kvpot.session.sources import format_passages
 
 from ._common import (
     NO_ANSWER_EXIT,
@@ -29,9 +30,10 @@ from ._common import (
     errors_as_json,
     require_stdout,
     user_errors,
+    write_out,
 )
 from ._options import N_PREDICT_HELP, policy_names
-from ._report import JsonOpt, SourcesOpt, answer_with_sources
+from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -44,7 +46,7 @@ from ._sampling import (
     make_sampler,
     stops,
 )
-from ._session import answer, new_session, reopen_session, save
+from ._session import new_session, reopen_session, save
 from .reading import read_with_progress
 
 MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved context's model, else $KVPOT_MODEL, "
@@ -201,6 +203,7 @@ def ask(
 
 CHAT_HELP = """commands:
   /save PATH   save the conversation's context (reopen with kvpot chat --context PATH)
+  /sources     the passages the last answer drew on most (file, page or line, a quote)
   /stats       what the pot holds
   /reset       forget the conversation, keep the document
   /help        this text
@@ -214,8 +217,19 @@ def _stats_table(session: Session) -> Table:
     return table
 
 
-def _command(session: Session, line: str) -> bool:
+class _Chat:
+    """The chat's state between turns: whether each answer's sources are printed after it (--sources),
+    recorded for /sources, and the last answer's."""
+
+    def __init__(self, show_sources: bool):
+        self.show_sources = show_sources
+        self.track = show_sources       # taps every answer token: on with --sources, or after a /sources
+        self.last: list[dict] | None = None
+
+
+def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     """Run a /command; returns False to leave the loop."""
+    state = state or _Chat(False)
     cmd, _, arg = line.strip().partition(" ")
     if cmd in ("/quit", "/exit"):
         return False
@@ -223,9 +237,19 @@ def _command(session: Session, line: str) -> bool:
         err.print(CHAT_HELP)
     elif cmd == "/stats":
         err.print(_stats_table(session))
+    elif cmd == "/sources":
+        if state.last is not None:
+            write_out(format_passages(state.last))  # where --sources prints them: after the answers, on stdout
+        elif state.track:
+            err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
+        else:
+            state.track = True
+            err.print("[yellow]the last answer's sources were not recorded (chat --sources records every "
+                      "answer's); from the next answer on, /sources lists them[/yellow]")
     elif cmd == "/reset":
         try:
             session.reset_conversation()
+            state.last = None
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
             err.print(f"[yellow]{escape(str(e))}[/yellow]")
@@ -262,6 +286,9 @@ def chat(
     repeat_penalty: RepeatPenaltyOpt = DEFAULTS["repeat_penalty"],
     seed: SeedOpt = DEFAULTS["seed"],
     stop: StopOpt = None,
+    sources: Annotated[bool, typer.Option(
+        "--sources", help="after each answer, the passages of the input it drew on most (file, page or line, "
+                          "a quote); /sources lists the last answer's again")] = False,
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 
@@ -278,10 +305,12 @@ def chat(
     with _open_session(inputs, None, context, save_context, rpc, model, glob,
                        "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose,
                        **opts) as session:
-        _chat_loop(session, save_context, sampler, stops(stop))
+        _chat_loop(session, save_context, sampler, stops(stop), sources)
 
 
-def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...]) -> None:
+def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...],
+               show_sources: bool = False) -> None:
+    state = _Chat(show_sources)
     if save_context is not None:
         save(session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
@@ -296,11 +325,15 @@ def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, st
         if not line.strip():
             continue
         if line.startswith("/"):
-            if not _command(session, line):
+            if not _command(session, line, state):
                 break
             continue
         try:
-            answer(session, line, sampler, stop)
+            said, _, found = answer_tracked(session, line, sampler, stop, True, state.track)
+            if found is not None:
+                state.last = found
+                if state.show_sources and not said.stopped:
+                    write_out(format_passages(found))
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:
