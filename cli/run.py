@@ -7,14 +7,15 @@ import stat
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from kvpot import paths
 from kvpot.bench.logbook import logbook
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import STDIN, stat_input
 from kvpot.ingest.textfile import check_text_file
+from kvpot.models.choose import default_model
 from kvpot.models.pull import pull as pull_model
-from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.session.settings import RunSettings
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, errors_as_json, require_stdout, user_errors
@@ -38,6 +39,8 @@ from .reading import read_with_progress
 FULL = "full"
 RUN_POLICY_HELP = (f"full (stock llama.cpp: the document must fit), or a pot policy: "
                    f"{policy_names().replace(FULL + ', ', '')} (e.g. snapkv:window=32)")
+RUN_MODEL_HELP = ("a known model name or a path to a .gguf file (default: $KVPOT_MODEL, else the most capable "
+                  "downloaded model this device holds, said on stderr, as in kvpot ask)")
 # old spellings, accepted with a note on stderr for one release
 ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 
@@ -46,8 +49,8 @@ ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 def run(
     file: Path = typer.Option(..., "--file", "-f", metavar="PATH", help="the document to read (text)"),
     prompt: str = typer.Option(..., "--prompt", "-p", metavar="TEXT", help="the question to ask about it"),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME|PATH",
-                              help="a known model name or a path to a .gguf file"),
+    model: str = typer.Option(None, "--model", "-m", metavar="NAME|PATH", show_default="see above",
+                              help=RUN_MODEL_HELP),
     policy: str = typer.Option(FULL, "--policy", "-P", metavar="SPEC", help=RUN_POLICY_HELP),
     budget: str = typer.Option(None, "--budget", "-b", metavar="N|auto", show_default="auto",
                                help="cells the pot may hold (pot policies), or auto: the most the device holds"),
@@ -76,7 +79,8 @@ def run(
 
     With --policy full (the default) the whole document is kept, exactly as stock llama.cpp computes
     it, and a document that cannot fit is refused before reading; a pot policy reads any length in
-    chunks and keeps at most --budget cells per layer and KV head. Answers the same way as `kvpot ask`.
+    chunks and keeps at most --budget cells per layer and KV head. Answers the same way as `kvpot ask`,
+    with the same model when -m is not given.
     """
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
@@ -92,8 +96,13 @@ def run(
         if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):  # a folder or a binary file is refused as such
             check_text_file(file)                                # (a pipe is read)
     connect_rpc(rpc)
+    # the model ask would choose, said once the session stands, so that a refusal stays one line
+    chosen: list[str] = []
+    model = model or default_model(say=chosen.append)
     session, read = new_session([str(file)], "*", model, prompt, policy=policy, budget=budget, chunk=chunk,
                                 threads=threads, prompt=None, max_tokens=max_tokens)
+    for line in chosen:
+        err.print(escape(line), soft_wrap=True)
     with session:
         read_with_progress(session, read)
         said = answer_with_sources(session, prompt, sampler, stops(stop), json_out, sources)

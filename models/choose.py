@@ -1,4 +1,4 @@
-"""Which model `ask` and `chat` use when -m is not given: the most capable known model that is
+"""Which model `ask`, `chat` and `run` use when -m is not given: the most capable known model that is
 downloaded and that this device holds with room for a useful pot.
 
 "Holds" is the `--budget auto` memory model (kvpot.session.auto_budget.plan_cells): the weights, the
@@ -20,7 +20,7 @@ from kvpot.models.pull import cached_path, is_cached
 from kvpot.models.registry import KNOWN, KnownModel
 from kvpot.session.auto_budget import DeviceMemory, margin_bytes, plan_cells
 
-# the model ask and chat use when -m is not given, instead of choosing (a name or a .gguf path)
+# the model ask, chat and run use when -m is not given, instead of choosing (a name or a .gguf path)
 MODEL_ENV = "KVPOT_MODEL"
 # a pot this size still answers the needle and document grids (docs/benchmarks.md, accuracy against budget)
 USEFUL_CELLS = 4096
@@ -88,7 +88,7 @@ def choose_default(mem: DeviceMemory) -> DefaultModel:
 
 
 def default_model(mem: DeviceMemory | None = None, say=lambda line: None) -> str:
-    """What ask and chat run when -m is not given: $KVPOT_MODEL when set, else choose_default on this
+    """The model ask, chat and run use when -m is not given: $KVPOT_MODEL when set, else choose_default on this
     device's memory. `say` gets the lines for stderr."""
     chosen = os.environ.get(MODEL_ENV, "").strip()
     if chosen:

@@ -108,8 +108,9 @@ def test_the_environment_variable_wins_and_says_nothing(home, monkeypatch):
     assert lines == []
 
 
-def test_ask_without_a_model_says_which_it_chose(home, tmp_path):
-    """The command end to end, on a pretended device too small for the 0.5B model: stderr names the
+@pytest.mark.parametrize("command", ["ask", "run"])
+def test_a_command_without_a_model_says_which_it_chose(home, tmp_path, command):
+    """ask and run end to end, on a pretended device too small for the 0.5B model: stderr names the
     model chose_default picks there (a short document, read with full attention, so the test stays fast)."""
     doc = tmp_path / "doc.txt"
     doc.write_text("The harbour master keeps the key in a blue tin.\n" * 20)
@@ -118,7 +119,17 @@ def test_ask_without_a_model_says_which_it_chose(home, tmp_path):
     expected = choose.choose_default(DeviceMemory(free, "RAM")).name
     assert expected != QWEN25_CODER_05B.name
     env.update(KVPOT_HOME=str(home), KVPOT_DEVICE_MEMORY=str(free))
-    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", "ask", str(doc), "Where is the key?",
+    args = {"ask": ["ask", str(doc), "Where is the key?"], "run": ["run", "-f", str(doc), "-p", "Where is the key?"]}
+    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args[command],
                           "-n", "8"], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert f"model: {expected} " in res.stderr
+
+
+def test_run_help_says_the_default_model():
+    from typer.testing import CliRunner
+
+    from kvpot.cli.main import app
+
+    shown = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert "the most capable downloaded model this device holds" in shown and "$KVPOT_MODEL" in shown
