@@ -18,7 +18,14 @@ from kvpot.models.resolve import resolve_model
 from kvpot.policies import Policy, make_policy
 from kvpot.policies.base import Wrapping
 from kvpot.safe_write import protect, resolve_target
-from kvpot.session.checks import check_budget, check_cli_numbers, check_pot_room, check_settings_fit, check_threads
+from kvpot.session.checks import (
+    check_budget,
+    check_cli_numbers,
+    check_disk,
+    check_pot_room,
+    check_settings_fit,
+    check_threads,
+)
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
@@ -122,8 +129,10 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with
     # the settings is not fitted again (Policy.fit)
-    check_budget(policy, settings.budget, settings.chunk, expected_tokens=_estimated_tokens(sources))
+    expected = _estimated_tokens(sources)
+    check_budget(policy, settings.budget, settings.chunk, expected_tokens=expected)
     check_settings_fit(facts, settings, policy)  # a context that cannot fit is refused before the model loads
+    check_disk(facts, policy, expected)  # and a block store that cannot fit the disk
     for msg in held:
         notice(msg)
     if plan.note:

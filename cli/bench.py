@@ -61,7 +61,7 @@ def throughput(
 @user_errors
 def niah(
     model: str = typer.Option("gemma3-270m", "--model", "-m", help="a known model name or a path to a .gguf file"),
-    policy: list[str] = typer.Option(["infinipot:pot=2048,keep=1024"], "--policy", "-P",
+    policy: list[str] = typer.Option(["infinipot"], "--policy", "-P",
                                      help="policy specs to compare (repeatable)"),
     lengths: list[int] = typer.Option([8192], "--length", min=256, help="haystack lengths in tokens (repeatable)"),
     depths: list[float] = typer.Option([0.1, 0.5, 0.9], "--depth", "-d", min=0.0, max=1.0, help="needle depths (repeatable)"),

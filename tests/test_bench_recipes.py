@@ -213,3 +213,16 @@ def test_needle_trace_places_the_keys_digits_in_the_tokens():
     assert needle_trace.needle_digits(Chars(), text, needle, "77114") == list(range(start, start + 5))
     with pytest.raises(SystemExit):
         needle_trace.needle_digits(Chars(), text, needle, "77115")
+
+
+def test_niah_defaults_run(tmp_path, gemma_path):
+    """`kvpot bench niah` with no -P, --budget or --chunk: the default policy fits the default budget."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "niah.json"
+    res = CliRunner().invoke(app, ["bench", "niah", "-m", str(gemma_path), "--length", "256", "-d", "0.5",
+                                   "--task", "passkey", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())[0]["policy"].startswith("infinipot")

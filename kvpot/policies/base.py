@@ -167,6 +167,9 @@ class Policy:
                                     a memory_gate that returns a gate makes the next fit run again
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
+      disk_need(facts, n)        -> (bytes, folder) the policy writes to disk reading n tokens of this
+                                    model (InfLLM's block store), or None; asked before reading so a read
+                                    that would fill the disk is refused up front
       retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
                                     checked against the model), or None
       memory_gate(model)         -> EdgeInfinite's memory-gating module to run in llama.cpp (checked
@@ -236,6 +239,9 @@ class Policy:
 
     def set_expected_length(self, n_tokens: int) -> None:
         pass
+
+    def disk_need(self, facts, n_tokens: int):
+        return None
 
     def retaining_heads(self, model_path):
         return None
@@ -383,6 +389,9 @@ class Wrapping(Policy):
 
     def set_expected_length(self, n_tokens: int) -> None:
         self.wrapped.set_expected_length(n_tokens)
+
+    def disk_need(self, facts, n_tokens: int):
+        return self.wrapped.disk_need(facts, n_tokens)
 
     def retaining_heads(self, model_path):
         return self.wrapped.retaining_heads(model_path)

@@ -20,6 +20,10 @@ from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Fetch, Policy, PotView,
 # the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
 # i.e. of the 6272 cells attention sees, 2 % initial, 65 % local, 33 % retrieved blocks.
+# the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default
+STORE_TYPES = ("f16", "q8_0", "q4_0")
+STORE_TYPE = "f16"
+
 PAPER = dict(block_size=128, n_init=128, n_local=4096, topk=16, repr_topk=4, max_cached_block=32, exc_block_size=512)
 
 # a store kvpot makes under KVPOT_HOME/blocks is named <random id>.<pid of the process that made it>.kvblk
@@ -109,6 +113,11 @@ class InfLLM(Policy):
     max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
     store:            block store file, which must not exist yet (default: a new file under KVPOT_HOME/blocks/)
+    store_type:       the row format of the stored K and V: "f16" (2 bytes a value, as llama.cpp's own
+                      f16 cache), "q8_0" (1.06) or "q4_0" (0.56; ggml's formats, blocks of 32 values).
+                      Default STORE_TYPE where the model's key and value dims are multiples of 32, else
+                      f16. The representative keys stay f32 (they rank blocks). A saved context's store
+                      keeps the format it was written in
     distance:         "constant" (default): every query sees the initial tokens and the retrieved blocks
                       n_local positions back, as the paper does (a per-head bias on those cells' logits,
                       ggml_ext/kvpot-distance.h); "chunk": they sit n_local before the chunk that reads
@@ -156,6 +165,7 @@ class InfLLM(Policy):
     max_cached_block: int | None = None
     exc_block_size: int | None = None
     store: str | None = None
+    store_type: str | None = None
     lookup: str = "graph"
     distance: str = "constant"
 
@@ -194,6 +204,8 @@ class InfLLM(Policy):
                 raise KvpotError(f"infllm: {name} must be {'>= 0' if name == 'n_init' else 'positive'}, got {value}")
         if self.distance not in ("constant", "chunk"):
             raise KvpotError(f"infllm: distance must be constant or chunk, got {self.distance!r}")
+        if self.store_type is not None and self.store_type not in STORE_TYPES:
+            raise KvpotError(f"infllm: store_type must be one of {', '.join(STORE_TYPES)}, got {self.store_type!r}")
         if self.lookup not in ("graph", "host"):
             raise KvpotError(f"infllm: lookup must be graph or host, got {self.lookup!r}")
         if self.repr_topk < 1:
@@ -427,7 +439,8 @@ class InfLLM(Policy):
                 os.unlink(path)  # this policy's own file for an earlier document (_check_store_target)
         # create=True makes the file with O_EXCL: an existing file is refused, never replaced
         self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
-                                  block_size=self._p("block_size"), max_cached=self._p("max_cached_block"), create=True)
+                                  block_size=self._p("block_size"), kv_type=self.kv_type_for(d_k, d_v),
+                                  max_cached=self._p("max_cached_block"), create=True)
         self._store_path, self._store_own = path, True
         if self.store is None:
             self._cleanups[path] = weakref.finalize(self, _remove_own_store, path)
@@ -435,6 +448,36 @@ class InfLLM(Policy):
             st = os.stat(path)
             self._made, self._made_kept = (st.st_dev, st.st_ino), False
         return self._blocks
+
+    def disk_need(self, facts, n_tokens: int):
+        """(bytes, folder) of the block store after reading n_tokens of a model with these ModelFacts:
+        every token past the initial ones and the local window becomes part of a block. Every layer is
+        counted (a model's pot layers are at most its layers), so the figure errs high."""
+        from kvpot.paths import blocks_dir
+
+        past = n_tokens - self._p("n_init") - self._p("n_local")
+        if past <= 0:
+            return None
+        d_k, d_v = facts.head_dim_k or facts.n_embd // facts.n_head, facts.head_dim_v or facts.n_embd // facts.n_head
+        per_token = self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v)
+        folder = Path(self.store).expanduser().parent if self.store is not None else blocks_dir()
+        return int(past * per_token), folder
+
+    def kv_type_for(self, d_k: int, d_v: int) -> str:
+        """The row format this policy stores a model's K and V in (store_type, or its default)."""
+        if self.store_type is not None:
+            return self.store_type
+        return STORE_TYPE if d_k % 32 == 0 and d_v % 32 == 0 else "f16"
+
+    def store_bytes_per_token(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int) -> float:
+        """Bytes the block store grows by per token read past the pot (every layer, K, V and the
+        block's share of its positions and representatives), as kvpot-blocks.cpp lays a record out."""
+        from kvpot.runtime.blocks import BYTES_PER_VALUE
+
+        bs = self._p("block_size")
+        per_value = BYTES_PER_VALUE[self.kv_type_for(d_k, d_v)]
+        record = 4 * bs + 4 * n_head_kv * d_k + n_head_kv * bs * (d_k + d_v) * per_value
+        return n_layer * (record + 63) / bs  # a record is padded to 64 bytes (at most 63 more)
 
     def _copy_borrowed_store(self):
         """A reopened context goes on reading: its blocks are copied into a new store of its own first.

@@ -19,6 +19,12 @@ class BlockStoreError(KvpotError):
     """The store cannot be opened (missing, truncated, foreign, other shape) or a call failed."""
 
 
+# the K/V row formats a store may hold, by name, as ggml_type numbers (ggml.h's enum)
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+# a row format's bytes per value: ggml's blocks of 32 values, q8_0 34 bytes and q4_0 18
+BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
 @dataclass(frozen=True)
 class BlockStoreInfo:
     n_layer: int
@@ -33,6 +39,7 @@ class BlockStoreInfo:
     file_bytes: int
     hits: int
     misses: int
+    kv_type: str
 
 
 def _f32(a: np.ndarray):
@@ -43,15 +50,21 @@ class BlockStore(Owned):
     """An open store; close() (or the context manager) frees it. Shapes: L pot layers, H KV heads.
 
     create=True makes a new file and refuses an existing one (O_EXCL in the C open: no path replaces a
-    file); create=False opens a store kvpot wrote, checked against the file's length before any read."""
+    file); create=False opens a store kvpot wrote, checked against the file's length before any read.
+    kv_type: the row format K and V are stored in ("f16", "q8_0", "q4_0"); None takes the file's (and
+    makes f16)."""
 
     def __init__(self, path: str | os.PathLike, *, n_layer: int = 0, n_head_kv: int = 0, d_k: int = 0, d_v: int = 0,
-                 block_size: int = 0, max_cached: int = 32, create: bool = False):
+                 block_size: int = 0, kv_type: str | None = None, max_cached: int = 32, create: bool = False):
         self.lib = load_runtime()
         self.path = os.fspath(path)
         if "\0" in self.path:  # C would read the name only up to it
             raise BlockStoreError(f"block store path {self.path!r} holds a NUL character")
-        ptr = self.lib.kvpot_blocks_open(os.fsencode(self.path), n_layer, n_head_kv, d_k, d_v, block_size, max_cached, create)
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise BlockStoreError(f"block store K/V type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
+        code = KV_TYPES[kv_type] if kv_type is not None else (KV_TYPES["f16"] if create else 0)
+        ptr = self.lib.kvpot_blocks_open(os.fsencode(self.path), n_layer, n_head_kv, d_k, d_v, block_size, code,
+                                         max_cached, create)
         if not ptr:
             raise BlockStoreError(self.lib.kvpot_last_error().decode(errors="replace"))
         self._ptr = ptr
@@ -77,7 +90,9 @@ class BlockStore(Owned):
     def info(self) -> BlockStoreInfo:
         s = api.kvpot_blocks_info()
         self._check("kvpot_blocks_info_get", self.lib.kvpot_blocks_info_get(self.ptr, ctypes.byref(s)))
-        return BlockStoreInfo(**{name: getattr(s, name) for name, _ in s._fields_})
+        got = {name: getattr(s, name) for name, _ in s._fields_}
+        got["kv_type"] = {code: name for name, code in KV_TYPES.items()}[got["kv_type"]]
+        return BlockStoreInfo(**got)
 
     @property
     def n_blocks(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -75,6 +76,36 @@ def check_budget(policy: Policy | str, budget: int, chunk: int, option: str = "-
             raise
         raise BudgetTooSmall(f"{e}; raise {option} to at least {e.least}", least=e.least) from None
     return policy
+
+
+def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_bytes=None) -> None:
+    """Refuse, before reading, an input whose files on disk (InfLLM's block store) would not fit the
+    free space of their folder, with the numbers and what would fit. `n_tokens`: the input's estimated
+    length (None: unknown, e.g. a pipe, and nothing is checked); `free_bytes`: the folder's free bytes
+    (default: what the file system says)."""
+    if not n_tokens:
+        return
+    need = policy.disk_need(facts, n_tokens)
+    if need is None:
+        return
+    nbytes, folder = need
+    probe = folder
+    while not probe.exists() and probe != probe.parent:  # KVPOT_HOME/blocks is made at the first block
+        probe = probe.parent
+    if free_bytes is None:
+        try:
+            free_bytes = shutil.disk_usage(probe).free
+        except OSError:
+            return  # a folder the OS cannot measure: the write itself reports a full disk
+    if nbytes <= free_bytes:
+        return
+    hint = ""
+    kv_type_for = getattr(policy, "kv_type_for", None)
+    if kv_type_for and kv_type_for(facts.head_dim_k or 1, facts.head_dim_v or 1) != "q4_0":
+        hint = " (infllm:store_type=q4_0 stores blocks in about a quarter of f16's space)"
+    raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {_gib(nbytes)} of blocks to "
+                     f"{folder}, which has {_gib(free_bytes)} free; free space there, put the store on a larger "
+                     f"disk (infllm:store=PATH), or read less{hint}")
 
 
 def check_adapters(policy_spec: str, model_path) -> None:

@@ -1,0 +1,200 @@
+"""InfLLM's block store in its three row formats (f16, q8_0, q4_0): what is read back equals ggml's
+formats restated in NumPy, the file's size is what the policy predicts for the disk check, a store
+keeps its format when reopened, version-1 files (before the format field) still open, and a read whose
+store would not fit the disk is refused before it starts."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvpot.errors import KvpotError
+from kvpot.models.gguf_file import ModelFacts
+from kvpot.policies import make_policy
+from kvpot.runtime.blocks import BlockStore, BlockStoreError
+from kvpot.session.checks import check_disk
+
+L, H, DK, DV, BS = 2, 3, 64, 32, 8
+
+
+def fp16(x):
+    return np.float32(x).astype(np.float16).astype(np.float32)
+
+
+def q8_0(x: np.ndarray) -> np.ndarray:
+    """ggml's q8_0 restated: per 32 values d = amax / 127 (kept as f16), q = round(x / d) (ties away from 0)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = b * inv
+    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    return (q * fp16(d)).reshape(x.shape).astype(np.float32)
+
+
+def q4_0(x: np.ndarray) -> np.ndarray:
+    """ggml's q4_0 restated: per 32 values m = the value of largest magnitude, d = m / -8 (kept as f16),
+    q = min(15, trunc(x / d + 8.5)), read back as (q - 8) * d."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    m = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)
+    d = m / np.float32(-8)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(15, np.trunc(b * inv + np.float32(8.5)))
+    return ((q - 8) * fp16(d)).reshape(x.shape).astype(np.float32)
+
+
+READ_BACK = {"f16": fp16, "q8_0": q8_0, "q4_0": q4_0}
+
+
+def block(rng, pos0=0):
+    return (np.arange(pos0, pos0 + BS, dtype=np.int32), rng.standard_normal((L, H, DK)).astype(np.float32),
+            (3 * rng.standard_normal((L, H, BS, DK))).astype(np.float32),
+            rng.standard_normal((L, H, BS, DV)).astype(np.float32))
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "q4_0"])
+def test_read_back_is_the_format_restated(tmp_path, kv_type):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "s.kvblk"
+    blocks = [block(rng, BS * b) for b in range(3)]
+    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type=kv_type, create=True) as s:
+        for blk in blocks:
+            s.append(*blk)
+        assert s.info().kv_type == kv_type
+    with BlockStore(path) as s:  # the format comes from the file
+        info = s.info()
+        assert info.kv_type == kv_type
+        for b, (pos, repr_, k, v) in enumerate(blocks):
+            for layer in range(L):
+                gpos, grepr, gk, gv = s.read(layer, b)
+                np.testing.assert_array_equal(gpos, pos)
+                np.testing.assert_array_equal(grepr, repr_[layer])  # representatives stay f32
+                np.testing.assert_allclose(gk, READ_BACK[kv_type](k[layer]), rtol=0, atol=1e-6)
+                np.testing.assert_allclose(gv, READ_BACK[kv_type](v[layer]), rtol=0, atol=1e-6)
+                if kv_type != "f16":  # the quantised rows are not f16's: the format really changed
+                    assert not np.array_equal(gk, fp16(k[layer]))
+
+
+def test_the_reference_formats_are_not_trivial():
+    """q8_0 and q4_0 restated lose what their bits cannot hold, and q4_0 more than q8_0."""
+    x = np.random.default_rng(2).standard_normal(4096).astype(np.float32)
+    e8, e4 = np.abs(q8_0(x) - x).max(), np.abs(q4_0(x) - x).max()
+    assert 0 < e8 < e4 < 1
+
+
+def test_file_size_matches_the_policy_estimate(tmp_path):
+    """The policy's bytes per token (what the disk check multiplies) equal the file's growth per block."""
+    rng = np.random.default_rng(3)
+    sizes = {}
+    for kv_type in ("f16", "q8_0", "q4_0"):
+        path = tmp_path / f"{kv_type}.kvblk"
+        with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type=kv_type, create=True) as s:
+            s.append(*block(rng))
+            s.append(*block(rng, BS))
+            info = s.info()
+        per_block = (os.path.getsize(path) - 64) / 2
+        assert per_block == L * info.record_bytes
+        policy = make_policy(f"infllm:store_type={kv_type},block_size={BS}")
+        policy.fit(4096, 512)
+        # the estimate pads each record by at most 63 bytes, so it may err high by that, never low
+        est = policy.store_bytes_per_token(L, H, DK, DV) * BS
+        assert per_block <= est < per_block + 64 * L
+        sizes[kv_type] = per_block
+    assert sizes["q4_0"] < sizes["q8_0"] < sizes["f16"]
+
+
+def test_other_format_and_bad_dims_refused(tmp_path):
+    path = tmp_path / "s.kvblk"
+    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q8_0", create=True):
+        pass
+    with pytest.raises(BlockStoreError, match="holds q8_0 K/V, not q4_0"):
+        BlockStore(path, kv_type="q4_0")
+    with pytest.raises(BlockStoreError, match="not multiples of it"):
+        BlockStore(tmp_path / "odd.kvblk", n_layer=L, n_head_kv=H, d_k=48, d_v=DV, block_size=BS, kv_type="q4_0",
+                   create=True)
+    assert not (tmp_path / "odd.kvblk").exists() or os.path.getsize(tmp_path / "odd.kvblk") == 0
+    with pytest.raises(BlockStoreError, match="not one of f16, q8_0, q4_0"):
+        BlockStore(tmp_path / "x.kvblk", n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q5_0",
+                   create=True)
+    with pytest.raises(KvpotError, match="store_type must be one of"):
+        make_policy("infllm:store_type=q2_k")
+
+
+def test_policy_default_falls_back_to_f16_when_dims_do_not_divide():
+    policy = make_policy("infllm")
+    policy.fit(2048, 512)
+    assert policy.kv_type_for(48, 48) == "f16"
+    assert make_policy("infllm:store_type=q8_0").kv_type_for(64, 64) == "q8_0"
+
+
+def test_version_1_store_opens_as_f16(tmp_path):
+    """A store written before the format field (version 1, f16 rows, zero where the field now is)."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "v1.kvblk"
+    blk = block(rng)
+    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="f16", create=True) as s:
+        s.append(*blk)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", 1))  # version 1
+        f.seek(8 + 7 * 4)
+        f.write(struct.pack("<I", 0))  # its reserved bytes: no format field
+    with BlockStore(path) as s:
+        assert s.info().kv_type == "f16"
+        np.testing.assert_array_equal(s.read(1, 0)[2], fp16(blk[2][1]))
+    with open(path, "r+b") as f:  # a version-1 header with something in the reserved bytes is corrupt
+        f.seek(8 + 7 * 4)
+        f.write(struct.pack("<I", 8))
+    with pytest.raises(BlockStoreError, match="reserved bytes"):
+        BlockStore(path)
+
+
+def facts(n_layer=28, n_head_kv=2, head_dim=128) -> ModelFacts:
+    return ModelFacts(path=Path("m.gguf"), arch="qwen2", name="m", n_layer=n_layer, n_head=12, n_head_kv=n_head_kv,
+                      n_embd=1536, n_ctx_train=32768, chat_template=None, head_dim_k=head_dim, head_dim_v=head_dim)
+
+
+def test_disk_check_refuses_a_store_that_would_not_fit(tmp_path):
+    policy = make_policy(f"infllm:store={tmp_path / 'store.kvblk'},store_type=f16")
+    policy.fit(2048, 512)
+    nbytes, folder = policy.disk_need(facts(), 1_000_000)
+    assert folder == tmp_path
+    # 28 layers x 2 heads x 256 values x 2 bytes = 28 KiB a token in f16 (the issue's figure), and a little more
+    assert 28 * 2 * 256 * 2 * (1_000_000 - 2048) <= nbytes < 1.1 * 28 * 2 * 256 * 2 * 1_000_000
+    with pytest.raises(KvpotError, match=r"about 1,000,000 tokens writes about 2[67]\.\d GiB .* 1\.0 GiB free.*q4_0"):
+        check_disk(facts(), policy, 1_000_000, free_bytes=2**30)
+    check_disk(facts(), policy, 1_000_000, free_bytes=nbytes)  # just fits
+    check_disk(facts(), policy, None, free_bytes=0)  # a pipe: length unknown, nothing to check
+    check_disk(facts(), policy, 1000, free_bytes=0)  # fits the pot: no block is written
+    q4 = make_policy(f"infllm:store={tmp_path / 'store.kvblk'},store_type=q4_0")
+    q4.fit(2048, 512)
+    assert q4.disk_need(facts(), 1_000_000)[0] < nbytes / 3.3  # 0.5625 bytes a value, plus positions and representatives
+    with pytest.raises(KvpotError) as e:
+        check_disk(facts(), q4, 10_000_000, free_bytes=2**30)
+    assert "store_type=q4_0" not in str(e.value)  # already the smallest format: not suggested again
+    check_disk(facts(), make_policy("snapkv"), 10_000_000, free_bytes=0)  # writes nothing to disk
+
+
+def test_ask_refuses_before_loading_when_the_store_would_not_fit(tmp_path, monkeypatch, smollm2_path):
+    """`kvpot ask` with InfLLM on a disk too small for its store: one line, a non-zero exit, before the
+    model loads (no store file made, nothing read)."""
+    from collections import namedtuple
+
+    from typer.testing import CliRunner
+
+    import kvpot.session.checks as checks
+    from cli.main import app
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 4096, 4096))
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 2000)
+    store = tmp_path / "store.kvblk"
+    res = CliRunner().invoke(app, ["ask", str(doc), "What jumps?", "-m", str(smollm2_path), "--budget", "1024",
+                                   "--policy", f"infllm:store={store}"])
+    assert res.exit_code != 0
+    assert "free space there" in res.output and "0.0 GiB free" in res.output, res.output
+    assert not store.exists()
