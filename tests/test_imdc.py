@@ -17,6 +17,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from kvpot.bench.logbook import logbook
+from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import (
     H2O,
@@ -302,7 +304,7 @@ def test_delegates_to_the_pruner():
     assert policy.before_chunk(600) == snap.before_chunk(600) == TapRequest(tap_last=8)
     view = make_view(np.random.default_rng(0), 200)
     np.testing.assert_array_equal(policy.select(view, 50), snap.select(view, 50))
-    assert policy.cr_rope is False and IMDC(StreamingLLM()).cr_rope is True
+    assert policy.cr_rope is True  # IMDC re-encodes positions whatever its pruner (test_positions_*)
 
     rec = Recorder()
     policy = IMDC(rec, expected_tokens=5000)
@@ -315,6 +317,91 @@ def test_delegates_to_the_pruner():
     policy.reset()
     assert rec.calls == ["question:why?", "before:12", "after_chunk", "select:4", "after_compaction", "reset"]
     assert policy.cr_rope is True
+
+
+@pytest.mark.parametrize("pruner", [SnapKV(), H2O(), StreamingLLM(), Truncate()], ids=lambda p: p.name)
+def test_positions_reencoded_by_default_or_the_pruners_by_name(pruner: Policy):
+    """Section 4.1: positions for memory and chunk are encoded anew at each iteration, whatever the
+    pruner; positions=pruner keeps the pruner's own choice (SnapKV, H2O: text positions)."""
+    assert IMDC(pruner).cr_rope is True
+    assert make_policy(f"imdc:pruner={pruner.name}").cr_rope is True
+    assert IMDC(pruner, positions="pruner").cr_rope is pruner.cr_rope
+    assert make_policy(f"imdc:pruner={pruner.name},positions=pruner").cr_rope is pruner.cr_rope
+    assert SnapKV().cr_rope is False and H2O().cr_rope is False  # so the default changes these two
+
+
+def rope_positions(eng: Engine) -> np.ndarray:
+    """The RoPE position each key of the compacted cells was rotated to, [pot layers, KV heads,
+    n_compacted], from kvpot's C state (docs/formats.md, `POT `)."""
+    words = np.frombuffer(eng.pot.state_bytes(), dtype="<i4")
+    n_layer, n_head, n_compacted = (int(w) for w in words[2:5])
+    return words[7:7 + n_layer * n_head * n_compacted].reshape(n_layer, n_head, n_compacted)
+
+
+@pytest.mark.parametrize("positions", ["reencode", "pruner"])
+def test_engine_positions_after_every_compaction(smollm2_path, positions: str):
+    """IMDC(snapkv) in the engine: by default every compaction leaves the kept cells at positions
+    0..m_i-1 in every layer and head, and the next chunk follows at m_i; positions=pruner leaves
+    each kept key at its token's text position (SnapKV's own choice)."""
+    text, _, _ = logbook(n_entries=24, seed=3)
+    policy = IMDC(SnapKV(window=16), m_max=256, chunk=128, positions=positions)
+    eng = Engine(str(smollm2_path), policy, EngineConfig(budget=256, chunk=128, n_threads=2))
+    compacted = []
+
+    def on_chunk(ev):
+        if not ev.compacted:
+            return
+        n = eng.n_cells
+        rope = rope_positions(eng)
+        assert rope.shape == eng.positions.shape[:2] + (n,)
+        if positions == "reencode":
+            assert np.all(rope == np.arange(n)) and ev.stats.pos_next == n
+            np.testing.assert_array_equal(eng.pot.cell_positions(n), np.arange(n))
+        else:
+            np.testing.assert_array_equal(rope, eng.positions)  # the tokens' stream positions
+            assert ev.stats.pos_next == eng.tokens_seen
+            assert np.any(rope != np.arange(n))  # heads kept different tokens, far from 0..n-1
+        compacted.append(n)
+
+    tokens = eng.model.tokenize(text)
+    eng.feed_stream([tokens], expected=len(tokens), on_chunk=on_chunk)
+    # step i keeps m_i (linear schedule: the memory grows)
+    assert len(compacted) >= 6 and compacted == [m for _, m in policy.schedule()][:len(compacted)]
+    eng.close()
+
+
+def test_context_saved_with_the_old_spelling_reopens_as_saved(smollm2_path, tmp_path):
+    """A context saved before `positions` existed names `imdc:pruner=snapkv,...` without it and holds SnapKV's text
+    positions (what positions=pruner writes now): it reopens to the same pot and the same logits,
+    because every key's RoPE position is in the file; `positions` decides later compactions only."""
+    from kvpot.ingest import collect_sources
+    from kvpot.models.gguf_file import read_model_facts
+    from kvpot.session.context_file import read_context, write_context
+    from kvpot.session.session import Session
+    from kvpot.session.settings import RunSettings
+
+    text, question, _ = logbook(n_entries=24, seed=3)
+    doc = tmp_path / "logbook.txt"
+    doc.write_text(text)
+    facts = read_model_facts(smollm2_path)
+    settings = RunSettings(policy="imdc:pruner=snapkv,m_0=64,positions=pruner", budget=256, chunk=128, threads=2,
+                           prompt="completion", max_tokens=4).check()
+    s = Session(facts, "smollm2-135m", settings)
+    s.read(collect_sources([str(doc)]))
+    pos_next = s.engine.pos_next
+    assert s.engine.n_compactions > 0 and pos_next == s.engine.tokens_seen  # text positions
+    ctx = tmp_path / "c.kvctx"
+    s.save(ctx)
+    toks = s._tokens(s.format.first_question(question))
+    want = s.engine.prompt(toks)
+    s.engine.close()
+    saved = read_context(ctx)  # as the old kvpot wrote it
+    saved.header["policy"] = saved.header["settings"]["policy"] = "imdc:pruner=snapkv,m_0=64"
+    write_context(ctx, saved)
+    r = Session.reopen(ctx, facts, "smollm2-135m")
+    assert r.engine.policy.cr_rope is True and r.engine.pos_next == pos_next
+    np.testing.assert_array_equal(r.engine.prompt(toks), want)
+    r.engine.close()
 
 
 def test_declared_length_wins_and_reset_forgets_it():
@@ -351,6 +438,7 @@ def test_per_layer_functions_refuse_pruners_with_per_cell_state():
     ({"m_0": 2000, "m_max": 1024}, "m_0"),
     ({"m_0": 0}, "m_0"),
     ({"expected_tokens": 0}, "expected_tokens"),
+    ({"positions": "text"}, "positions"),
 ])
 def test_refuses_bad_parameters(kwargs: dict, needle: str):
     with pytest.raises(KvpotError, match=needle):
@@ -366,6 +454,7 @@ def test_refuses_bad_parameters(kwargs: dict, needle: str):
      IMDC(SnapKV(), decremental_chunk=False, m_0=64)),
     ("imdc:pruner=snapkv,m_0=none,expected_tokens=32768", IMDC(SnapKV(), expected_tokens=32768)),
     ("imdc:pruner=snapkv,function=fixed", IMDC(SnapKV(), function="fixed")),
+    ("imdc:pruner=snapkv,positions=pruner", IMDC(SnapKV(), positions="pruner")),
 ])
 def test_make_policy_parses_imdc(spec: str, expected: IMDC):
     got = make_policy(spec)

@@ -32,6 +32,9 @@ _OWN_SIZING = {
     "memory_fold": "folds cells into a memory of its own",
 }
 
+# where the cells' RoPE positions go after each compaction (IMDC's `positions`)
+POSITIONS = ("reencode", "pruner")
+
 
 def unfit_pruner(cls: type) -> str | None:
     """Why a pruner of policy class `cls` cannot keep within the budgets IMDC hands it, or None when it can."""
@@ -50,8 +53,8 @@ class IMDC(Wrapping):
     IMDC decides how many tokens each step reads and how many cells survive it; the pruner
     (SnapKV, StreamingLLM, ...) decides which cells those are.
 
-    pruner:            the policy that chooses the cells to keep (taps, select, CR-RoPE are its own),
-                       within the budget IMDC hands it; a policy that keeps every cell (full) or sizes
+    pruner:            the policy that chooses the cells to keep (its taps and select), within the
+                       budget IMDC hands it; a policy that keeps every cell (full) or sizes
                        its steps or memory itself (infinipot, edgeinfinite, infllm) is refused
     m_max:             maximum memory size, the cells kept after the last chunk (default: --budget;
                        an m_max above --budget is refused)
@@ -79,6 +82,17 @@ class IMDC(Wrapping):
     expected_tokens:   the input length to plan for when the engine has not declared one; the
                        engine declares it (set_expected_length) when it starts reading, so this
                        mostly sizes the context (cache_cells) before the first document
+    positions:         "reencode" (default): after every compaction the kept cells are re-encoded to
+                       positions 0..m_i-1 and the next chunk follows at m_i.. (CR-RoPE), as section 4.1
+                       ("Iterative Compression") does: "encode position embedding for memory and
+                       chunk at each iteration independently instead of reusing the position
+                       embedding from the previous steps"; whatever the pruner's own choice.
+                       "pruner": the pruner's own choice (its cr_rope): SnapKV and H2O keep every
+                       token at its text position, StreamingLLM and truncation re-encode.
+                       A context saved with a spec that predates this parameter reopens as it was
+                       saved (the RoPE position of every saved key is in the file, docs/formats.md
+                       `POT `); the parameter only decides the compactions after reopening, those of
+                       a question read through the pot, which then re-encode like the rest of IMDC.
 
     n = ceil(T / c) for an input of T tokens (including the BOS the engine adds). The steps read
     exactly T tokens for any T: see chunk_schedule for which chunk gives up the n*c - T surplus.
@@ -93,6 +107,7 @@ class IMDC(Wrapping):
     decremental_chunk: bool = True
     m_0: int | None = None
     expected_tokens: int | None = None
+    positions: str = "reencode"
     _declared: int | None = field(default=None, init=False, repr=False, compare=False)
     # (n_tokens, chunks, memory) of the last schedule computed
     _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
@@ -101,6 +116,8 @@ class IMDC(Wrapping):
     _retention: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise KvpotError(f"imdc: positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if self.function not in FUNCTIONS:
             raise KvpotError(f"imdc: function must be one of {', '.join(FUNCTIONS)}, got {self.function!r}")
         if not isinstance(self.pruner, Policy) or isinstance(self.pruner, IMDC):
@@ -260,12 +277,16 @@ class IMDC(Wrapping):
     def wants_compaction(self, n_cells: int, budget: int | np.ndarray, next_chunk: int) -> bool:
         return n_cells > int(np.min(budget))
 
-    # -- the pruner's hooks: set_question, before_chunk, catalyst_text, after_compaction and
-    # cr_rope go to the pruner (Wrapping); IMDC adds to these ---------------------------------
+    # -- the pruner's hooks: set_question, before_chunk, catalyst_text and after_compaction go
+    # to the pruner (Wrapping); IMDC adds to these, and decides cr_rope unless positions=pruner ----
 
     @property
     def wrapped(self) -> Policy:
         return self.pruner
+
+    @property
+    def cr_rope(self) -> bool:  # type: ignore[override]
+        return True if self.positions == "reencode" else self.pruner.cr_rope
 
     def after_chunk(self, view: PotView) -> None:
         self._n_layer = view.n_layer
