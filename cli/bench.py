@@ -37,10 +37,14 @@ def throughput(
                                      help="stock prefill length"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
     flash_attn: bool = typer.Option(False, "--flash-attn", help="flash attention for both sides"),
+    decode: int = typer.Option(32, "--decode", min=0,
+                               help="after each read, a short question and this many greedy answer tokens, "
+                                    "timed (0: no decoding)"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                  help="also write the results here as JSON"),
 ) -> None:
-    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill."""
+    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill,
+    then the answer tokens/s after each read (--decode) and its ratio to the shortest input's."""
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
     check_adapters(policy, facts.path)
@@ -48,7 +52,8 @@ def throughput(
         raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
     plan = ThroughputPlan(model=str(facts.path), policy=policy, budget=budget, chunk=chunk, threads=threads,
-                          flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits)
+                          flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits,
+                          decode=decode)
     with err.status("benchmarking") as status:
         result = run_plan(plan, say=lambda msg: status.update(msg))
     err.print(throughput_table(result, facts.name))

@@ -186,12 +186,16 @@ def test_bad_policy_spec_is_one_line(smollm2_path, tmp_path):
 def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     out = tmp_path / "tp.json"
     res = run_cli("bench", "throughput", "-m", str(smollm2_path), "--tokens", "512", "--stock-tokens", "256",
-                  "--budget", "128", "--chunk", "64", "--json", str(out), env={"COLUMNS": "200"})
+                  "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     import json
 
     data = json.loads(out.read_text())
     stock, pot = data["stock"], data["pot"][0]
+    # --decode 0: no answer tokens, no decode figure anywhere
+    assert data["plan"]["decode"] == 0
+    assert not [k for r in (stock, pot) for k in r if k.startswith("decode")]
+    assert "decode" not in res.stderr
     assert stock["mode"] == "stock" and stock["tokens"] == 256
     assert pot["tokens"] == 512 and pot["compactions"] > 0
     assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
@@ -199,6 +203,35 @@ def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     # /proc's RSS now and ru_maxrss count pages a little differently: compare loosely
     assert 0 < pot["rss_start_mb"] <= 1.05 * pot["peak_rss_mb"] and 0.5 * pot["peak_rss_mb"] < pot["rss_end_mb"] <= 1.05 * pot["peak_rss_mb"]
     assert "stock llama.cpp" in res.stderr
+
+
+def test_bench_throughput_times_answer_tokens_after_each_read(smollm2_path, tmp_path):
+    """--decode N: after each read (and after stock's prefill) a question and N greedy answer tokens
+    through the engine's answer path; tokens/s per length and the ratio to the shortest length's."""
+    import json
+
+    out = tmp_path / "tp.json"
+    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "--tokens", "256", "--tokens", "512",
+                  "--stock-tokens", "256", "--budget", "128", "--chunk", "64", "--decode", "4", "--json", str(out),
+                  env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    stock, pots = data["stock"], data["pot"]
+    assert data["plan"]["decode"] == 4 and [p["tokens"] for p in pots] == [256, 512]
+    for r in (stock, *pots):
+        assert r["decode_tokens_asked"] == 4 and r["decode_question_tokens"] > 0
+        # N tokens each time: where the greedy choice would have ended the answer, the JSON says so
+        assert r["decode_tokens"] == 4 and r["decode_stop"] == "the 4-token limit"
+        assert r["decode_eog"] == (r["decode_eog_masked"] > 0) == (r["decode_eog_first"] is not None)
+        assert r["decode_tok_s"] == pytest.approx(r["decode_tokens"] / r["decode_seconds"])
+    for p in pots:
+        assert p["decode_shortest_tokens"] == 256
+        assert p["decode_ratio_vs_shortest"] == pytest.approx(p["decode_tok_s"] / pots[0]["decode_tok_s"])
+        assert p["decode_ratio_vs_stock"] == pytest.approx(p["decode_tok_s"] / stock["decode_tok_s"])
+    assert pots[0]["decode_ratio_vs_shortest"] == pytest.approx(1.0)
+    # the read's figures are still there, under the same keys
+    assert pots[1]["compactions"] > 0 and pots[1]["ratio_vs_stock"] == pytest.approx(pots[1]["tok_s"] / stock["tok_s"])
+    assert "decode tok/s" in res.stderr and "decode vs 256" in res.stderr and "then 4" in res.stderr
 
 
 def test_bench_niah_reports_every_case_and_resumes(smollm2_path, tmp_path):

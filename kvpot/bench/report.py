@@ -8,20 +8,41 @@ from rich.table import Table
 
 def throughput_table(result: dict, model_name: str) -> Table:
     plan, stock = result["plan"], result["stock"]
+    n_decode = plan.get("decode") or 0  # results from before the decode measurement have none
     table = Table(title=f"ingestion throughput: {model_name}, {plan['policy']} at {plan['budget']} cells, "
-                        f"chunk {plan['chunk']}, {plan['threads']} threads")
+                        f"chunk {plan['chunk']}, {plan['threads']} threads"
+                        + (f"; then {n_decode} answer tokens" if n_decode else ""))
     # a policy that keeps blocks on disk (InfLLM) gets the store's size; results from before it had none
     disk = any(r.get("disk_bytes") for r in result["pot"])
-    cols = ("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held") + (("on disk",) if disk else ())
+    decode = any("decode_tokens" in r for r in [stock, *result["pot"]])
+    shortest = next((r["decode_shortest_tokens"] for r in result["pot"] if r.get("decode_shortest_tokens")), None)
+    cols = (("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held") + (("on disk",) if disk else ())
+            + (("decode tok/s", f"decode vs {_short(shortest)}" if shortest else "decode vs shortest") if decode else ()))
     for col in cols:
         table.add_column(col, justify="right" if col != "run" else "left")
     table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-",
-                  *(("-",) if disk else ()))
+                  *(("-",) if disk else ()), *((_decode_cell(stock), "-") if decode else ()))
     for r in result["pot"]:
+        ratio = r.get("decode_ratio_vs_shortest")
         table.add_row(f"kvpot {plan['policy']}", str(r["tokens"]), f"{r['tok_s']:.1f}", f"{r['ratio_vs_stock']:.2f}",
                       f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB",
-                      *((f"{r.get('disk_bytes', 0) / 2**20:.1f} MiB",) if disk else ()))
+                      *((f"{r.get('disk_bytes', 0) / 2**20:.1f} MiB",) if disk else ()),
+                      *((_decode_cell(r), f"{ratio:.2f}" if ratio is not None else "-") if decode else ()))
     return table
+
+
+def _decode_cell(r: dict) -> str:
+    """Answer tokens/s after a read; the tokens decoded, where fewer than asked (no room left)."""
+    if "decode_tokens" not in r:
+        return "-"
+    tps = f"{r['decode_tok_s']:.1f}" if r.get("decode_tok_s") else "-"
+    if r["decode_tokens"] < r["decode_tokens_asked"]:
+        tps += f" ({r['decode_tokens']} tok)"
+    return tps
+
+
+def _short(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def niah_table(results: list[dict], model_name: str, task: str, policies: list[str], lengths: list[int],

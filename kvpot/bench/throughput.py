@@ -1,5 +1,6 @@
 """`kvpot bench throughput`: how fast the pot ingests generated text, and what memory it holds, beside
-stock llama.cpp's prefill of the same text measured in the same run.
+stock llama.cpp's prefill of the same text measured in the same run; then, with `decode`, how fast
+each side generates answer tokens after its read (a short question, then greedy tokens).
 
 `run_plan` (the parent) starts one worker process per case; `kvpot_ingest` and `stock_prefill` are
 the cases (kvpot.bench.worker calls them)."""
@@ -10,6 +11,10 @@ import time
 from dataclasses import dataclass
 
 from kvpot.bench.process import peak_rss_mb, rss_mb, run_worker
+
+# asked after each read before the answer tokens are generated (kvpot: through Engine.prompt, as
+# `kvpot ask` asks, so a policy's lookup for the question, InfLLM's, is timed with it)
+DECODE_QUESTION = "\n\nQuestion: On which day did Hilde take soundings?\nAnswer:"
 
 
 @dataclass(frozen=True)
@@ -22,10 +27,12 @@ class ThroughputPlan:
     flash_attn: bool
     pot_tokens: tuple[int, ...]
     stock_tokens: int
+    decode: int = 0  # answer tokens generated after each read (0: no decode measurement)
 
 
 def run_plan(plan: ThroughputPlan, say=lambda msg: None) -> dict:
-    common = ["--chunk", str(plan.chunk), "--threads", str(plan.threads)] + (["--flash-attn"] if plan.flash_attn else [])
+    common = (["--chunk", str(plan.chunk), "--threads", str(plan.threads), "--decode", str(plan.decode)]
+              + (["--flash-attn"] if plan.flash_attn else []))
     say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
     stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common])
     cases = []
@@ -35,11 +42,61 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None) -> dict:
                         *common])
         r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
         cases.append(r)
+    decode_ratios(stock, cases)
     return {"plan": plan.__dict__, "stock": stock, "pot": cases}
 
 
-def stock_prefill(model_path: str, n_tokens: int, chunk: int, threads: int, flash_attn: bool) -> dict:
-    """Stock llama.cpp: the whole input in one context, prefilled in n_batch pieces; no kvpot call at all."""
+def decode_ratios(stock: dict, cases: list[dict]) -> None:
+    """Each case's decode tok/s over the shortest input's (`--tokens 2048 --tokens 32768`: decode after
+    32K against after 2K) and over stock's; None where a side decoded nothing."""
+    timed = [r for r in cases if r.get("decode_tok_s")]
+    if not timed:
+        return
+    base = min(timed, key=lambda r: r["tokens"])
+    for r in cases:
+        tps = r.get("decode_tok_s")
+        r["decode_ratio_vs_shortest"] = tps / base["decode_tok_s"] if tps else None
+        r["decode_shortest_tokens"] = base["tokens"]
+        r["decode_ratio_vs_stock"] = tps / stock["decode_tok_s"] if tps and stock.get("decode_tok_s") else None
+
+
+class _NoEnd:
+    """Greedy, except that an end-of-generation token is never chosen (the next most likely is): every
+    read times the same number of answer tokens, also where the model would end its answer at once.
+    Counts how often it stepped in and at which answer token first."""
+
+    def __init__(self, model):
+        self.model, self.masked, self.first = model, 0, None
+
+    def pick(self, logits, chosen: list[int]) -> int:
+        import numpy as np
+
+        while True:
+            tok = int(np.argmax(logits))
+            if not self.model.is_eog(tok):
+                return tok
+            self.masked += 1
+            self.first = len(chosen) if self.first is None else self.first
+            logits[tok] = -np.inf
+
+
+def _decode_result(asked: int, question_tokens: int, question_seconds: float, decoded: int, seconds: float,
+                   stop: str, text: str, greedy: _NoEnd) -> dict:
+    """The decode figures of one side: `decoded` tokens went through a one-token decode in `seconds`
+    (the question before them is timed apart); fewer than asked only when `stop` came first (the room
+    left in the context). `decode_eog`: the greedy choice was an end-of-generation token, the answer
+    would have ended at answer token `decode_eog_first`; the next most likely token was taken instead."""
+    return {"decode_tokens_asked": asked, "decode_tokens": decoded, "decode_seconds": seconds,
+            "decode_tok_s": decoded / seconds if decoded and seconds > 0 else None,
+            "decode_stop": stop, "decode_eog": greedy.masked > 0, "decode_eog_masked": greedy.masked,
+            "decode_eog_first": greedy.first, "decode_question_tokens": question_tokens,
+            "decode_question_seconds": question_seconds, "decode_text": text}
+
+
+def stock_prefill(model_path: str, n_tokens: int, chunk: int, threads: int, flash_attn: bool,
+                  decode: int = 0) -> dict:
+    """Stock llama.cpp: the whole input in one context, prefilled in n_batch pieces; no kvpot call at all.
+    With `decode`: then the question and `decode` greedy tokens, one llama_decode each."""
     from kvpot.bench.logbook import generated_tokens
     from kvpot.bench.stock import prefill, stock_context
     from kvpot.runtime.llama import LlamaModel
@@ -47,23 +104,54 @@ def stock_prefill(model_path: str, n_tokens: int, chunk: int, threads: int, flas
     model = LlamaModel(model_path)
     bos = model.bos()  # some models (SmolLM2) add none
     tokens = bos + generated_tokens(model, n_tokens - len(bos))
-    ctx = stock_context(model, n_tokens + 16, chunk, threads, flash_attn)
+    question = model.tokenize(DECODE_QUESTION) if decode else []
+    ctx = stock_context(model, n_tokens + 16 + (len(question) + decode if decode else 0), chunk, threads, flash_attn)
     t0 = time.perf_counter()
     prefill(ctx, tokens, chunk)
     dt = time.perf_counter() - t0
-    return {"mode": "stock", "tokens": len(tokens), "seconds": dt, "tok_s": len(tokens) / dt,
-            "peak_rss_mb": peak_rss_mb(), "kv_bytes": None, "compactions": 0, "flash_attn": flash_attn}
+    res = {"mode": "stock", "tokens": len(tokens), "seconds": dt, "tok_s": len(tokens) / dt,
+           "peak_rss_mb": peak_rss_mb(), "kv_bytes": None, "compactions": 0, "flash_attn": flash_attn}
+    if decode:
+        res |= _stock_decode(model, ctx, question, len(tokens), decode, chunk)
+    return res
+
+
+def _stock_decode(model, ctx, question: list[int], pos: int, n: int, chunk: int) -> dict:
+    """The question, then n greedy tokens each decoded alone (as Engine.generate decodes them)."""
+    from kvpot.bench.stock import prefill
+
+    t0 = time.perf_counter()
+    prefill(ctx, question, chunk, start=pos)
+    logits = ctx.logits_last()
+    tq = time.perf_counter() - t0
+    pos += len(question)
+    greedy, out, chosen = _NoEnd(model), b"", []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = greedy.pick(logits, chosen)
+        chosen.append(tok)
+        out += model.piece(tok)
+        ctx.decode([tok], pos, logits="last")
+        pos += 1
+        logits = ctx.logits_last()
+    td = time.perf_counter() - t0
+    return _decode_result(n, len(question), tq, len(chosen), td, f"the {n}-token limit", out.decode("utf-8", "replace"),
+                          greedy)
 
 
 def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int, threads: int,
-                 flash_attn: bool) -> dict:
-    """The pot reading the same generated text under `policy` at `budget` cells."""
+                 flash_attn: bool, decode: int = 0) -> dict:
+    """The pot reading the same generated text under `policy` at `budget` cells; with `decode`, then
+    the question and `decode` greedy answer tokens through the engine's answer path (Engine.prompt,
+    Engine.generate: what `kvpot ask` runs, the policy's work while answering included)."""
     from kvpot.bench.logbook import generated_tokens
-    from kvpot.engine import Engine, EngineConfig
+    from kvpot.engine import DEFAULT_ANSWER_RESERVE, Engine, EngineConfig
     from kvpot.policies import make_policy
 
+    # room for the question, the answer and the next turn's start (the default reserve holds 32 tokens)
+    reserve = max(DEFAULT_ANSWER_RESERVE, decode + 192)
     eng = Engine(model_path, make_policy(policy), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
-                                                                flash_attn=flash_attn))
+                                                                flash_attn=flash_attn, answer_reserve=reserve))
     tokens = generated_tokens(eng.model, n_tokens - len(eng.model.bos()))  # the engine adds the BOS
     peak_bytes = [0]
 
@@ -78,8 +166,24 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
         eng.feed(tokens, on_chunk)
         dt = time.perf_counter() - t0
         st = eng.stats()
-        return {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
-                "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "rss_start_mb": rss_start,
-                "rss_end_mb": rss_mb(), "kv_bytes": peak_bytes[0],
-                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
-                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}
+        res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
+               "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "rss_start_mb": rss_start,
+               "rss_end_mb": rss_mb(), "kv_bytes": peak_bytes[0],
+               "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
+               "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}
+        if decode:  # after the read's figures, so they are the read's alone
+            res |= _pot_decode(eng, decode)
+        return res
+
+
+def _pot_decode(eng, n: int) -> dict:
+    question = eng.model.tokenize(DECODE_QUESTION)
+    t0 = time.perf_counter()
+    logits = eng.prompt(question)
+    tq = time.perf_counter() - t0
+    seen, greedy = eng.tokens_seen, _NoEnd(eng.model)
+    t0 = time.perf_counter()
+    text = "".join(eng.generate(logits, n, greedy.pick))
+    td = time.perf_counter() - t0
+    # every token generate decodes is booked in tokens_seen
+    return _decode_result(n, len(question), tq, eng.tokens_seen - seen, td, eng.stop_reason, text, greedy)

@@ -1,7 +1,7 @@
 """One benchmark case in a fresh process (kvpot.bench.process starts it); prints one JSON line.
 
-python -m kvpot.bench.worker kvpot-ingest  MODEL TOKENS --policy streaming --budget 1024 --chunk 512 --threads 2
-python -m kvpot.bench.worker stock-prefill MODEL TOKENS --chunk 512 --threads 2
+python -m kvpot.bench.worker kvpot-ingest  MODEL TOKENS --policy streaming --budget 1024 --chunk 512 --threads 2 --decode 32
+python -m kvpot.bench.worker stock-prefill MODEL TOKENS --chunk 512 --threads 2 --decode 32
 python -m kvpot.bench.worker kvpot-read-answer-reopen MODEL TOKENS --out DIR --threads 2
 python -m kvpot.bench.worker stock-read-answer-reload MODEL TOKENS --out DIR --threads 2
 """
@@ -27,13 +27,14 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flash-attn", action="store_true")
+    ap.add_argument("--decode", type=int, default=0, help="answer tokens generated after the read (ingest, prefill)")
     ap.add_argument("--out", default=".", help="folder for the generated document and saved contexts")
     a = ap.parse_args()
     if a.case == "stock-prefill":
-        res = throughput.stock_prefill(a.model, a.tokens, a.chunk, a.threads, a.flash_attn)
+        res = throughput.stock_prefill(a.model, a.tokens, a.chunk, a.threads, a.flash_attn, a.decode)
     elif a.case == "kvpot-ingest":
         res = throughput.kvpot_ingest(a.model, a.tokens, a.policy or "streaming", a.budget or 1024, a.chunk,
-                                      a.threads, a.flash_attn)
+                                      a.threads, a.flash_attn, a.decode)
     elif a.case == "kvpot-read-answer-reopen":
         res = context.kvpot_read_answer_reopen(a.model, a.tokens, a.out, a.threads, policy=a.policy, budget=a.budget)
     else:
