@@ -81,6 +81,10 @@ def niah(
     task: str = typer.Option("multikey", "--task",
                              help="multikey: four access codes in varied prose, the question names one (RULER); "
                                   "prose: one code in that prose; passkey: one key in a repeated filler sentence"),
+    sources: bool = typer.Option(False, "--sources",
+                                 help="also rank the passages each answer drew on, as `kvpot ask --sources` does, and "
+                                      "record whether the top one is the needle (source_hit, source_rank); "
+                                      "with --resume, cases recorded without them run again"),
 ) -> None:
     """Needle retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt).
 
@@ -99,6 +103,11 @@ def niah(
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
         raise KvpotError(f"{json_out} holds cases of another task; write --task {task} to another file")
+    if sources:  # a case of this grid recorded without --sources is run again, with them
+        from kvpot.bench.grid import case_key
+
+        grid = {(task, p, n, d, s) for p in policy for n in lengths for d in depths for s in seeds}
+        previous = [r for r in previous if r.get("source_hit") is not None or case_key(r) not in grid]
     results: list[dict] = list(previous)
 
     with err.status(f"{len(previous)}/{total} cases") as status:
@@ -106,8 +115,8 @@ def niah(
             f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
             f"{'found' if r['correct'] else 'missed'}"))
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
-                            on_case=on_case, done=previous, task=task)
-    err.print(niah_table(results, facts.name, task, policy, lengths, depths))
+                            on_case=on_case, done=previous, task=task, sources=sources)
+    err.print(niah_table(results, facts.name, task, policy, lengths, depths, sources=sources))
     if json_out:
         _write_json(json_out, results)
     if png_out:

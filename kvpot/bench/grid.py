@@ -17,9 +17,10 @@ FULL_ROOM = 256
 
 def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
               seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None,
-              done: list[dict] = (), task: str = "passkey") -> list[dict]:
+              done: list[dict] = (), task: str = "passkey", sources: bool = False) -> list[dict]:
     """Every policy x length x depth x seed; one engine per (policy, length), reset between cases.
     Cases already in `done` (same task, policy, length, depth, seed) are kept and not run again.
+    `sources`: each case also records where its answer's attention went (niah.source_check).
     `full` gets a context of the haystack's length (stock llama.cpp's whole-prompt prefill)."""
     results = list(done)
     have = {case_key(r) for r in results}
@@ -32,7 +33,7 @@ def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: li
             eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads))
             try:
                 for depth, seed in todo:
-                    r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task))
+                    r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task, sources=sources))
                     results.append(r)
                     on_case(r)
             finally:

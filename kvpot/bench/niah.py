@@ -3,6 +3,9 @@
 passkey:  InfiniPot table 4 / Locret's R.PassKey: a random 5-digit key in one repeated filler sentence
 prose:    one access code in varied prose (kvpot.bench.haystack), phrased one of several ways
 multikey: RULER's multi-key NIAH: four access codes for four places in that prose; the question names one
+
+With `sources`, a case also records whether the passage `kvpot ask --sources` would show first is the
+needle's (the answer's attention over the kept cells, ranked as kvpot.session.sources ranks it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class Haystack:
     key: str
     depth: float
     needle_at: int         # token index where the needle starts
+    text: str = ""         # the document's text
+    needle_chars: tuple[int, int] = (0, 0)  # the needle's characters in text, [start, end)
 
 
 def make_haystack(model, n_tokens: int, depth: float, seed: int) -> Haystack:
@@ -41,8 +46,12 @@ def make_haystack(model, n_tokens: int, depth: float, seed: int) -> Haystack:
     n_fill = max(1, int((n_tokens - fixed) / per_filler))
     at = int(round(depth * n_fill))
     head = INTRO + FILLER * at
-    tokens = model.tokenize(head + needle(key) + FILLER * (n_fill - at))
-    return Haystack(tokens=tokens, key=key, depth=depth, needle_at=len(model.tokenize(head)))
+    text = head + needle(key) + FILLER * (n_fill - at)
+    tokens, chars = model.tokenize(text), (len(head), len(head) + len(needle(key).rstrip()))
+    # the needle's first token is the one that spells its first character: " The" where the space ending
+    # `head` joins it (len(model.tokenize(head)) counts that space as a token of its own: one too many)
+    return Haystack(tokens=tokens, key=key, depth=depth, needle_at=needle_tokens(model.piece, tokens, text, chars)[0],
+                    text=text, needle_chars=chars)
 
 
 TASKS = {"passkey": 0, "prose": 1, "multikey": 4}  # task -> needles in the prose (0: the passkey filler)
@@ -57,6 +66,8 @@ class Case:
     prompt: str            # appended after the document; the answer follows it
     question: str          # the catalyst question (CaP-Q)
     distractors: tuple[str, ...] = ()
+    text: str = ""         # the document's text, and the asked needle's characters in it [start, end)
+    needle_chars: tuple[int, int] = (0, 0)
 
 
 def make_case(model, task: str, n_tokens: int, depth: float, seed: int) -> Case:
@@ -64,12 +75,58 @@ def make_case(model, task: str, n_tokens: int, depth: float, seed: int) -> Case:
         raise ValueError(f"unknown niah task {task!r}; known: {', '.join(TASKS)}")
     if task == "passkey":
         hay = make_haystack(model, n_tokens, depth, seed)
-        return Case(hay.tokens, hay.key, ANSWER_PREFIX, QUESTION)
+        return Case(hay.tokens, hay.key, ANSWER_PREFIX, QUESTION, text=hay.text, needle_chars=hay.needle_chars)
     from kvpot.bench.haystack import make_prose_haystack
 
     hay = make_prose_haystack(lambda t: len(model.tokenize(t)), n_tokens, depth, seed, n_keys=TASKS[task])
+    at = hay.text.index(hay.needles[0].text)
     return Case(model.tokenize(hay.text), hay.key, hay.answer_prefix, hay.question,
-                tuple(n.key for n in hay.needles[1:]))
+                tuple(n.key for n in hay.needles[1:]), text=hay.text, needle_chars=(at, at + len(hay.needles[0].text)))
+
+
+def needle_tokens(piece, tokens: list[int], text: str, chars: tuple[int, int]) -> tuple[int, int]:
+    """[first, last + 1) of the tokens (indices into `tokens`, the tokenized `text`) that spell any of
+    text[chars[0]:chars[1]], found by the tokens' pieces (`piece(token) -> bytes`) laid end to end. A
+    SentencePiece vocabulary that adds a leading space the text did not have gives more bytes than the
+    text: the surplus is the first token's."""
+    a, b = (len(text[:c].encode("utf-8")) for c in chars)
+    sizes = [len(piece(t)) for t in tokens]
+    first = last = None
+    at = -max(0, sum(sizes) - len(text.encode("utf-8")))
+    for i, size in enumerate(sizes):
+        end = at + size
+        if at < b and a < end:
+            first = i if first is None else first
+            last = i
+        elif at >= b:
+            break
+        at = end
+    if first is None:
+        raise ValueError(f"no token spells characters {chars[0]}..{chars[1]} of the document")
+    return first, last + 1
+
+
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether the half-open ranges [a0, a1) and [b0, b1) share a position."""
+    return a[0] < b[1] and b[0] < a[1]
+
+
+SOURCE_RANKS = 10  # passages ranked for source_rank (--sources shows the first TOP of the same ranking)
+
+
+def source_check(engine, case: Case, doc_first: int) -> tuple[bool, int | None, list[int]]:
+    """(top passage overlaps the needle, 1-based rank of the first passage that does or None, the
+    needle's stream positions [first, end)) for the answer just tracked (engine.answer_mass), the
+    document's tokens at stream positions doc_first.. . Passages are ranked as `kvpot ask --sources`
+    ranks them (same passages, same sinks: the policy's sink_tokens())."""
+    from kvpot.session.sources import rank_between
+
+    t0, t1 = needle_tokens(engine.model.piece, case.tokens, case.text, case.needle_chars)
+    span = (doc_first + t0, doc_first + t1)
+    ranked = rank_between(engine.answer_mass or {}, doc_first, doc_first + len(case.tokens), SOURCE_RANKS,
+                          engine.policy.sink_tokens())
+    hits = [i for i, (p0, p1, _) in enumerate(ranked, 1) if overlaps((p0, p1), span)]
+    return bool(hits) and hits[0] == 1, hits[0] if hits else None, list(span)
 
 
 @dataclass
@@ -90,11 +147,17 @@ class CaseResult:
     compactions: int
     task: str = "passkey"
     distractor: bool = False   # the answer gave another needle's key (multikey)
+    # with --sources (None without): the top passage of the answer's sources is the needle's; the rank of
+    # the first of the SOURCE_RANKS passages that is (None: none is); the needle's stream positions
+    source_hit: bool | None = None
+    source_rank: int | None = None
+    needle_span: list[int] | None = None
 
 
 def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
-             task: str = "passkey") -> CaseResult:
-    """Read one haystack with the engine (reset first) and ask for the key."""
+             task: str = "passkey", sources: bool = False) -> CaseResult:
+    """Read one haystack with the engine (reset first) and ask for the key; with `sources`, also where
+    the answer's attention went (source_check)."""
     engine.reset()
     case = make_case(engine.model, task, n_tokens, depth, seed)
     engine.set_question(case.question)
@@ -102,9 +165,16 @@ def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth
     t0 = time.perf_counter()
     engine.feed(case.tokens, on_chunk=lambda ev: peak.__setitem__(0, max(peak[0], ev.stats.bytes_used)))
     read = time.perf_counter() - t0
-    answer = "".join(engine.answer(case.prompt, max_tokens=8))
+    doc_first = engine.tokens_seen - len(case.tokens)  # past the BOS feed added
+    engine.track_answer_attention(sources)
+    try:
+        answer = "".join(engine.answer(case.prompt, max_tokens=8))
+        hit, rank, span = source_check(engine, case, doc_first) if sources else (None, None, None)
+    finally:
+        engine.track_answer_attention(False)
     return CaseResult(model=model_name, policy=policy_spec, length=n_tokens, tokens=engine.tokens_seen, depth=depth, seed=seed,
                       key=case.key, answer=answer.strip(), correct=case.key in answer, tok_s=engine.tokens_seen / read,
                       read_seconds=read, distill_seconds=engine.compact_seconds, peak_pot_bytes=peak[0],
                       compactions=engine.n_compactions, task=task,
-                      distractor=any(k in answer for k in case.distractors))
+                      distractor=any(k in answer for k in case.distractors),
+                      source_hit=hit, source_rank=rank, needle_span=span)

@@ -46,7 +46,10 @@ def _short(n: int) -> str:
 
 
 def niah_table(results: list[dict], model_name: str, task: str, policies: list[str], lengths: list[int],
-               depths: list[float]) -> Table:
+               depths: list[float], sources: bool = False) -> Table:
+    """Accuracy per depth for each policy and length; with `sources`, also the share of the cases whose
+    answer's top source (`kvpot ask --sources`' first passage) is the needle, and that share among the
+    correct answers (cases run without --sources count in neither)."""
     table = Table(title=f"needle retrieval ({task}), {model_name} (accuracy per depth)")
     table.add_column("policy")
     table.add_column("length", justify="right")
@@ -55,16 +58,29 @@ def niah_table(results: list[dict], model_name: str, task: str, policies: list[s
     table.add_column("mean", justify="right")
     table.add_column("tok/s", justify="right")
     table.add_column("distill %", justify="right")
+    if sources:
+        table.add_column("source@1", justify="right")
+        table.add_column("source@1 | correct", justify="right")
     acc = accuracy_table(results)
     for spec in policies:
         for n in lengths:
             rows = [r for r in results if r["policy"] == spec and r["length"] == n]
             cells = [acc[spec][n].get(d, float("nan")) for d in depths]
             read = sum(r["read_seconds"] for r in rows)
+            extra = [_share([r for r in rows if r.get("source_hit") is not None]),
+                     _share([r for r in rows if r.get("source_hit") is not None and r["correct"]])] if sources else []
             table.add_row(spec, str(n), *[f"{c:.0%}" for c in cells], f"{sum(cells) / len(cells):.0%}",
                           f"{sum(r['tokens'] for r in rows) / read:.0f}",
-                          f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}")
+                          f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}", *extra)
     return table
+
+
+def _share(rows: list[dict]) -> str:
+    """Source hits among rows, as "67% (2/3)"; "-" when there are none."""
+    if not rows:
+        return "-"
+    hits = sum(1 for r in rows if r["source_hit"])
+    return f"{hits / len(rows):.0%} ({hits}/{len(rows)})"
 
 
 def ppl_table(results: list[dict], model_name: str, n_tokens: int, file_name: str) -> Table:

@@ -124,7 +124,14 @@ def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = S
     prompt's, the question's or the answer's), and not the stream's first `sinks`: the attention sinks
     every head dumps mass on (StreamingLLM; at least SINK_TOKENS, more where the policy keeps more,
     Policy.sink_tokens), which would otherwise top every list."""
-    lo, hi = (max(smap.pos[0], sinks, SINK_TOKENS), smap.end_pos) if smap.pos else (0, 0)
+    return rank_between(mass, smap.pos[0], smap.end_pos, top, sinks) if smap.pos else []
+
+
+def rank_between(mass: dict[int, float], first: int, end: int, top: int = TOP,
+                 sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
+    """`rank` over the document tokens at stream positions [first, end), without a SourceMap
+    (`kvpot bench niah --sources` knows where its haystack lies in the stream)."""
+    lo, hi = max(first, sinks, SINK_TOKENS), end
     pos = np.array(sorted(p for p in mass if lo <= p < hi), dtype=np.int64)
     if not pos.size:
         return []
