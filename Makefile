@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
+	bench-infllm-memory bench-infllm-store bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -180,6 +180,15 @@ bench-infllm: pull-test-models
 		-P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-32k-graph-exc256-const.json --resume
 	$(KVPOT) bench niah -m gemma3-270m --length 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
 		--task passkey -P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-128k-graph-exc256-const.json --resume
+
+# InfLLM's block store by row format: the 8K passkey grid in f16, q8_0 and q4_0 (which format keeps
+# every answer), and what a block read costs when the in-RAM cache misses
+bench-infllm-store: pull-test-models
+	mkdir -p $(BENCH_DIR)/infllm
+	$(KVPOT) bench niah -m gemma3-270m --length 8192 $(D5) --seed 0 --budget 2048 --chunk 512 --task passkey \
+		-P $(INFLLM),store_type=f16 -P $(INFLLM),store_type=q8_0 -P $(INFLLM),store_type=q4_0 -t 2 \
+		--json $(BENCH_DIR)/infllm/niah-gemma3-8k-store-types.json --resume
+	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
 
 # InfLLM's peak RSS at 8K and 128K, and the 1M-token read, each length in a fresh process
 bench-infllm-memory: pull-test-models
