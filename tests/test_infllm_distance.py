@@ -150,7 +150,11 @@ def test_flash_attention_takes_the_distance_too(smollm2_path, tmp_path):
     text = logbook(n_entries=60, seed=4, fact_at=0.3)[0]
     out = {}
     for fa, distance in ((False, "constant"), (True, "constant"), (True, "chunk")):
-        eng = Engine(str(smollm2_path), InfLLM(store=str(tmp_path / f"{fa}-{distance}.kvblk"), distance=distance),
+        # blocks stored in f16, the cache's own type: what is compared is the attention path. With the
+        # default q4_0 store flash attention drifted 1.4e-3 from the reference against 1.7e-3 for the
+        # chunk distance (the store's own effect is measured apart: docs/benchmarks.md)
+        eng = Engine(str(smollm2_path), InfLLM(store=str(tmp_path / f"{fa}-{distance}.kvblk"), distance=distance,
+                                               store_type="f16"),
                      EngineConfig(budget=512, chunk=128, n_threads=2, flash_attn=fa))
         try:
             eng.feed_text(text)
