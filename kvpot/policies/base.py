@@ -167,9 +167,10 @@ class Policy:
                                     a memory_gate that returns a gate makes the next fit run again
       set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
       set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
-      disk_need(facts, n)        -> (bytes, folder) the policy writes to disk reading n tokens of this
-                                    model (InfLLM's block store), or None; asked before reading so a read
-                                    that would fill the disk is refused up front
+      disk_need(facts, n)        -> (bytes, folder, how to write less or elsewhere) the policy writes to
+                                    disk reading n tokens of this model (InfLLM's block store), or None;
+                                    asked before reading so a read that would fill the disk is refused
+                                    up front
       retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
                                     checked against the model), or None
       memory_gate(model)         -> EdgeInfinite's memory-gating module to run in llama.cpp (checked

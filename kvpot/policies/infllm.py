@@ -453,9 +453,9 @@ class InfLLM(Policy):
         return self._blocks
 
     def disk_need(self, facts, n_tokens: int):
-        """(bytes, folder) of the block store after reading n_tokens of a model with these ModelFacts:
-        every token past the initial ones and the local window becomes part of a block. Every layer is
-        counted (a model's pot layers are at most its layers), so the figure errs high."""
+        """(bytes, folder, how to write less) of the block store after reading n_tokens of a model with
+        these ModelFacts: every token past the initial ones and the local window becomes part of a
+        block. Every layer is counted (a model's pot layers are at most its layers), so the figure errs high."""
         from kvpot.paths import blocks_dir
 
         past = n_tokens - self._p("n_init") - self._p("n_local")
@@ -464,7 +464,11 @@ class InfLLM(Policy):
         d_k, d_v = facts.head_dim_k or facts.n_embd // facts.n_head, facts.head_dim_v or facts.n_embd // facts.n_head
         per_token = self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v)
         folder = Path(self.store).expanduser().parent if self.store is not None else blocks_dir()
-        return int(past * per_token), folder
+        ways = "put the block store on a larger disk (infllm:store=PATH)"
+        if self.kv_type_for(d_k, d_v) != "q4_0" and d_k % 32 == 0 and d_v % 32 == 0:
+            q4 = past * self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v, "q4_0")
+            ways += f", store it in q4_0 (infllm:store_type=q4_0, about {q4 / 2**30:,.1f} GiB)"
+        return int(past * per_token), folder, ways
 
     def kv_type_for(self, d_k: int, d_v: int) -> str:
         """The row format this policy stores a model's K and V in (store_type, or its default)."""
@@ -472,13 +476,14 @@ class InfLLM(Policy):
             return self.store_type
         return STORE_TYPE if d_k % 32 == 0 and d_v % 32 == 0 else "f16"
 
-    def store_bytes_per_token(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int) -> float:
+    def store_bytes_per_token(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int, kv_type: str | None = None) -> float:
         """Bytes the block store grows by per token read past the pot (every layer, K, V and the
-        block's share of its positions and representatives), as kvpot-blocks.cpp lays a record out."""
+        block's share of its positions and representatives), as kvpot-blocks.cpp lays a record out, in
+        this policy's row format or `kv_type`."""
         from kvpot.runtime.blocks import BYTES_PER_VALUE
 
         bs = self._p("block_size")
-        per_value = BYTES_PER_VALUE[self.kv_type_for(d_k, d_v)]
+        per_value = BYTES_PER_VALUE[kv_type or self.kv_type_for(d_k, d_v)]
         record = 4 * bs + 4 * n_head_kv * d_k + n_head_kv * bs * (d_k + d_v) * per_value
         return n_layer * (record + 63) / bs  # a record is padded to 64 bytes (at most 63 more)
 

@@ -88,7 +88,7 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
     need = policy.disk_need(facts, n_tokens)
     if need is None:
         return
-    nbytes, folder = need
+    nbytes, folder, ways = need
     probe = folder
     while not probe.exists() and probe != probe.parent:  # KVPOT_HOME/blocks is made at the first block
         probe = probe.parent
@@ -99,13 +99,8 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
             return  # a folder the OS cannot measure: the write itself reports a full disk
     if nbytes <= free_bytes:
         return
-    hint = ""
-    kv_type_for = getattr(policy, "kv_type_for", None)
-    if kv_type_for and kv_type_for(facts.head_dim_k or 1, facts.head_dim_v or 1) != "q4_0":
-        hint = " (infllm:store_type=q4_0 stores blocks in about a quarter of f16's space)"
-    raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {_gib(nbytes)} of blocks to "
-                     f"{folder}, which has {_gib(free_bytes)} free; free space there, put the store on a larger "
-                     f"disk (infllm:store=PATH), or read less{hint}")
+    raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {_gib(nbytes)} to {folder}, "
+                     f"which has {_gib(free_bytes)} free; free space there, {ways}, or read less")
 
 
 def check_adapters(policy_spec: str, model_path) -> None:
