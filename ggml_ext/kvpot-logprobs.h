@@ -22,6 +22,8 @@ struct kvpot_logprobs_state : kvpot_method_state {
     std::vector<llama_token> targets;
     std::vector<float>       out;   // NaN until computed
     std::string              error;
+    // the last graph built computed the output head a block of rows at a time (no full-size logits)
+    bool                     head_split = false;
 
     // the graph's [1, n_pick] log-probs per block of rows, and the index into out of each picked row,
     // in block order
@@ -45,9 +47,12 @@ std::vector<int32_t> kvpot_out_rows_order(const llama_ubatch & ub);
 // true when some row of this ubatch has a requested target (kvpot_logprobs_request)
 bool kvpot_logprobs_wanted(const kvpot_state & st, const llama_ubatch & ub);
 
-// adds the log-prob pieces to the graph: the logits [n_vocab, n_tokens] (rows in kvpot_out_rows_order)
-// are soft-maxed a block of rows at a time, so no second full-size tensor lives at once, and only
-// log p(target) of each requested row, one float per row, is a graph output
+// adds the log-prob pieces to the graph: the output head runs on a block of rows at a time, its logits
+// soft-maxed in place and freed before the next block, and only log p(target) of each requested row,
+// one float per row, is a graph output; the model's own head is rebuilt on the marked rows (the logits
+// llama.cpp copies out), so no [n_vocab, n_tokens] tensor is computed. A head kvpot cannot rebuild
+// (an op other than mul_mat, add, mul, scale, unary between the final norm and the logits) keeps the
+// model's full logits and takes the blocks from them
 void kvpot_logprobs_build(kvpot_state & st, const llama_ubatch & ub, llm_graph_result * res, ggml_context * ctx0, ggml_cgraph * gf);
 
 // graph nodes the pieces above may add (the graph's node pool is sized up front)

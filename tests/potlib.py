@@ -92,6 +92,23 @@ class TensorCatcher:
         return True
 
 
+class ShapeRecorder:
+    """cb_eval callback that records the shape [ne0, ne1, ne2, ne3] of every node the graph computes, and
+    asks for none of their data (test oracle only)."""
+
+    def __init__(self):
+        import llama_cpp
+
+        self.shapes: list[tuple[int, int, int, int]] = []
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, t, ask, user_data):
+        if ask:
+            head = _TensorHead.from_address(t)
+            self.shapes.append(tuple(int(head.ne[i]) for i in range(4)))
+        return False
+
+
 def hadamard(n: int) -> np.ndarray:
     """Orthonormal Sylvester Walsh-Hadamard matrix; llama.cpp stores quantized K rotated by it."""
     h = np.array([[1.0]])
