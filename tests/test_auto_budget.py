@@ -14,7 +14,7 @@ from kvpot.cli.main import app
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.session.answer import AnswerText
-from kvpot.session.auto_budget import MEMORY_ENV, DeviceMemory, plan_cells, pot_cells
+from kvpot.session.auto_budget import MEMORY_ENV, DeviceMemory, logit_rows_held, plan_cells, pot_cells
 from kvpot.session.prompting import CompletionFormat, question_suffix
 from kvpot.session.session import answer_reserve
 from kvpot.session.settings import RunSettings
@@ -66,7 +66,7 @@ def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path,
     facts = read_model_facts(smollm2_path)
     # memory for about 1200 cells: the document (~1K tokens) with the answering room does not fit
     per_cell = 30 * 3 * 128 * 2 + 2 * 9 * 256 * 4
-    free = 512 * 2**20 + facts.file_bytes + (256 + 16 + 1) * facts.n_vocab * 4 + 256 * (4 * 576 + 2 * 1536) * 4 + 1200 * per_cell
+    free = 512 * 2**20 + facts.file_bytes + logit_rows_held(256) * facts.n_vocab * 4 + 256 * (4 * 576 + 2 * 1536) * 4 + 1200 * per_cell
     # (under 2 GiB free the margin is its 512 MiB floor)
     monkeypatch.setenv(MEMORY_ENV, str(free))
     settings = RunSettings(chunk=256, max_tokens=10)

@@ -89,15 +89,18 @@ class ContextCost:
         return self.kv + self.compute
 
 
-# NuC's log-probs soft-max the graph's logits in at most this many blocks of rows (kvpot-logprobs.cpp)
+# NuC's log-probs run the output head on blocks of at least this many rows, in at most this many
+# blocks per step (ggml_ext/kvpot-logprobs.cpp LP_BLOCK_ROWS, LP_MAX_BLOCKS)
+LOGPROB_BLOCK_ROWS = 64
 LOGPROB_BLOCKS = 16
 
 
 def logit_rows_held(logit_rows: int) -> int:
-    """Rows of vocabulary-wide floats alive at once: the graph's logits, NuC's soft-max block when
-    every row is scored, and the one row llama.cpp copies out."""
-    block = -(-logit_rows // LOGPROB_BLOCKS) if logit_rows > 1 else 0
-    return logit_rows + block + 1
+    """Rows of vocabulary-wide floats alive at once: the graph's logits of the row the step marks and
+    llama.cpp's copy of it, and when every row is scored (NuC) one block of rows through the output
+    head (soft-maxed in place, freed before the next), not the whole step."""
+    block = min(logit_rows, max(LOGPROB_BLOCK_ROWS, -(-logit_rows // LOGPROB_BLOCKS))) if logit_rows > 1 else 0
+    return block + 2
 
 
 def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> ContextCost:
