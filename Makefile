@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
+	bench-infllm-memory bench-infllm-store bench-sources bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -189,6 +189,16 @@ bench-infllm-store: pull-test-models
 		-P $(INFLLM),store_type=f16 -P $(INFLLM),store_type=q8_0 -P $(INFLLM),store_type=q4_0 -t 2 \
 		--json $(BENCH_DIR)/infllm/niah-gemma3-8k-store-types.json --resume
 	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
+
+# How often `--sources` names the needle's passage first (issue 33): the passkey grid at 8K and 32K,
+# 2048 cells, every method beside full attention; source@1 per policy in the table
+SOURCES_POLICIES := -P full -P infinipot -P $(INFLLM) -P locret -P snapkv
+bench-sources: pull-test-models
+	mkdir -p $(BENCH_DIR)/sources
+	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 8192 $(D5) --seed 0 --budget 2048 \
+		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-8k-passkey.json --resume
+	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 32768 $(D3) --seed 0 --budget 2048 \
+		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-32k-passkey.json --resume
 
 # InfLLM's peak RSS at 8K and 128K, and the 1M-token read, each length in a fresh process
 bench-infllm-memory: pull-test-models
