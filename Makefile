@@ -192,11 +192,12 @@ bench-infllm-store: pull-test-models
 
 # How often `--sources` names the needle's passage first (issue 33): the passkey grid at 8K and 32K,
 # 2048 cells, every method beside full attention; source@1 per policy in the table
-SOURCES_POLICIES := -P full -P infinipot -P $(INFLLM) -P locret -P snapkv
+# (32K passes Gemma-3's trained context with the question: no full attention there)
+SOURCES_POLICIES := -P infinipot -P $(INFLLM) -P locret -P snapkv
 bench-sources: pull-test-models
 	mkdir -p $(BENCH_DIR)/sources
 	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 8192 $(D5) --seed 0 --budget 2048 \
-		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-8k-passkey.json --resume
+		--chunk 512 -t 2 -P full $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-8k-passkey.json --resume
 	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 32768 $(D3) --seed 0 --budget 2048 \
 		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-32k-passkey.json --resume
 
