@@ -229,7 +229,8 @@ void kvpot_logprobs_build(kvpot_state & st, const llama_ubatch & ub, llm_graph_r
     // marked rows only (they are first, kvpot_out_rows_order), each block of rows gets its own head,
     // and the full-size head leaves the graph; otherwise each block is a view of the full logits
     ggml_tensor * embd = res->get_embd(); // [n_embd, n_rows], the final norm's output
-    const std::vector<ggml_tensor *> head = head_nodes(gf, embd, logits);
+    // (a batch that marks every row needs the full logits anyway: the blocks are views of them)
+    const std::vector<ggml_tensor *> head = n_marked < n_rows ? head_nodes(gf, embd, logits) : std::vector<ggml_tensor *>{};
     lp->head_split = !head.empty();
     auto embd_rows = [&](int64_t r0, int64_t nr) {
         return ggml_view_2d(ctx0, embd, embd->ne[0], nr, embd->nb[1], (size_t) r0*embd->nb[1]);
