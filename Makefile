@@ -262,7 +262,7 @@ test: pull-test-models train-deps
 	$(BIN)/python -m pytest -q --durations=30
 
 # the suite's long-input checks at full length (tests/test_engine.py: 64K tokens through a 1,024-cell
-# pot on both test models, ~12 min on 2 cores; `make test` reads 16K)
+# pot on both test models, ~12 min on 2 cores; `make test` reads 8K)
 test-long: pull-test-models
 	KVPOT_LONG_TOKENS=65536 $(BIN)/python -m pytest -q tests/test_engine.py -k long_input
 

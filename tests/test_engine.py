@@ -103,9 +103,9 @@ def test_bad_model_never_reaches_llama_cpp(tmp_path):
         Engine(str(bad), StreamingLLM())
 
 
-# tokens the bounded-memory check reads: 16K in the suite (30 compactions at 1,024 cells: every one after
+# tokens the bounded-memory check reads: 8K in the suite (14 compactions at 1,024 cells: every one after
 # the second chunk, so more tokens add time, not cases); `make test-long` reads 64K
-LONG_TOKENS = int(os.environ.get("KVPOT_LONG_TOKENS", 16 * 1024))
+LONG_TOKENS = int(os.environ.get("KVPOT_LONG_TOKENS", 8 * 1024))
 
 
 @pytest.mark.slow
