@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -189,6 +189,14 @@ bench-infllm-store: pull-test-models
 		-P $(INFLLM),store_type=f16 -P $(INFLLM),store_type=q8_0 -P $(INFLLM),store_type=q4_0 -t 2 \
 		--json $(BENCH_DIR)/infllm/niah-gemma3-8k-store-types.json --resume
 	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
+
+# What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
+# model's own head on every row (what the blocks replace), per model, interleaved in one process
+bench-nuc-head: pull-test-models
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/nuc
+	$(BENCH_PY) -m kvpot.bench.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b -m qwen2.5-coder-1.5b --rounds 5 \
+		--json $(BENCH_DIR)/nuc/head-share.json
 
 # How often `--sources` names the needle's passage first (issue 33): the passkey grid at 8K and 32K,
 # 2048 cells, every method beside full attention; source@1 per policy in the table

@@ -21,7 +21,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpot.bench import curve, locret_hidden, needle_trace, store_cost, texts
+from kvpot.bench import curve, locret_hidden, needle_trace, nuc_head, store_cost, texts
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
 from kvpot.models.registry import KNOWN
@@ -30,7 +30,8 @@ from kvpot.policies import make_policy
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = sorted(set(re.findall(r"^(bench-[\w-]+):", (REPO / "Makefile").read_text(), re.M)))
 PY_RECIPES = {"kvpot.bench.curve": curve, "kvpot.bench.needle_trace": needle_trace,
-              "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost}
+              "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost,
+              "kvpot.bench.nuc_head": nuc_head}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
 runner = CliRunner()
@@ -226,3 +227,16 @@ def test_niah_defaults_run(tmp_path, gemma_path):
                                    "--task", "passkey", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())[0]["policy"].startswith("infinipot")
+
+
+def test_nuc_head_times_each_mode_on_a_small_chunk(tmp_path, smollm2_path):
+    """kvpot.bench.nuc_head on SmolLM2, one round of a 64-token chunk: every mode timed, the share and the
+    ratio derived from the medians it reports (no timing is asserted)."""
+    out = tmp_path / "head.json"
+    nuc_head.main(["-m", "smollm2-135m", "--chunk", "64", "--rounds", "1", "--json", str(out)])
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "smollm2-135m" and row["chunk"] == 64
+    assert set(row["median"]) == set(nuc_head.MODES) and all(row["median"][m] > 0 for m in nuc_head.MODES)
+    med = row["median"]
+    assert row["nuc_share"] == (med[nuc_head.MODES[1]] - med[nuc_head.MODES[0]]) / med[nuc_head.MODES[1]]
+    assert row["blocks_vs_model_head"] == med[nuc_head.MODES[1]] / med[nuc_head.MODES[2]]
