@@ -92,6 +92,28 @@ class TensorCatcher:
         return True
 
 
+def log_softmax_rows(ctx, n_rows: int) -> np.ndarray:
+    """log_softmax of the first n_rows rows of logits a context returned, in float64."""
+    rows = np.stack([ctx.logits_row(i) for i in range(n_rows)]).astype(np.float64)
+    m = rows.max(axis=1, keepdims=True)
+    return rows - (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))
+
+
+def pot_logprobs(ctx, batch, targets, marked: str = "last") -> tuple[np.ndarray, np.ndarray]:
+    """Decode `batch` at position 0 with the pot's log-prob request for `targets`; closes the context.
+    Returns (log-probs of every row, the last row's logits)."""
+    from kvpot.runtime.pot import Pot
+
+    pot = Pot(ctx)
+    pot.logprobs_request(0, targets)
+    ctx.decode(batch, 0, logits=marked)
+    got = pot.logprobs_get(len(batch))
+    pot.logprobs_clear()
+    last = ctx.logits_last()
+    ctx.close()
+    return got, last
+
+
 class ShapeRecorder:
     """cb_eval callback that records the shape [ne0, ne1, ne2, ne3] of every node the graph computes, and
     asks for none of their data (test oracle only)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from potlib import ShapeRecorder, logbook_tokens
+from potlib import ShapeRecorder, log_softmax_rows, logbook_tokens, pot_logprobs
 
 from kvpot.runtime.llama import ContextParams, LlamaContext
 from kvpot.runtime.pot import Pot
@@ -28,12 +28,6 @@ def _ctx(model, recorder: ShapeRecorder | None = None) -> LlamaContext:
                         cb_eval=recorder.callback if recorder else None)
 
 
-def _log_softmax_rows(ctx, n_rows: int) -> np.ndarray:
-    rows = np.stack([ctx.logits_row(i) for i in range(n_rows)]).astype(np.float64)
-    m = rows.max(axis=1, keepdims=True)
-    return rows - (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))
-
-
 @pytest.mark.parametrize("name", ["smol", "gemma", "qwen05"])
 def test_blocked_head_logprobs_equal_stock_log_softmax(name, request):
     model = request.getfixturevalue(name)
@@ -44,21 +38,14 @@ def test_blocked_head_logprobs_equal_stock_log_softmax(name, request):
     stock_shapes = ShapeRecorder()
     ref = _ctx(model, stock_shapes)
     ref.decode(batch, 0, logits="all")
-    want = _log_softmax_rows(ref, CHUNK)[np.arange(CHUNK), targets]
+    want = log_softmax_rows(ref, CHUNK)[np.arange(CHUNK), targets]
     ref_last = ref.logits_last()
     ref.close()
     # the recorder sees the full-size logits where they exist
     assert (n_vocab, CHUNK, 1, 1) in stock_shapes.shapes
 
     shapes = ShapeRecorder()
-    ctx = _ctx(model, shapes)
-    pot = Pot(ctx)
-    pot.logprobs_request(0, targets)
-    ctx.decode(batch, 0, logits="last")
-    got = pot.logprobs_get(CHUNK)
-    pot.logprobs_clear()
-    last = ctx.logits_last()
-    ctx.close()
+    got, last = pot_logprobs(_ctx(model, shapes), batch, targets)
 
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=2e-3)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from potlib import TensorCatcher, decode_chunks, hadamard, logbook_tokens, new_ctx, numpy_rope, rope_facts
+from potlib import (
+    TensorCatcher,
+    decode_chunks,
+    hadamard,
+    log_softmax_rows,
+    logbook_tokens,
+    new_ctx,
+    numpy_rope,
+    pot_logprobs,
+    rope_facts,
+)
 
 from kvpot.runtime.pot import Pot, PotCallError
 
@@ -224,12 +234,6 @@ def test_logit_taps_equal_kq_rows(smol, doc_tokens):
     ctx.close()
 
 
-def _log_softmax_rows(ctx, n_rows: int):
-    rows = np.stack([ctx.logits_row(i) for i in range(n_rows)]).astype(np.float64)
-    m = rows.max(axis=1, keepdims=True)
-    return rows - (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))
-
-
 @pytest.mark.parametrize("marked", ["all", "last"])
 def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens, marked):
     """Per-token log p(next) from the graph equals log_softmax of the logits stock llama.cpp returns for
@@ -239,18 +243,11 @@ def test_logprobs_equal_log_softmax_of_logits(smol, doc_tokens, marked):
     targets = doc_tokens[1:CHUNK + 1]
     ref = new_ctx(smol, N_CTX, CHUNK)
     ref.decode(batch, 0, logits="all")
-    want = _log_softmax_rows(ref, CHUNK)[np.arange(CHUNK), targets]
+    want = log_softmax_rows(ref, CHUNK)[np.arange(CHUNK), targets]
     ref_last = ref.logits_last()
     ref.close()
 
-    ctx = new_ctx(smol, N_CTX, CHUNK)
-    pot = Pot(ctx)
-    pot.logprobs_request(0, targets)
-    ctx.decode(batch, 0, logits=marked)
-    got = pot.logprobs_get(CHUNK)
-    pot.logprobs_clear()
-    last = ctx.logits_last()
-    ctx.close()
+    got, last = pot_logprobs(new_ctx(smol, N_CTX, CHUNK), batch, targets, marked)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=1e-3)
     np.testing.assert_allclose(last, ref_last, atol=1e-3, rtol=1e-4)
