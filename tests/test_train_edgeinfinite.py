@@ -151,6 +151,38 @@ def test_gemma3_reading_step_windows_see_the_text_before(gemma_path, gemma_weigh
     assert abs(got - want) < 0.06 * want, (got, want)  # llama.cpp's weights meet q8 activations (3.7 % here)
 
 
+def test_qwen2_forward_matches_llama_cpp_with_its_biases(qwen05_path):
+    """Qwen2: biases on Q, K and V added before NEOX RoPE at base 1e6, tied embeddings. The keys equal the
+    cache's and the logits llama.cpp's; the same forward with the K and Q biases left out is far from
+    them, so the check can fail."""
+    w = load_weights(qwen05_path)
+    assert w.neox and w.rope_base[0] == 1e6 and (w.n_head, w.n_head_kv) == (14, 2)
+    model = LlamaModel(str(qwen05_path))
+    ctx = LlamaContext(model, ContextParams(n_ctx=256, n_batch=256, n_threads=2))
+    try:
+        tokens = model.tokenize(logbook(n_entries=8, seed=4)[0])[:160]
+        ctx.decode(tokens, 0, logits="last")
+        pot = Pot(ctx)
+        unbiased = dataclasses.replace(w, tensors={k: v for k, v in w.tensors.items()
+                                                   if not k.endswith(("attn_q.bias", "attn_k.bias"))})
+        with torch.no_grad():
+            logits, kvs = forward(w, tokens, 0)
+            wrong, wrong_kvs = forward(unbiased, tokens, 0)
+        for il in (0, 11, 23):
+            for h in range(w.n_head_kv):
+                k_cpp = pot.read(il, h, "k", 0, len(tokens), w.head_dim)
+                tol = 0.05 * np.abs(k_cpp).max() + 1e-2  # Q4_K weights meet q8 activations; K stored in f16
+                assert np.abs(kvs[il][0][:, h].numpy() - k_cpp).max() <= tol, (il, h)
+                assert np.abs(wrong_kvs[il][0][:, h].numpy() - k_cpp).max() > tol, (il, h)
+        got = ctx.logits_last()
+        assert int(np.argmax(got)) == int(np.argmax(logits[-1].numpy()))
+        assert np.corrcoef(got, logits[-1].numpy())[0, 1] > 0.99
+        assert np.corrcoef(got, wrong[-1].numpy())[0, 1] < 0.9
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_path, tmp_path):
     out = tmp_path / "gate.gguf"
     cfg = te.TrainConfig(L_sink=4, L_seg=16, n_seg=2, steps=2, lr=0.05, seed=1)

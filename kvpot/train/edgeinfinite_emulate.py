@@ -62,9 +62,8 @@ def emulated_loss(weights, gate, tokens: list[int], cfg):
         s, e = cfg.L_sink, cfg.L_sink + n_fold
         mem = fold_all(mem, [None if x is None else (x[0][s:e], x[1][s:e]) for x in pre.pot])
         shift = torch.full((n_cells - e,), -n_fold)
-        neox = w.arch == "gemma3"
         pre.pot = [None if x is None else
-                   (torch.cat([x[0][:s], rope(x[0][e:], shift, w.rope_base[il], neox)]), torch.cat([x[1][:s], x[1][e:]]))
+                   (torch.cat([x[0][:s], rope(x[0][e:], shift, w.rope_base[il], w.neox)]), torch.cat([x[1][:s], x[1][e:]]))
                    for il, x in enumerate(pre.pot)]
         n_cells -= n_fold
         has_mem = True

@@ -2,10 +2,11 @@
 
 Why our own loader and forward rather than transformers' GGUF reader: the keys must be the keys the
 llama.cpp cache holds, so the RoPE is llama.cpp's own form for the architecture (LLAMA: rope type NORM,
-adjacent pairs, on the converter-permuted attn_q/attn_k weights; GEMMA3: NEOX, halves), and the gated
-memory's training forward must be the computation the graph does; a short forward keeps that visible,
-and leaves out a multi-hundred-MB dependency. Supported: llama (SmolLM2) and gemma3 (Gemma-3-270M), the
-computation of llama.cpp's `src/models/{llama,gemma3}.cpp`. The forward takes a cached prefix per layer
+adjacent pairs, on the converter-permuted attn_q/attn_k weights; GEMMA3 and QWEN2: NEOX, halves), and the
+gated memory's training forward must be the computation the graph does; a short forward keeps that
+visible, and leaves out a multi-hundred-MB dependency. Supported: llama (SmolLM2), gemma3 (Gemma-3-270M)
+and qwen2 (Qwen2.5-Coder: biases on Q, K and V, added before RoPE), the computation of llama.cpp's
+`src/models/{llama,gemma3,qwen2}.cpp`. The forward takes a cached prefix per layer
 and a memory hook, the way kvpot reads a long text.
 
 Gemma-3's sliding-window layers: while kvpot reads, those layers keep llama.cpp's live window of the last
@@ -23,7 +24,8 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 
-ARCHS = ("llama", "gemma3")
+ARCHS = ("llama", "gemma3", "qwen2")
+NEOX_ARCHS = ("gemma3", "qwen2")  # llama.cpp's rope type per architecture (llama_model_rope_type)
 
 
 @dataclass
@@ -39,6 +41,11 @@ class ModelWeights:
     n_swa: int
     kq_scale: float          # the logit is (q . k) * kq_scale (Gemma-3 pre-scales Q, llama.cpp then uses 1)
     tensors: dict = field(repr=False)  # name -> torch.Tensor (f32, torch layout [out, in])
+
+    @property
+    def neox(self) -> bool:
+        """RoPE on the halves of each head (NEOX) rather than adjacent pairs (NORM)."""
+        return self.arch in NEOX_ARCHS
 
     @property
     def pot_layers(self) -> list[int]:
@@ -91,6 +98,14 @@ def _kq_scale(arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) 
     if arch == "gemma3" and n_layer == 62:
         return 1.0 / (n_embd / n_head) ** 0.5
     return 1.0 / head_dim ** 0.5
+
+
+def _project(h, t: dict, name: str):
+    """h @ W.T, plus the bias where the model has one (qwen2's Q, K and V; llama.cpp's build_qkv adds it
+    before the reshape and RoPE)."""
+    out = h @ t[name + ".weight"].T
+    bias = t.get(name + ".bias")
+    return out if bias is None else out + bias
 
 
 def rms_norm(x, w, eps: float):
@@ -166,13 +181,13 @@ def forward(w: ModelWeights, tokens, pos0: int, prefix: Prefix | None = None, mi
     for il in range(w.n_layer):
         p = f"blk.{il}."
         h = rms_norm(x, t[p + "attn_norm.weight"], w.rms_eps)
-        q = (h @ t[p + "attn_q.weight"].T).view(T, w.n_head, w.head_dim)
-        k = (h @ t[p + "attn_k.weight"].T).view(T, w.n_head_kv, w.head_dim)
-        v = (h @ t[p + "attn_v.weight"].T).view(T, w.n_head_kv, w.head_dim)
+        q = _project(h, t, p + "attn_q").view(T, w.n_head, w.head_dim)
+        k = _project(h, t, p + "attn_k").view(T, w.n_head_kv, w.head_dim)
+        v = _project(h, t, p + "attn_v").view(T, w.n_head_kv, w.head_dim)
         if gemma:
             q, k = rms_norm(q, t[p + "attn_q_norm.weight"], w.rms_eps), rms_norm(k, t[p + "attn_k_norm.weight"], w.rms_eps)
         at = tpos if w.swa[il] else pos
-        q, k = rope(q, at, w.rope_base[il], gemma), rope(k, at, w.rope_base[il], gemma)
+        q, k = rope(q, at, w.rope_base[il], w.neox), rope(k, at, w.rope_base[il], w.neox)
         kvs.append((k, v))
         pre = prefix.of(w, il) if prefix is not None else None
         kk, vv = (k, v) if pre is None else (torch.cat([pre[0], k]), torch.cat([pre[1], v]))
