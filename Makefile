@@ -119,6 +119,8 @@ bench-locret: pull-test-models
 		--json $(BENCH_DIR)/locret/smollm2-135m-passkey-8k-1024.json --resume
 	$(KVPOT) bench niah -m smollm2-135m --length 32768 $(D5) --seed 0 --budget 1024 --chunk 512 --task passkey \
 		-P locret -t 1 --json $(BENCH_DIR)/locret/smollm2-135m-passkey-32k-1024.json --resume
+	$(KVPOT) bench niah -m qwen2.5-coder-0.5b --length 7900 --task prose $(D5) --seed 0 --budget 2048 --chunk 512 \
+		-P locret -P infinipot -P full -t 2 --json $(BENCH_DIR)/locret/qwen2.5-coder-0.5b-prose-7900-2048.json --resume
 
 # EdgeInfinite's perplexity beside StreamingLLM at budget 1024, chunk 512, one thread (two runs side by side
 # fit 2 cores): per model and text, StreamingLLM with EdgeInfinite's sinks + the untrained gate + the shipped
