@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -103,6 +103,15 @@ bench-trace: pull-test-models
 	$(call trace,smollm2-135m,,smollm2-2500-1024)
 	$(call trace,smollm2-135m,-P infinipot:nuc_ratio=0,smollm2-2500-1024-nuc0)
 	$(call trace,gemma3-270m,,gemma3-2500-1024)
+
+# which of a prose needle's digits Locret keeps and where its heads rank them; then the oracle that keeps them
+# (kvpot/bench/locret_trace.py)
+bench-locret-trace: pull-test-models
+	mkdir -p $(BENCH_DIR)/locret
+	$(BENCH_PY) -m kvpot.bench.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 \
+		--json $(BENCH_DIR)/locret/trace-gemma3-prose-7900-2048.json
+	$(BENCH_PY) -m kvpot.bench.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 --keep-digits \
+		--json $(BENCH_DIR)/locret/trace-gemma3-prose-7900-2048-oracle.json
 
 # Locret's needle grids beside the other policies. The Gemma-3 32K file started as a copy of
 # niah-gemma3-32k.json, so only Locret's cases ran into it
