@@ -58,30 +58,36 @@ def test_torch_memory_and_gate_equal_the_numpy_reference():
     np.testing.assert_allclose(got.detach().numpy(), gate.mix(1, a_mem, a_dot), rtol=1e-4, atol=1e-4)
 
 
-def test_torch_backbone_keys_and_logits_match_llama_cpp(smollm2_path):
-    """The training forward sees the keys the cache holds (llama.cpp's RoPE form, same weights)."""
-    w = load_weights(smollm2_path)
-    model = LlamaModel(str(smollm2_path))
-    ctx = LlamaContext(model, ContextParams(n_ctx=128, n_batch=64, n_threads=2))
+def _cpp_keys_and_last_logits(path, n_entries: int, n_tokens: int, layers, w):
+    """llama.cpp's reading of the first n_tokens of a logbook in one ubatch: (tokens, {(layer, KV head): the
+    cached K [n_tokens, head_dim]}, the last row's logits)."""
+    model = LlamaModel(str(path))
+    ctx = LlamaContext(model, ContextParams(n_ctx=max(128, n_tokens), n_batch=max(64, n_tokens), n_threads=2))
     try:
-        tokens = model.tokenize(logbook(n_entries=2, seed=4)[0])[:48]
+        tokens = model.tokenize(logbook(n_entries=n_entries, seed=4)[0])[:n_tokens]
         ctx.decode(tokens, 0, logits="last")
         pot = Pot(ctx)
-        with torch.no_grad():
-            logits, kvs = forward(w, tokens, 0)
-        for il in (0, 15, 29):
-            for h in range(w.n_head_kv):
-                k_cpp = pot.read(il, h, "k", 0, len(tokens), w.head_dim)
-                k_t = kvs[il][0][:, h].numpy()
-                # llama.cpp multiplies Q4_1 weights by q8-quantized activations and stores K in f16
-                assert np.abs(k_t - k_cpp).max() <= 0.05 * np.abs(k_cpp).max() + 1e-2
-        got = ctx.logits_last()
-        want = logits[-1].numpy()
-        assert int(np.argmax(got)) == int(np.argmax(want))
-        assert np.corrcoef(got, want)[0, 1] > 0.99
+        keys = {(il, h): pot.read(il, h, "k", 0, len(tokens), w.head_dim)
+                for il in layers for h in range(w.n_head_kv)}
+        return tokens, keys, ctx.logits_last()
     finally:
         ctx.close()
         model.close()
+
+
+def test_torch_backbone_keys_and_logits_match_llama_cpp(smollm2_path):
+    """The training forward sees the keys the cache holds (llama.cpp's RoPE form, same weights)."""
+    w = load_weights(smollm2_path)
+    tokens, keys, got = _cpp_keys_and_last_logits(smollm2_path, 2, 48, (0, 15, 29), w)
+    with torch.no_grad():
+        logits, kvs = forward(w, tokens, 0)
+    for (il, h), k_cpp in keys.items():
+        k_t = kvs[il][0][:, h].numpy()
+        # llama.cpp multiplies Q4_1 weights by q8-quantized activations and stores K in f16
+        assert np.abs(k_t - k_cpp).max() <= 0.05 * np.abs(k_cpp).max() + 1e-2
+    want = logits[-1].numpy()
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    assert np.corrcoef(got, want)[0, 1] > 0.99
 
 
 @pytest.fixture(scope="module")
@@ -157,30 +163,19 @@ def test_qwen2_forward_matches_llama_cpp_with_its_biases(qwen05_path):
     them, so the check can fail."""
     w = load_weights(qwen05_path)
     assert w.neox and w.rope_base[0] == 1e6 and (w.n_head, w.n_head_kv) == (14, 2)
-    model = LlamaModel(str(qwen05_path))
-    ctx = LlamaContext(model, ContextParams(n_ctx=256, n_batch=256, n_threads=2))
-    try:
-        tokens = model.tokenize(logbook(n_entries=8, seed=4)[0])[:160]
-        ctx.decode(tokens, 0, logits="last")
-        pot = Pot(ctx)
-        unbiased = dataclasses.replace(w, tensors={k: v for k, v in w.tensors.items()
-                                                   if not k.endswith(("attn_q.bias", "attn_k.bias"))})
-        with torch.no_grad():
-            logits, kvs = forward(w, tokens, 0)
-            wrong, wrong_kvs = forward(unbiased, tokens, 0)
-        for il in (0, 11, 23):
-            for h in range(w.n_head_kv):
-                k_cpp = pot.read(il, h, "k", 0, len(tokens), w.head_dim)
-                tol = 0.05 * np.abs(k_cpp).max() + 1e-2  # Q4_K weights meet q8 activations; K stored in f16
-                assert np.abs(kvs[il][0][:, h].numpy() - k_cpp).max() <= tol, (il, h)
-                assert np.abs(wrong_kvs[il][0][:, h].numpy() - k_cpp).max() > tol, (il, h)
-        got = ctx.logits_last()
-        assert int(np.argmax(got)) == int(np.argmax(logits[-1].numpy()))
-        assert np.corrcoef(got, logits[-1].numpy())[0, 1] > 0.99
-        assert np.corrcoef(got, wrong[-1].numpy())[0, 1] < 0.9
-    finally:
-        ctx.close()
-        model.close()
+    tokens, keys, got = _cpp_keys_and_last_logits(qwen05_path, 8, 160, (0, 11, 23), w)
+    unbiased = dataclasses.replace(w, tensors={k: v for k, v in w.tensors.items()
+                                               if not k.endswith(("attn_q.bias", "attn_k.bias"))})
+    with torch.no_grad():
+        logits, kvs = forward(w, tokens, 0)
+        wrong, wrong_kvs = forward(unbiased, tokens, 0)
+    for (il, h), k_cpp in keys.items():
+        tol = 0.05 * np.abs(k_cpp).max() + 1e-2  # Q4_K weights meet q8 activations; K stored in f16
+        assert np.abs(kvs[il][0][:, h].numpy() - k_cpp).max() <= tol, (il, h)
+        assert np.abs(wrong_kvs[il][0][:, h].numpy() - k_cpp).max() > tol, (il, h)
+    assert int(np.argmax(got)) == int(np.argmax(logits[-1].numpy()))
+    assert np.corrcoef(got, logits[-1].numpy())[0, 1] > 0.99
+    assert np.corrcoef(got, wrong[-1].numpy())[0, 1] < 0.9
 
 
 def test_a_short_training_run_writes_a_gate_for_the_model(smollm2_path, gemma_path, tmp_path):
