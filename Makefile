@@ -135,11 +135,13 @@ bench-locret: pull-test-models
 # fit 2 cores): per model and text, StreamingLLM with EdgeInfinite's sinks + the untrained gate + the shipped
 # one (-seg1.json: fit's split, segments of one cell), the gate shut (-seg1-closed.json), and StreamingLLM at
 # EdgeInfinite's KV, 1024 less the memory's cells (-kv.json). The model's sinks, KV and (seg16) window:
-# SmolLM2 112, 959, 831; Gemma-3 90, 767, 661
+# SmolLM2 112, 959, 831; Gemma-3 90, 767, 661; Qwen2.5-Coder-0.5B 112, 959, 831; 1.5B 105, 895, 774
+# (EI_MODELS=qwen2.5-coder-0.5b: the Qwen models are not in the default loop, their 8K reads take minutes each)
 EI_MODELS ?= smollm2-135m gemma3-270m
 EI_TEXTS  ?= code-8k logbook-8k manual-8k code-32k logbook-32k manual-32k
 ei_loop = for m in $(EI_MODELS); do case $$m in smollm2-135m) n=smollm2 s=112 kv=959 w=831;; \
-	gemma3-270m) n=gemma3 s=90 kv=767 w=661;; esac; for t in $(EI_TEXTS); do \
+	gemma3-270m) n=gemma3 s=90 kv=767 w=661;; qwen2.5-coder-0.5b) n=qwen05 s=112 kv=959 w=831;; \
+	qwen2.5-coder-1.5b) n=qwen15 s=105 kv=895 w=774;; esac; for t in $(EI_TEXTS); do \
 	case $$t in code-*) f=$$t;; *) f=$${t%-*};; esac; case $$t in *-8k) tok=8192;; *) tok=32768;; esac; \
 	name=ppl-$$n-$$(echo $$t | sed 's/^logbook/text/; s/^manual/prose/'); \
 	ppl="$(KVPOT) bench ppl -m $$m -f $(BENCH_TEXTS)/$$f.txt --tokens $$tok --chunk 512 -t 1"; \

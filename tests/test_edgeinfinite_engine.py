@@ -81,21 +81,22 @@ def test_gate_for_another_model_is_refused(smollm2_path, gemma_path, tmp_path):
 
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+@pytest.mark.parametrize("which", ["smollm2", "gemma", "qwen05"])
 def test_the_shipped_gate_is_the_default_for_its_model_only(which, request, tmp_path):
     """A bare `edgeinfinite` runs the gate shipped for a known model (found by the GGUF's sha256); a model
     kvpot ships none for (here the same file with one byte changed) is refused in one line."""
     from kvpot.converters.adapter import BaseIdentity, read_memory_gate
-    from kvpot.models.registry import GEMMA3_270M, SHIPPED_DIR, SMOLLM2_135M
+    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M
 
-    path = request.getfixturevalue("smollm2_path" if which == "smollm2" else "gemma_path")
+    path = request.getfixturevalue(f"{which}_path")
     other = request.getfixturevalue("gemma_path" if which == "smollm2" else "smollm2_path")
-    known = SMOLLM2_135M if which == "smollm2" else GEMMA3_270M
+    known = {"smollm2": SMOLLM2_135M, "gemma": GEMMA3_270M, "qwen05": QWEN25_CODER_05B}[which]
     shipped = SHIPPED_DIR / known.adapters["edgeinfinite"]
     assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
     gate = EdgeInfinite().memory_gate(path)
     assert gate.base == BaseIdentity.of_model(path)
-    assert gate.layers == ([5, 11, 17] if which == "gemma" else list(range(30)))  # the pot layers
+    pot_layers = {"gemma": [5, 11, 17], "smollm2": list(range(30)), "qwen05": list(range(24))}[which]
+    assert gate.layers == pot_layers
     init = initial_memory_gate(path)
     assert not np.array_equal(gate.w1, init.w1)  # trained
     with pytest.raises(AdapterError, match="another model"):
