@@ -196,11 +196,19 @@ bench-infllm: pull-test-models
 
 # InfLLM's block store by row format: the 8K passkey grid in f16, q8_0 and q4_0 (which format keeps
 # every answer), and what a block read costs when the in-RAM cache misses
-bench-infllm-store: pull-test-models
+# the store's row formats: the passkey grid on Gemma-3, then what decided the default (q8_0): perplexity
+# and real-document questions on Qwen2.5-Coder-1.5B, whose keys q4_0 cannot hold (~40 min on 2 cores)
+bench-infllm-store: pull-test-models bench-texts
+	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/infllm
 	$(KVPOT) bench niah -m gemma3-270m --length 8192 $(D5) --seed 0 --budget 2048 --chunk 512 --task passkey \
 		-P $(INFLLM),store_type=f16 -P $(INFLLM),store_type=q8_0 -P $(INFLLM),store_type=q4_0 -t 2 \
 		--json $(BENCH_DIR)/infllm/niah-gemma3-8k-store-types.json --resume
+	$(KVPOT) bench ppl -m qwen2.5-coder-1.5b -f $(BENCH_TEXTS)/manual.txt --tokens 8192 --chunk 512 -t 1 --budget 1024 \
+		-P infllm:store_type=f16 -P infllm:store_type=q8_0 -P infllm:store_type=q4_0 \
+		--json $(BENCH_DIR)/infllm/ppl-qwen15-manual-8k-store-types.json
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infllm:store_type=f16 -P infllm:store_type=q8_0 -P infllm:store_type=q4_0 \
+		--length 8192 --limit 6 --budget 1024 -t 2 --json $(BENCH_DIR)/infllm/qa-qwen15-8k-store-types.json --resume
 	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the

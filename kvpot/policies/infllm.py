@@ -20,12 +20,14 @@ from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Fetch, Policy, PotView,
 # the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
 # i.e. of the 6272 cells attention sees, 2 % initial, 65 % local, 33 % retrieved blocks.
-# the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default: the smallest,
-# q4_0, answered every 8K passkey case f16 answered, with the same text, on Gemma-3-270M (5/5) and
-# Qwen2.5-Coder-0.5B, at 0.02 % more perplexity than f16 (docs/benchmarks.md, "The block store's row
-# format"); a quarter of f16's disk
+# the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default, q8_0: half
+# of f16's disk. Not q4_0, though it passed the 8K passkey grids: Qwen2's K biases put a few channels of
+# keys hundreds of times above the rest (Qwen2.5-Coder-1.5B's layer 0: max/median 281), and q4_0's one
+# scale per 32 values, set by the largest, rounds the rest of those 32 to zero, so its error exceeds what
+# tells one token's key from another's and the 1.5B's answers over recalled blocks fall apart
+# (docs/benchmarks.md, "The block store's row format")
 STORE_TYPES = ("f16", "q8_0", "q4_0")
-STORE_TYPE = "q4_0"
+STORE_TYPE = "q8_0"
 
 PAPER = dict(block_size=128, n_init=128, n_local=4096, topk=16, repr_topk=4, max_cached_block=32, exc_block_size=512)
 
@@ -467,7 +469,8 @@ class InfLLM(Policy):
         ways = "put the block store on a larger disk (infllm:store=PATH)"
         if self.kv_type_for(d_k, d_v) != "q4_0" and d_k % 32 == 0 and d_v % 32 == 0:
             q4 = past * self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v, "q4_0")
-            ways += f", store it in q4_0 (infllm:store_type=q4_0, about {q4 / 2**30:,.1f} GiB)"
+            ways += (f", store it in q4_0 (infllm:store_type=q4_0, about {q4 / 2**30:,.1f} GiB; coarser keys, "
+                     "which some models' answers do not survive)")
         return int(past * per_token), folder, ways
 
     def kv_type_for(self, d_k: int, d_v: int) -> str:
