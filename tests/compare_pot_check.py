@@ -9,6 +9,8 @@ with A's kept cells).
 2. Compaction on identical cells: B's `imposed` logits may differ from A's logits by no more than twice
    what stock llama.cpp's logits (before any compaction) differ between A and B, or LOGIT_TOL of their
    range, whichever is larger; and the most likely next token is the same.
+3. InfiniPot's NuC log-probs, computed in the graph, equal log_softmax of the same rows' full logits on
+   each machine (NUC_TOL), and differ between A and B no more than the logits in 2 do.
 Prints a summary; exits 1 on a mismatch.
 
 usage: python compare_pot_check.py A.txt B.txt
@@ -21,6 +23,9 @@ import sys
 import numpy as np
 
 LOGIT_TOL = 0.02
+# in-graph log-probs against log_softmax of the same run's logits: the same head on the same rows, so
+# only the order of the soft-max sums differs
+NUC_TOL = 1e-3
 
 
 def parse(path: str) -> dict:
@@ -32,7 +37,7 @@ def parse(path: str) -> dict:
         if f[0] in ("kept", "score"):
             key = (int(f[1]), int(f[2]))
             out[f[0]][key] = [float(x) for x in f[3:]] if f[0] == "score" else [int(x) for x in f[3:]]
-        elif f[0] in ("logits", "stock", "imposed"):
+        elif f[0] in ("logits", "stock", "imposed", "nuc", "nuc_ref"):
             out[f[0]] = np.array([float(x) for x in f[1:]])
             if f[0] == "logits":  # every 97th id, then the top-10 values: keep the sampled part
                 out[f[0]] = out[f[0]][:-10]
@@ -93,6 +98,20 @@ def main(a_path: str, b_path: str) -> int:
         idx_a = int(np.argmax(a["logits"]))
         if idx_a != int(np.argmax(b["imposed"])):
             problems.append("the most likely sampled token differs after compaction")
+    # NuC's in-graph log-probs: equal to log_softmax of full logits on each machine, and across the two
+    # no further apart than stock logits are
+    for name, run in ((a_path, a), (b_path, b)):
+        if "nuc" not in run or "nuc_ref" not in run:
+            problems.append(f"{name} has no nuc/nuc_ref lines")
+        elif float(np.abs(run["nuc"] - run["nuc_ref"]).max()) > NUC_TOL:
+            problems.append(f"{name}: in-graph log-probs differ from log_softmax of the logits by "
+                            f"{float(np.abs(run['nuc'] - run['nuc_ref']).max()):.4g} > {NUC_TOL}")
+    if "nuc" in a and "nuc" in b:
+        nuc_self = max(float(np.abs(r["nuc"] - r["nuc_ref"]).max()) for r in (a, b))
+        nuc_diff = float(np.abs(a["nuc"] - b["nuc"]).max())
+        line += f"; NuC log-probs vs log_softmax {nuc_self:.3g} (bound {NUC_TOL}), {nuc_diff:.3g} between the two"
+        if nuc_diff > max(2 * stock_diff, LOGIT_TOL * span):
+            problems.append(f"NuC log-probs differ between the two by {nuc_diff:.4g}")
     independent = float(np.abs(a["logits"] - b["logits"]).max())
     line += f"; with each CPU's own cells {independent:.3g}; top-1 {a['top'][0]} vs {b['top'][0]}"
     print(line)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The pot on a CUDA GPU, checked against this machine's CPU: tests/pot_check (compaction per layer and KV
-# head, score taps, CR-RoPE, in plain C++ over libllama) run on both, compared by tests/compare_pot_check.py
+# head, score taps, CR-RoPE, NuC's in-graph log-probs, in plain C++ over libllama; with the K cache in f16
+# and in q8_0) run on both, compared by tests/compare_pot_check.py
 # with a tolerance calibrated in the same runs (docs/pot.md, "CUDA").
 #
 #   tests/cuda_pot_check.sh prepare PYTHON DIR   here: the CPU reference, SmolLM2 cut to 4 blocks (41 MB)
@@ -18,6 +19,7 @@ prepare)
     model=$("$PY" -c "from kvpot.models.pull import pull_known; from kvpot.models.registry import SMOLLM2_135M; print(pull_known(SMOLLM2_135M))")
     "$PY" "$here/cut_layers.py" "$model" "$DIR/smollm2-4l.gguf" 4
     "$home/build/pot-check/native/pot_check" "$DIR/smollm2-4l.gguf" 1 > "$DIR/native.txt"
+    POT_CHECK_TYPE_K=q8_0 "$home/build/pot-check/native/pot_check" "$DIR/smollm2-4l.gguf" 1 > "$DIR/native-q8_0.txt"
     src=$("$PY" -c "from kvpot.build.cross import staged_tree; print(staged_tree())")
     tar czf "$DIR/llama-src.tar.gz" -C "$(dirname "$src")" \
         --exclude='llama.cpp/ggml/src/ggml-'{vulkan,sycl,opencl,hexagon,metal,et} --exclude='llama.cpp/vendor/cpp-httplib' \
@@ -43,11 +45,17 @@ run)
     lib="$work/build/bin"; inc="$work/llama.cpp"
     g++ -O2 -std=c++17 pot_check.cpp -o "$work/pot_check" -I"$inc/include" -I"$inc/ggml/include" \
         -I"$inc/ggml_ext" -L"$lib" -lllama -lggml -lggml-base -Wl,-rpath,"$lib"
-    POT_CHECK_LOG=1 "$work/pot_check" smollm2-4l.gguf 1 native.txt > "$out/cuda.txt" 2> "$out/cuda-log.txt"
-    # the proof that it ran there: llama.cpp's own lines for the layers and the KV cache
-    grep -E "offloaded|CUDA0 (model|KV) buffer" "$out/cuda-log.txt"
-    grep -q "CUDA0 KV buffer" "$out/cuda-log.txt" || { echo "the KV cache was not on CUDA0"; exit 1; }
-    python3 compare_pot_check.py native.txt "$out/cuda.txt"
+    rc=0
+    for k in f16 q8_0; do  # the K cache in f16, then in q8_0
+        ref=native.txt; [ "$k" = f16 ] || ref=native-$k.txt
+        echo "K cache $k:"
+        POT_CHECK_LOG=1 POT_CHECK_TYPE_K=$k "$work/pot_check" smollm2-4l.gguf 1 $ref > "$out/cuda-$k.txt" 2> "$out/cuda-log-$k.txt"
+        # the proof that it ran there: llama.cpp's own lines for the layers and the KV cache
+        grep -E "offloaded|CUDA0 (model|KV) buffer|K \(" "$out/cuda-log-$k.txt" || true
+        grep -q "CUDA0 KV buffer" "$out/cuda-log-$k.txt" || { echo "the KV cache was not on CUDA0"; exit 1; }
+        python3 compare_pot_check.py $ref "$out/cuda-$k.txt" || rc=1
+    done
+    exit $rc
     ;;
 *)
     echo "usage: $0 prepare PYTHON DIR | run" >&2; exit 2 ;;

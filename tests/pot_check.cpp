@@ -8,17 +8,20 @@
 //   stock <v>...                       the logits after the document, before any compaction (stock llama.cpp)
 //   logits <v>...                      the logits after the question (every 97th id, plus the top 10)
 //   top <id>...                        the top 10 token ids
+//   nuc <v>... / nuc_ref <v>...        log p(next token) of a chunk's rows from InfiniPot's in-graph NuC,
+//                                      and from log_softmax of the same rows' full logits
 // With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
 // document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
 // cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
 // rank a near-tie differently.
 //
-// usage: [POT_CHECK_LOG=1] pot_check MODEL.gguf [n_threads [REF.txt]]
+// usage: [POT_CHECK_LOG=1] [POT_CHECK_TYPE_K=f16|q8_0] pot_check MODEL.gguf [n_threads [REF.txt]]
 #include "llama.h"
 #include "kvpot.h"
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -116,6 +119,15 @@ int main(int argc, char ** argv) {
     cp.n_threads       = n_threads;
     cp.n_threads_batch = n_threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    // POT_CHECK_TYPE_K=q8_0: a quantized K cache (V stays f16: a quantized V needs flash attention),
+    // so compaction moves q8_0 rows and the taps read them
+    const char * type_k = getenv("POT_CHECK_TYPE_K");
+    if (type_k && std::string(type_k) == "q8_0") {
+        cp.type_k = GGML_TYPE_Q8_0;
+    } else if (type_k && *type_k && std::string(type_k) != "f16") {
+        fprintf(stderr, "pot_check: POT_CHECK_TYPE_K must be f16 or q8_0, not %s\n", type_k);
+        return 2;
+    }
     cp.no_perf         = true;
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
@@ -155,7 +167,8 @@ int main(int argc, char ** argv) {
     std::vector<int32_t> il(n_layer);
     kvpot_pot_layers(ctx, il.data(), n_layer);
 
-    printf("model %s layers %d kv_heads %d cells %d\n", argv[1], n_layer, n_head, st.n_cells_used);
+    printf("model %s type_k %s layers %d kv_heads %d cells %d\n", argv[1], cp.type_k == GGML_TYPE_Q8_0 ? "q8_0" : "f16",
+           n_layer, n_head, st.n_cells_used);
     std::vector<int32_t> keep((size_t) n_layer*n_head*N_KEEP);
     std::vector<float> tap((size_t) n_head*N_DOC);
     for (int32_t l = 0; l < n_layer; ++l) {
@@ -228,6 +241,42 @@ int main(int argc, char ** argv) {
         const float * lg = llama_get_logits_ith(ctx, -1);
         printf("imposed");
         for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
+    }
+
+    // InfiniPot's NuC: log p(next token) of every row of a chunk, computed inside the graph while the
+    // chunk marks only its last row for logits (what kvpot reads with), against log_softmax of the same
+    // rows' full logits from a plain decode of the same chunk, both on this device
+    {
+        const int32_t p0 = N_DOC - 2*CHUNK;
+        std::vector<float> nuc(CHUNK), ref(CHUNK);
+        llama_memory_clear(llama_get_memory(ctx), true);
+        kvpot_pot_reset(ctx);
+        for (int32_t p = 0; p < p0; p += CHUNK) {
+            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+        }
+        if (kvpot_logprobs_request(ctx, p0, doc.data() + p0 + 1, CHUNK) < 0) die("kvpot_logprobs_request");
+        decode(ctx, batch, doc.data() + p0, CHUNK, p0, false);
+        if (kvpot_logprobs_get(ctx, nuc.data(), CHUNK) < 0) die("kvpot_logprobs_get");
+        if (kvpot_logprobs_request(ctx, 0, nullptr, 0) < 0) die("kvpot_logprobs_request");
+
+        llama_memory_clear(llama_get_memory(ctx), true);
+        kvpot_pot_reset(ctx);
+        for (int32_t p = 0; p < p0; p += CHUNK) {
+            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+        }
+        decode(ctx, batch, doc.data() + p0, CHUNK, p0, true);
+        for (int32_t i = 0; i < CHUNK; ++i) {
+            const float * lg = llama_get_logits_ith(ctx, i);
+            const float mx = *std::max_element(lg, lg + n_vocab);
+            double sum = 0.0;
+            for (int32_t t = 0; t < n_vocab; ++t) sum += exp((double) lg[t] - mx);
+            ref[i] = (float) (lg[doc[p0 + 1 + i]] - mx - log(sum));
+        }
+        printf("nuc");
+        for (float v : nuc) printf(" %.6g", v);
+        printf("\nnuc_ref");
+        for (float v : ref) printf(" %.6g", v);
         printf("\n");
     }
 
