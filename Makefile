@@ -194,10 +194,9 @@ bench-infllm: pull-test-models
 	$(KVPOT) bench niah -m gemma3-270m --length 131072 -d 0.5 -d 0.1 -d 0.9 --seed 0 --budget 2048 --chunk 512 \
 		--task passkey -P $(INFLLM) -t 1 --json $(BENCH_DIR)/infllm/niah-gemma3-128k-graph-exc256-const.json --resume
 
-# InfLLM's block store by row format: the 8K passkey grid in f16, q8_0 and q4_0 (which format keeps
-# every answer), and what a block read costs when the in-RAM cache misses
-# the store's row formats: the passkey grid on Gemma-3, then what decided the default (q8_0): perplexity
-# and real-document questions on Qwen2.5-Coder-1.5B, whose keys q4_0 cannot hold (~40 min on 2 cores)
+# InfLLM's block store by row format: the 8K passkey grid on Gemma-3 in f16, q8_0 and q4_0, then what
+# decided the default (q8_0): perplexity and real-document questions on Qwen2.5-Coder-1.5B, whose keys
+# q4_0 cannot hold (~40 min on 2 cores); and what a block read costs when the in-RAM cache misses
 bench-infllm-store: pull-test-models bench-texts
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/infllm
