@@ -85,6 +85,15 @@ static void decode(llama_context * ctx, llama_batch & batch, const llama_token *
     }
 }
 
+// a fresh cache (llama.cpp's and the pot's), then doc[0, n) in chunks
+static void reread(llama_context * ctx, llama_batch & batch, const std::vector<llama_token> & doc, int32_t n) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    kvpot_pot_reset(ctx);
+    for (int32_t p = 0; p < n; p += CHUNK) {
+        decode(ctx, batch, doc.data() + p, CHUNK, p, false);
+    }
+}
+
 int main(int argc, char ** argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [n_threads]\n", argv[0]);
@@ -230,11 +239,7 @@ int main(int argc, char ** argv) {
                 std::copy(r.begin(), r.end(), keep.begin() + ((size_t) l*n_head + h)*N_KEEP);
             }
         }
-        llama_memory_clear(llama_get_memory(ctx), true);
-        kvpot_pot_reset(ctx);
-        for (int32_t p = 0; p < N_DOC; p += CHUNK) {
-            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
-        }
+        reread(ctx, batch, doc, N_DOC);
         if (kvpot_pot_compact(ctx, keep.data(), n_layer, n_head, N_KEEP, true) < 0) die("kvpot_pot_compact");
         if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
         decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
@@ -250,21 +255,13 @@ int main(int argc, char ** argv) {
     {
         const int32_t p0 = N_DOC - 2*CHUNK;
         std::vector<float> nuc(CHUNK), ref(CHUNK);
-        llama_memory_clear(llama_get_memory(ctx), true);
-        kvpot_pot_reset(ctx);
-        for (int32_t p = 0; p < p0; p += CHUNK) {
-            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
-        }
+        reread(ctx, batch, doc, p0);
         if (kvpot_logprobs_request(ctx, p0, doc.data() + p0 + 1, CHUNK) < 0) die("kvpot_logprobs_request");
         decode(ctx, batch, doc.data() + p0, CHUNK, p0, false);
         if (kvpot_logprobs_get(ctx, nuc.data(), CHUNK) < 0) die("kvpot_logprobs_get");
         if (kvpot_logprobs_request(ctx, 0, nullptr, 0) < 0) die("kvpot_logprobs_request");
 
-        llama_memory_clear(llama_get_memory(ctx), true);
-        kvpot_pot_reset(ctx);
-        for (int32_t p = 0; p < p0; p += CHUNK) {
-            decode(ctx, batch, doc.data() + p, CHUNK, p, false);
-        }
+        reread(ctx, batch, doc, p0);
         decode(ctx, batch, doc.data() + p0, CHUNK, p0, true);
         for (int32_t i = 0; i < CHUNK; ++i) {
             const float * lg = llama_get_logits_ith(ctx, i);

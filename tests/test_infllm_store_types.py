@@ -140,10 +140,10 @@ def outlier_keys(rng, n=64, d=128, big=300.0):
     return noise + bias, noise, bias != 0
 
 
-def matched(tmp_path, kv_type, keys, queries):
-    """Fraction of queries whose highest-scoring key, read back from a store of this format, is their own."""
+def matched(path, kv_type, keys, queries):
+    """Fraction of queries whose highest-scoring key, read back from a new store of this format at path,
+    is their own."""
     n, d = keys.shape
-    path = tmp_path / f"{kv_type}.{len(list(tmp_path.iterdir()))}.kvblk"
     with BlockStore(path, n_layer=1, n_head_kv=1, d_k=d, d_v=32, block_size=n, kv_type=kv_type, create=True) as s:
         s.append(np.arange(n, dtype=np.int32), keys[:1][None], keys[None, None], np.zeros((1, 1, n, 32), np.float32))
         stored = s.read(0, 0)[2][0]
@@ -159,11 +159,11 @@ def test_default_format_keeps_keys_with_a_few_large_channels(tmp_path):
     keys, noise, big = outlier_keys(np.random.default_rng(5))
     queries = np.where(big, 0, noise)
     default = make_policy("infllm").kv_type_for(128, 128)
-    assert matched(tmp_path, "f16", keys, queries) == 1.0  # the reference: unquantised keys find every token
-    assert matched(tmp_path, default, keys, queries) >= 0.95, default
-    assert matched(tmp_path, "q4_0", keys, queries) < 0.5  # the hazard is real: the check can fail
+    assert matched(tmp_path / "f16.kvblk", "f16", keys, queries) == 1.0  # the reference: unquantised keys find every token
+    assert matched(tmp_path / "default.kvblk", default, keys, queries) >= 0.95, default
+    assert matched(tmp_path / "q4_0.kvblk", "q4_0", keys, queries) < 0.5  # the hazard is real: the check can fail
     # without the large channels q4_0 keeps them too: it is the outliers, not q4_0 as such
-    assert matched(tmp_path, "q4_0", noise, queries) >= 0.95
+    assert matched(tmp_path / "q4_0-plain.kvblk", "q4_0", noise, queries) >= 0.95
 
 
 def test_version_1_store_opens_as_f16(tmp_path):
