@@ -129,6 +129,28 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
 
 
+def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smollm2_path, monkeypatch):
+    """`-P full -P default` on an input that fits: default is full attention too, so the input is read
+    once and default's cases are full's answers, marked as such; a pot spec still reads on its own."""
+    from kvpot.bench.qa import Plan, run
+    from kvpot.session.session import Session
+
+    reads = []
+    real_read = Session.read
+    monkeypatch.setattr(Session, "read", lambda self, *a, **k: (reads.append(self.policy_spec), real_read(self, *a, **k))[1])
+    qs = load_set().questions[:2]
+    plan = Plan(model=str(smollm2_path), policies=["full", "default", "streaming"], lengths=[512], group=2,
+                multikey=False, budget=256)
+    results = run(plan, qs)
+    by = {p: {r["id"]: r for r in results if r["policy"] == p} for p in plan.policies}
+    assert reads == ["full", "streaming"]
+    assert set(by["default"]) == set(by["full"]) == {q.id for q in qs}
+    for qid, r in by["default"].items():
+        assert r["same_reading_as"] == "full" and r["resolved_policy"] == "full"
+        assert r["answer"] == by["full"][qid]["answer"] and r["correct"] == by["full"][qid]["correct"]
+    assert all("same_reading_as" not in r for r in (*by["full"].values(), *by["streaming"].values()))
+
+
 def test_cli_refuses_resume_without_a_results_file(smollm2_path, tmp_path):
     from conftest import assert_one_line_error, run_cli
 

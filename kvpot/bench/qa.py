@@ -47,6 +47,14 @@ def case_key(r: dict) -> tuple:
     return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)))
 
 
+def reading_key(r: dict) -> tuple:
+    """What decides a case's reading and answer besides the question: two policy specs that resolve to
+    the same policy and budget for the same input (`-P default` is full attention wherever the input
+    fits, as `-P full` is) read and answer identically (greedy), so the second one's cases are copies."""
+    return (r["model"], r["length"], r["seed"], r["input"], bool(r.get("per_question", False)),
+            r["resolved_policy"], r["budget"])
+
+
 def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
     """The whole set, or a seeded sample of it (the same sample for every model and policy)."""
     n = plan.sample if length > SAMPLE_ABOVE else plan.limit
@@ -66,6 +74,10 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
     name = known.name if known else facts.name
     results = list(done)
     have = {case_key(r) for r in results}
+    readings: dict[tuple, dict[str, dict]] = {}  # reading_key -> that reading's cases by question id
+    for r in results:
+        if "resolved_policy" in r:
+            readings.setdefault(reading_key(r), {})[r["id"]] = r
     vocab = LlamaModel(str(facts.path))
     try:
         inputs = {n: build_inputs(questions_for(questions, n, plan), lambda t: len(vocab.tokenize(t)), n, plan.seed,
@@ -83,7 +95,9 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
                     path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
                     path.write_text(joined.text, encoding="utf-8")
-                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path):
+                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings):
+                        if "resolved_policy" in r:
+                            readings.setdefault(reading_key(r), {}).setdefault(r["id"], r)
                         results.append(r)
                         on_case(r)
     return results
@@ -104,7 +118,8 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path):
     return settings, settings.policy.partition(":")[0].strip().lower() == "full"
 
 
-def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path):
+def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
+               readings: dict[tuple, dict[str, dict]]):
     from kvpot.ingest import collect_sources
     from kvpot.session.session import Session
 
@@ -115,6 +130,13 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     except KvpotError as e:  # full attention past the window or the memory: recorded, not retried
         for a in todo:
             yield {**base, **_ask_fields(a), "skipped": str(e)}
+        return
+    # another spec already read this input the same way: its answers are this spec's (greedy, same reading)
+    same = readings.get(reading_key({**base, "resolved_policy": settings.policy, "budget": settings.budget}), {})
+    for a in [a for a in todo if a.id in same]:
+        yield {**same[a.id], **base, "same_reading_as": same[a.id].get("same_reading_as", same[a.id]["policy"])}
+    todo = [a for a in todo if a.id not in same]
+    if not todo:
         return
     reads = [[a] for a in todo] if plan.per_question and not full else [todo]
     for asks in reads:
