@@ -82,15 +82,16 @@ std::string check_plain(const kvpot_pot & pot, const kvpot_state & st) {
 } // namespace
 
 kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k, int32_t d_v,
-                                 int32_t block_size, int32_t kv_type, int32_t max_cached, bool create) {
+                                 int32_t block_size, int32_t k_type, int32_t v_type, int32_t max_cached, bool create) {
     try {
-        if (!path || n_layer < 0 || n_head_kv < 0 || d_k < 0 || d_v < 0 || block_size < 0 || kv_type < 0 || max_cached < 1) {
+        if (!path || n_layer < 0 || n_head_kv < 0 || d_k < 0 || d_v < 0 || block_size < 0 || k_type < 0 || v_type < 0
+            || max_cached < 1) {
             kvpot_fail(KVPOT_ERR_ARG, "block store: path is NULL or a size is negative");
             return nullptr;
         }
         std::string why;
         kvpot_blocks_shape shape{(uint32_t) n_layer, (uint32_t) n_head_kv, (uint32_t) d_k, (uint32_t) d_v, (uint32_t) block_size,
-                                 (uint32_t) kv_type};
+                                 (uint32_t) k_type, (uint32_t) v_type};
         kvpot_block_store * s = kvpot_block_store::open(path, shape, (uint32_t) max_cached, create, why);
         if (!s) {
             kvpot_fail(KVPOT_ERR_ARG, why);
@@ -127,7 +128,8 @@ int32_t kvpot_blocks_info_get(kvpot_blocks * bs, kvpot_blocks_info * out) {
         out->file_bytes   = (int64_t) s.file_bytes();
         out->hits         = (int64_t) s.hits;
         out->misses       = (int64_t) s.misses;
-        out->kv_type      = (int32_t) s.shape().kv_type;
+        out->k_type       = (int32_t) s.shape().k_type;
+        out->v_type       = (int32_t) s.shape().v_type;
         return 0;
     });
 }

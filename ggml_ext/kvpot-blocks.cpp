@@ -16,8 +16,10 @@
 namespace {
 
 // header fields after the 8-byte magic, all little-endian uint32 (the rest of the 64 bytes is zero);
-// H_KV_TYPE is version 2's (a version-1 header has zero there and f16 rows)
-enum : uint32_t { H_VERSION, H_HEADER_BYTES, H_N_LAYER, H_N_HEAD_KV, H_D_K, H_D_V, H_BLOCK_SIZE, H_KV_TYPE, H_N_FIELDS };
+// H_K_TYPE is version 2's (there the format of K and V both; a version-1 header has zero there and f16
+// rows), H_V_TYPE version 3's (zero in older headers)
+enum : uint32_t { H_VERSION, H_HEADER_BYTES, H_N_LAYER, H_N_HEAD_KV, H_D_K, H_D_V, H_BLOCK_SIZE, H_K_TYPE, H_V_TYPE,
+                  H_N_FIELDS };
 
 // the row formats a store may hold: f16 (exact to llama.cpp's own f16 cache) and the two
 // quantisations whose rows ggml converts without an importance matrix
@@ -30,13 +32,13 @@ constexpr uint32_t MAX_FIELD = 1u << 20;
 // nor a block of more than 64 GiB over its layers: refusing it keeps every size below in 64 bits
 constexpr uint64_t MAX_BLOCK_BYTES = 1ull << 36;
 
-// record of (block, layer): pos i32[bs] | repr f32[H][dk] | k T[H][bs][dk] | v T[H][bs][dv], padded to 64
-// bytes, T the store's kv_type (one ggml row per token and head). With every field <= MAX_FIELD and a
-// row at most 2 bytes per value the sum is < 2^63: no overflow. Only for a checked kv_type.
+// record of (block, layer): pos i32[bs] | repr f32[H][dk] | k TK[H][bs][dk] | v TV[H][bs][dv], padded to
+// 64 bytes, TK/TV the store's k_type/v_type (one ggml row per token and head). With every field <=
+// MAX_FIELD and a row at most 2 bytes per value the sum is < 2^63: no overflow. Only for checked types.
 uint64_t record_bytes_of(const kvpot_blocks_shape & s) {
-    const auto t = (ggml_type) s.kv_type;
     const uint64_t rows = (uint64_t) s.n_head_kv*s.block_size;
-    const uint64_t b = 4ull*s.block_size + 4ull*s.n_head_kv*s.d_k + rows*(ggml_row_size(t, s.d_k) + ggml_row_size(t, s.d_v));
+    const uint64_t b = 4ull*s.block_size + 4ull*s.n_head_kv*s.d_k
+                     + rows*(ggml_row_size((ggml_type) s.k_type, s.d_k) + ggml_row_size((ggml_type) s.v_type, s.d_v));
     return (b + 63) & ~63ull;
 }
 
@@ -49,14 +51,19 @@ std::string check_shape(const kvpot_blocks_shape & s) {
             return std::string(names[i]) + " " + std::to_string(have[i]) + " is out of range";
         }
     }
-    if (!stored_type(s.kv_type)) {
-        return "K/V type " + std::to_string(s.kv_type) + " is not f16, q8_0 or q4_0";
-    }
-    const auto blck = (uint32_t) ggml_blck_size((ggml_type) s.kv_type);
-    if (s.d_k % blck != 0 || s.d_v % blck != 0) {
-        return std::string(ggml_type_name((ggml_type) s.kv_type)) + " stores rows in blocks of " + std::to_string(blck)
-             + " values; this model's key/value dims (" + std::to_string(s.d_k) + ", " + std::to_string(s.d_v)
-             + ") are not multiples of it (use f16)";
+    const uint32_t types[2] = {s.k_type, s.v_type};
+    const uint32_t dims[2]  = {s.d_k, s.d_v};
+    for (int i = 0; i < 2; ++i) {
+        const char * what = i == 0 ? "K" : "V";
+        if (!stored_type(types[i])) {
+            return std::string(what) + " type " + std::to_string(types[i]) + " is not f16, q8_0 or q4_0";
+        }
+        const auto blck = (uint32_t) ggml_blck_size((ggml_type) types[i]);
+        if (dims[i] % blck != 0) {
+            return std::string(ggml_type_name((ggml_type) types[i])) + " stores rows in blocks of " + std::to_string(blck)
+                 + " values; this model's " + (i == 0 ? "key" : "value") + " dim " + std::to_string(dims[i])
+                 + " is not a multiple of it (use f16)";
+        }
     }
     const uint64_t rec = record_bytes_of(s);
     if (rec > MAX_BLOCK_BYTES || rec*s.n_layer > MAX_BLOCK_BYTES) { // rec <= 2^36, n_layer <= 2^20: no overflow
@@ -132,7 +139,7 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
         memcpy(hdr, MAGIC, 8);
         f[H_VERSION] = VERSION; f[H_HEADER_BYTES] = HEADER_BYTES; f[H_N_LAYER] = shape.n_layer;
         f[H_N_HEAD_KV] = shape.n_head_kv; f[H_D_K] = shape.d_k; f[H_D_V] = shape.d_v; f[H_BLOCK_SIZE] = shape.block_size;
-        f[H_KV_TYPE] = shape.kv_type;
+        f[H_K_TYPE] = shape.k_type; f[H_V_TYPE] = shape.v_type;
         memcpy(hdr + 8, f, sizeof(f));
         if (!write_all(s->fd, hdr, HEADER_BYTES, 0)) {
             why = errno_text("cannot write block store " + path);
@@ -159,17 +166,19 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
             return nullptr;
         }
         memcpy(f, hdr + 8, sizeof(f));
-        if ((f[H_VERSION] != VERSION && f[H_VERSION] != 1) || f[H_HEADER_BYTES] != HEADER_BYTES) {
+        if (f[H_VERSION] < 1 || f[H_VERSION] > VERSION || f[H_HEADER_BYTES] != HEADER_BYTES) {
             why = path + ": block store version " + std::to_string(f[H_VERSION]) + " is not supported (this kvpot reads "
-                + std::to_string(VERSION) + ")";
+                "versions 1 to " + std::to_string(VERSION) + ")";
             return nullptr;
         }
-        if (f[H_VERSION] == 1 && f[H_KV_TYPE] != 0) {
+        if ((f[H_VERSION] == 1 && f[H_K_TYPE] != 0) || (f[H_VERSION] < 3 && f[H_V_TYPE] != 0)) {
             why = path + ": block store header is corrupt (reserved bytes are not zero)";
             return nullptr;
         }
-        const uint32_t kv_type = f[H_VERSION] == 1 ? (uint32_t) GGML_TYPE_F16 : f[H_KV_TYPE];
-        const kvpot_blocks_shape file{f[H_N_LAYER], f[H_N_HEAD_KV], f[H_D_K], f[H_D_V], f[H_BLOCK_SIZE], kv_type};
+        // version 1: f16 rows; version 2: one format for K and V
+        const uint32_t k_type = f[H_VERSION] == 1 ? (uint32_t) GGML_TYPE_F16 : f[H_K_TYPE];
+        const uint32_t v_type = f[H_VERSION] < 3 ? k_type : f[H_V_TYPE];
+        const kvpot_blocks_shape file{f[H_N_LAYER], f[H_N_HEAD_KV], f[H_D_K], f[H_D_V], f[H_BLOCK_SIZE], k_type, v_type};
         if (const std::string bad = check_shape(file); !bad.empty()) {
             why = path + ": block store header is corrupt (" + bad + ")";
             return nullptr;
@@ -190,10 +199,14 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
                 return nullptr;
             }
         }
-        if (shape.kv_type && shape.kv_type != file.kv_type) {
-            why = path + ": block store holds " + ggml_type_name((ggml_type) file.kv_type) + " K/V, not "
-                + (stored_type(shape.kv_type) ? ggml_type_name((ggml_type) shape.kv_type) : std::to_string(shape.kv_type));
-            return nullptr;
+        const uint32_t want_t[2] = {shape.k_type, shape.v_type};
+        const uint32_t have_t[2] = {file.k_type, file.v_type};
+        for (int i = 0; i < 2; ++i) {
+            if (want_t[i] && want_t[i] != have_t[i]) {
+                why = path + ": block store holds " + ggml_type_name((ggml_type) have_t[i]) + (i == 0 ? " K" : " V")
+                    + ", not " + (stored_type(want_t[i]) ? ggml_type_name((ggml_type) want_t[i]) : std::to_string(want_t[i]));
+                return nullptr;
+            }
         }
         s->shp = file;
         const uint64_t per_block = record_bytes_of(file)*file.n_layer;
@@ -277,7 +290,7 @@ int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const
         return -1;
     }
     const uint32_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
-    const auto t = (ggml_type) shp.kv_type;
+    const auto tk = (ggml_type) shp.k_type, tv = (ggml_type) shp.v_type;
     std::vector<uint8_t> buf(rec, 0);
     for (uint32_t l = 0; l < shp.n_layer; ++l) {
         std::fill(buf.begin(), buf.end(), 0);
@@ -287,8 +300,8 @@ int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const
         memcpy(p, repr + (size_t) l*H*dk, 4ull*H*dk);
         p += 4ull*H*dk;
         // one row per (head, token); q8_0/q4_0 need no importance matrix (stored_type)
-        p += ggml_quantize_chunk(t, k + (size_t) l*H*bs*dk, p, 0, (int64_t) H*bs, dk, nullptr);
-        ggml_quantize_chunk(t, v + (size_t) l*H*bs*dv, p, 0, (int64_t) H*bs, dv, nullptr);
+        p += ggml_quantize_chunk(tk, k + (size_t) l*H*bs*dk, p, 0, (int64_t) H*bs, dk, nullptr);
+        ggml_quantize_chunk(tv, v + (size_t) l*H*bs*dv, p, 0, (int64_t) H*bs, dv, nullptr);
         if (!write_all(fd, buf.data(), rec, offset(l, nblk))) {
             why = errno_text("cannot write block store " + path);
             // a partial record would make the file unreadable: cut it back to whole blocks
@@ -337,11 +350,11 @@ const kvpot_block_data * kvpot_block_store::get(uint32_t layer, uint32_t block, 
     p += 4ull*bs;
     memcpy(d.repr.data(), p, 4ull*H*dk);
     p += 4ull*H*dk;
-    const auto t = (ggml_type) shp.kv_type;
-    const ggml_to_float_t to_f32 = ggml_get_type_traits(t)->to_float; // rows are contiguous: one call each
-    to_f32(p, d.k.data(), (int64_t) H*bs*dk);
-    p += (size_t) H*bs*ggml_row_size(t, dk);
-    to_f32(p, d.v.data(), (int64_t) H*bs*dv);
+    const auto tk = (ggml_type) shp.k_type, tv = (ggml_type) shp.v_type;
+    // rows are contiguous: one conversion each for K and V
+    ggml_get_type_traits(tk)->to_float(p, d.k.data(), (int64_t) H*bs*dk);
+    p += (size_t) H*bs*ggml_row_size(tk, dk);
+    ggml_get_type_traits(tv)->to_float(p, d.v.data(), (int64_t) H*bs*dv);
     drop_pages(off, rec);
     order.push_front(key);
     auto & e = lru[key];

@@ -1,7 +1,8 @@
 // InfLLM's block memory: evicted K/V in blocks of block_size tokens with one representative key per
 // KV head, kept in a file (docs/formats.md, "InfLLM block store") with a bounded in-RAM LRU cache of
-// decoded blocks. K and V are stored as f16, q8_0 or q4_0 (ggml's row formats: the store is the
-// largest thing kvpot writes, ~28 KB per token on a 28-layer model in f16); representatives stay f32.
+// decoded blocks. K and V are stored as f16, q8_0 or q4_0 each (ggml's row formats: the store is the
+// largest thing kvpot writes, ~28 KB per token on a 28-layer model in f16; keys and values may differ,
+// as keys with a few large channels need a finer format than values); representatives stay f32.
 // Plain C++, ggml's row conversions and POSIX, no llama.cpp types: kvpot-api-blocks.cpp wraps it.
 #pragma once
 
@@ -19,7 +20,8 @@ struct kvpot_blocks_shape {
     uint32_t d_k        = 0;
     uint32_t d_v        = 0;
     uint32_t block_size = 0; // tokens per block
-    uint32_t kv_type    = 1; // ggml_type of stored K and V rows: GGML_TYPE_F16 (1), Q8_0 (8) or Q4_0 (2)
+    uint32_t k_type     = 1; // ggml_type of stored K rows: GGML_TYPE_F16 (1), Q8_0 (8) or Q4_0 (2)
+    uint32_t v_type     = 1; // ggml_type of stored V rows, the same three
 };
 
 // one block of one layer, decoded to f32
@@ -33,8 +35,9 @@ struct kvpot_block_data {
 class kvpot_block_store {
 public:
     static constexpr char     MAGIC[8]     = {'K', 'V', 'P', 'O', 'T', 'B', 'L', 'K'};
-    // version 2 added the kv_type field; a version-1 file (no such field, K/V in f16) still opens
-    static constexpr uint32_t VERSION      = 2;
+    // version 2 added one row-format field for K and V, version 3 a second one for V; a version-1 file
+    // (K/V in f16) and a version-2 file (K and V in one format) still open
+    static constexpr uint32_t VERSION      = 3;
     static constexpr uint32_t HEADER_BYTES = 64;
     // blocks scored per pass of topk: the representatives are read in parts of this many blocks, so
     // scoring a store of any size needs O(part) memory (see docs/formats.md)
@@ -44,7 +47,7 @@ public:
 
     // create a new store (the path must not exist: O_EXCL) or open one; on failure returns nullptr and
     // sets why. Opening checks the magic, version, header size, shape (a shape field of 0 takes the
-    // file's, kv_type included; every size bounded so none overflows) and that the file holds whole blocks, so a
+    // file's, the row formats included; every size bounded so none overflows) and that the file holds whole blocks, so a
     // truncated or foreign file is refused before any block is read. A store the process may not write
     // (read-only: a saved context references it) opens for reading only.
     static kvpot_block_store * open(const std::string & path, kvpot_blocks_shape shape, uint32_t max_cached,

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 13
+#define KVPOT_ABI_VERSION 14
 
 #ifdef __cplusplus
 extern "C" {
@@ -234,16 +234,17 @@ struct kvpot_blocks_info {
     int64_t file_bytes;
     int64_t hits;         // LRU reads served from RAM
     int64_t misses;       // LRU reads from the file
-    int32_t kv_type;      // ggml_type of the stored K/V rows: GGML_TYPE_F16, GGML_TYPE_Q8_0 or GGML_TYPE_Q4_0
+    int32_t k_type;       // ggml_type of the stored K rows: GGML_TYPE_F16, GGML_TYPE_Q8_0 or GGML_TYPE_Q4_0
+    int32_t v_type;       // ggml_type of the stored V rows, the same three
 };
 
 // create (create = true: a new, empty store; an existing path is refused, never replaced) or open a block store.
-// Opening checks magic, version, shape (a size argument of 0 takes the file's, kv_type too) and that the
-// file holds whole blocks; NULL with kvpot_last_error() when it does not. kv_type: the ggml_type K and V
-// are stored as (F16, Q8_0 or Q4_0; the quantised ones need d_k and d_v in multiples of 32).
+// Opening checks magic, version, shape (a size argument of 0 takes the file's, k_type and v_type too) and
+// that the file holds whole blocks; NULL with kvpot_last_error() when it does not. k_type, v_type: the
+// ggml_type K and V are stored as (F16, Q8_0 or Q4_0 each; a quantised one needs its dim in multiples of 32).
 KVPOT_API struct kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k,
-                                                  int32_t d_v, int32_t block_size, int32_t kv_type, int32_t max_cached,
-                                                  bool create);
+                                                  int32_t d_v, int32_t block_size, int32_t k_type, int32_t v_type,
+                                                  int32_t max_cached, bool create);
 KVPOT_API void    kvpot_blocks_free(struct kvpot_blocks * bs);
 KVPOT_API int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_blocks_info * out);
 

@@ -1,7 +1,8 @@
-"""InfLLM's block store in its three row formats (f16, q8_0, q4_0): what is read back equals ggml's
-formats restated in NumPy, the file's size is what the policy predicts for the disk check, a store
-keeps its format when reopened, version-1 files (before the format field) still open, and a read whose
-store would not fit the disk is refused before it starts."""
+"""InfLLM's block store in its three row formats (f16, q8_0, q4_0), for K and V together or one each
+("q8_0/q4_0"): what is read back equals ggml's formats restated in NumPy, the file's size is what the
+policy predicts for the disk check, a store keeps its formats when reopened, version-1 files (before
+the format field) and version-2 files (one format for K and V) still open, and a read whose store would
+not fit the disk is refused before it starts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import make_policy
-from kvpot.runtime.blocks import BlockStore, BlockStoreError
+from kvpot.runtime.blocks import BlockStore, BlockStoreError, split_format
 from kvpot.session.checks import check_disk
 
 L, H, DK, DV, BS = 2, 3, 64, 32, 8
@@ -55,7 +56,10 @@ def block(rng, pos0=0):
             rng.standard_normal((L, H, BS, DV)).astype(np.float32))
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "q4_0"])
+FORMATS = ["f16", "q8_0", "q4_0", "q8_0/q4_0", "f16/q8_0", "q4_0/f16"]
+
+
+@pytest.mark.parametrize("kv_type", FORMATS)
 def test_read_back_is_the_format_restated(tmp_path, kv_type):
     rng = np.random.default_rng(1)
     path = tmp_path / "s.kvblk"
@@ -64,7 +68,8 @@ def test_read_back_is_the_format_restated(tmp_path, kv_type):
         for blk in blocks:
             s.append(*blk)
         assert s.info().kv_type == kv_type
-    with BlockStore(path) as s:  # the format comes from the file
+    k_type, v_type = split_format(kv_type)
+    with BlockStore(path) as s:  # the formats come from the file
         info = s.info()
         assert info.kv_type == kv_type
         for b, (pos, repr_, k, v) in enumerate(blocks):
@@ -72,10 +77,11 @@ def test_read_back_is_the_format_restated(tmp_path, kv_type):
                 gpos, grepr, gk, gv = s.read(layer, b)
                 np.testing.assert_array_equal(gpos, pos)
                 np.testing.assert_array_equal(grepr, repr_[layer])  # representatives stay f32
-                np.testing.assert_allclose(gk, READ_BACK[kv_type](k[layer]), rtol=0, atol=1e-6)
-                np.testing.assert_allclose(gv, READ_BACK[kv_type](v[layer]), rtol=0, atol=1e-6)
-                if kv_type != "f16":  # the quantised rows are not f16's: the format really changed
-                    assert not np.array_equal(gk, fp16(k[layer]))
+                np.testing.assert_allclose(gk, READ_BACK[k_type](k[layer]), rtol=0, atol=1e-6)
+                np.testing.assert_allclose(gv, READ_BACK[v_type](v[layer]), rtol=0, atol=1e-6)
+                # the quantised rows are not f16's: the format really changed, for K and V apart
+                assert np.array_equal(gk, fp16(k[layer])) == (k_type == "f16")
+                assert np.array_equal(gv, fp16(v[layer])) == (v_type == "f16")
 
 
 def test_the_reference_formats_are_not_trivial():
@@ -89,8 +95,8 @@ def test_file_size_matches_the_policy_estimate(tmp_path):
     """The policy's bytes per token (what the disk check multiplies) equal the file's growth per block."""
     rng = np.random.default_rng(3)
     sizes = {}
-    for kv_type in ("f16", "q8_0", "q4_0"):
-        path = tmp_path / f"{kv_type}.kvblk"
+    for kv_type in FORMATS:
+        path = tmp_path / f"{kv_type.replace('/', '-')}.kvblk"
         with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type=kv_type, create=True) as s:
             s.append(*block(rng))
             s.append(*block(rng, BS))
@@ -98,29 +104,38 @@ def test_file_size_matches_the_policy_estimate(tmp_path):
         per_block = (os.path.getsize(path) - 64) / 2
         assert per_block == L * info.record_bytes
         policy = make_policy(f"infllm:store_type={kv_type},block_size={BS}")
+        assert policy.kv_type_for(DK, DV) == kv_type
         policy.fit(4096, 512)
         # the estimate pads each record by at most 63 bytes, so it may err high by that, never low
         est = policy.store_bytes_per_token(L, H, DK, DV) * BS
         assert per_block <= est < per_block + 64 * L
         sizes[kv_type] = per_block
-    assert sizes["q4_0"] < sizes["q8_0"] < sizes["f16"]
+    assert sizes["q4_0"] < sizes["q8_0/q4_0"] < sizes["q8_0"] < sizes["f16/q8_0"] < sizes["f16"]
 
 
 def test_other_format_and_bad_dims_refused(tmp_path):
     path = tmp_path / "s.kvblk"
     with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q8_0", create=True):
         pass
-    with pytest.raises(BlockStoreError, match="holds q8_0 K/V, not q4_0"):
+    with pytest.raises(BlockStoreError, match="holds q8_0 K, not q4_0"):
         BlockStore(path, kv_type="q4_0")
-    with pytest.raises(BlockStoreError, match="not multiples of it"):
+    with pytest.raises(BlockStoreError, match="holds q8_0 V, not q4_0"):
+        BlockStore(path, kv_type="q8_0/q4_0")
+    with pytest.raises(BlockStoreError, match="key dim 48 is not a multiple of it"):
         BlockStore(tmp_path / "odd.kvblk", n_layer=L, n_head_kv=H, d_k=48, d_v=DV, block_size=BS, kv_type="q4_0",
                    create=True)
     assert not (tmp_path / "odd.kvblk").exists() or os.path.getsize(tmp_path / "odd.kvblk") == 0
+    # a value dim q4_0 cannot hold is fine where only the keys are quantised
+    with BlockStore(tmp_path / "v48.kvblk", n_layer=L, n_head_kv=H, d_k=DK, d_v=48, block_size=BS, kv_type="q8_0/f16",
+                    create=True) as s:
+        assert s.info().kv_type == "q8_0/f16"
     with pytest.raises(BlockStoreError, match="not one of f16, q8_0, q4_0"):
         BlockStore(tmp_path / "x.kvblk", n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q5_0",
                    create=True)
-    with pytest.raises(KvpotError, match="store_type must be one of"):
-        make_policy("infllm:store_type=q2_k")
+    for bad in ("q2_k", "q8_0/q5_0", "q8_0/"):
+        with pytest.raises(KvpotError, match="store_type must be one of"):
+            make_policy(f"infllm:store_type={bad}")
+    assert make_policy("infllm:store_type=q8_0/q8_0").store_type == "q8_0"
 
 
 def test_policy_default_falls_back_to_f16_when_dims_do_not_divide():
@@ -177,13 +192,35 @@ def test_version_1_store_opens_as_f16(tmp_path):
         f.seek(8)
         f.write(struct.pack("<I", 1))  # version 1
         f.seek(8 + 7 * 4)
-        f.write(struct.pack("<I", 0))  # its reserved bytes: no format field
+        f.write(struct.pack("<II", 0, 0))  # its reserved bytes: no format fields
     with BlockStore(path) as s:
         assert s.info().kv_type == "f16"
         np.testing.assert_array_equal(s.read(1, 0)[2], fp16(blk[2][1]))
     with open(path, "r+b") as f:  # a version-1 header with something in the reserved bytes is corrupt
         f.seek(8 + 7 * 4)
         f.write(struct.pack("<I", 8))
+    with pytest.raises(BlockStoreError, match="reserved bytes"):
+        BlockStore(path)
+
+
+def test_version_2_store_opens_with_one_format_for_k_and_v(tmp_path):
+    """A store written with one format field (version 2: K and V in it, zero where V's field now is)."""
+    rng = np.random.default_rng(5)
+    path = tmp_path / "v2.kvblk"
+    blk = block(rng)
+    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q8_0", create=True) as s:
+        s.append(*blk)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", 2))  # version 2
+        f.seek(8 + 8 * 4)
+        f.write(struct.pack("<I", 0))  # no V field
+    with BlockStore(path) as s:
+        assert s.info().kv_type == "q8_0"
+        np.testing.assert_allclose(s.read(1, 0)[3], q8_0(blk[3][1]), rtol=0, atol=1e-6)
+    with open(path, "r+b") as f:  # a version-2 header with a V field is corrupt
+        f.seek(8 + 8 * 4)
+        f.write(struct.pack("<I", 2))
     with pytest.raises(BlockStoreError, match="reserved bytes"):
         BlockStore(path)
 

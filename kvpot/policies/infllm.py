@@ -119,7 +119,9 @@ class InfLLM(Policy):
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
     store:            block store file, which must not exist yet (default: a new file under KVPOT_HOME/blocks/)
     store_type:       the row format of the stored K and V: "f16" (2 bytes a value, as llama.cpp's own
-                      f16 cache), "q8_0" (1.06) or "q4_0" (0.56; ggml's formats, blocks of 32 values).
+                      f16 cache), "q8_0" (1.06) or "q4_0" (0.56; ggml's formats, blocks of 32 values),
+                      or one for keys and one for values, "q8_0/q4_0" (keys need the finer format: a
+                      few large key channels are what q4_0 loses, docs/benchmarks.md).
                       Default STORE_TYPE where the model's key and value dims are multiples of 32, else
                       f16. The representative keys stay f32 (they rank blocks). A saved context's store
                       keeps the format it was written in
@@ -209,8 +211,14 @@ class InfLLM(Policy):
                 raise KvpotError(f"infllm: {name} must be {'>= 0' if name == 'n_init' else 'positive'}, got {value}")
         if self.distance not in ("constant", "chunk"):
             raise KvpotError(f"infllm: distance must be constant or chunk, got {self.distance!r}")
-        if self.store_type is not None and self.store_type not in STORE_TYPES:
-            raise KvpotError(f"infllm: store_type must be one of {', '.join(STORE_TYPES)}, got {self.store_type!r}")
+        if self.store_type is not None:
+            from kvpot.runtime.blocks import BlockStoreError, format_name, split_format
+
+            try:
+                self.store_type = format_name(*split_format(self.store_type))  # "q8_0/q8_0" is "q8_0"
+            except BlockStoreError:
+                raise KvpotError(f"infllm: store_type must be one of {', '.join(STORE_TYPES)}, or keys/values as "
+                                 f"q8_0/q4_0, got {self.store_type!r}") from None
         if self.lookup not in ("graph", "host"):
             raise KvpotError(f"infllm: lookup must be graph or host, got {self.lookup!r}")
         if self.repr_topk < 1:
@@ -483,11 +491,11 @@ class InfLLM(Policy):
         """Bytes the block store grows by per token read past the pot (every layer, K, V and the
         block's share of its positions and representatives), as kvpot-blocks.cpp lays a record out, in
         this policy's row format or `kv_type`."""
-        from kvpot.runtime.blocks import BYTES_PER_VALUE
+        from kvpot.runtime.blocks import BYTES_PER_VALUE, split_format
 
         bs = self._p("block_size")
-        per_value = BYTES_PER_VALUE[kv_type or self.kv_type_for(d_k, d_v)]
-        record = 4 * bs + 4 * n_head_kv * d_k + n_head_kv * bs * (d_k + d_v) * per_value
+        k_type, v_type = split_format(kv_type or self.kv_type_for(d_k, d_v))
+        record = 4 * bs + 4 * n_head_kv * d_k + n_head_kv * bs * (d_k * BYTES_PER_VALUE[k_type] + d_v * BYTES_PER_VALUE[v_type])
         return n_layer * (record + 63) / bs  # a record is padded to 64 bytes (at most 63 more)
 
     def _copy_borrowed_store(self):

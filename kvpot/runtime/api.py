@@ -49,7 +49,8 @@ class kvpot_blocks_info(ctypes.Structure):
         ("file_bytes", ctypes.c_int64),
         ("hits", ctypes.c_int64),
         ("misses", ctypes.c_int64),
-        ("kv_type", ctypes.c_int32),
+        ("k_type", ctypes.c_int32),
+        ("v_type", ctypes.c_int32),
     ]
 
 
@@ -144,10 +145,10 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_memory_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
     # -- InfLLM: block memory --
     # struct kvpot_blocks * kvpot_blocks_open(const char * path, int32_t n_layer, int32_t n_head_kv, int32_t d_k,
-    #                                         int32_t d_v, int32_t block_size, int32_t kv_type, int32_t max_cached,
-    #                                         bool create);
+    #                                         int32_t d_v, int32_t block_size, int32_t k_type, int32_t v_type,
+    #                                         int32_t max_cached, bool create);
     ("kvpot_blocks_open", c_blocks_p, [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                                       ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool]),
+                                       ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool]),
     # void kvpot_blocks_free(struct kvpot_blocks * bs);
     ("kvpot_blocks_free", None, [c_blocks_p]),
     # int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_blocks_info * out);

@@ -25,6 +25,24 @@ KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
+def split_format(fmt: str) -> tuple[str, str]:
+    """(keys' row format, values' row format) of a store format: "q8_0" stores both in q8_0, "q8_0/q4_0"
+    keys in q8_0 and values in q4_0. Keys rank and select what attention reads, and a model's keys can
+    hold a few channels hundreds of times larger than the rest, so they may need a finer format than
+    the values."""
+    k, sep, v = fmt.partition("/")
+    k, v = k.strip(), (v.strip() if sep else k.strip())
+    for t in (k, v):
+        if t not in KV_TYPES:
+            raise BlockStoreError(f"block store format {fmt!r}: {t!r} is not one of {', '.join(KV_TYPES)}")
+    return k, v
+
+
+def format_name(k_type: str, v_type: str) -> str:
+    """The store format of keys in k_type and values in v_type, as split_format reads it."""
+    return k_type if k_type == v_type else f"{k_type}/{v_type}"
+
+
 @dataclass(frozen=True)
 class BlockStoreInfo:
     n_layer: int
@@ -39,7 +57,7 @@ class BlockStoreInfo:
     file_bytes: int
     hits: int
     misses: int
-    kv_type: str
+    kv_type: str  # the store format: one row format for K and V ("q8_0"), or keys/values ("q8_0/q4_0")
 
 
 def _f32(a: np.ndarray):
@@ -51,8 +69,8 @@ class BlockStore(Owned):
 
     create=True makes a new file and refuses an existing one (O_EXCL in the C open: no path replaces a
     file); create=False opens a store kvpot wrote, checked against the file's length before any read.
-    kv_type: the row format K and V are stored in ("f16", "q8_0", "q4_0"); None takes the file's (and
-    makes f16)."""
+    kv_type: the store format, the row format K and V are stored in ("f16", "q8_0", "q4_0") or one for
+    each ("q8_0/q4_0": keys, values; split_format); None takes the file's (and makes f16)."""
 
     def __init__(self, path: str | os.PathLike, *, n_layer: int = 0, n_head_kv: int = 0, d_k: int = 0, d_v: int = 0,
                  block_size: int = 0, kv_type: str | None = None, max_cached: int = 32, create: bool = False):
@@ -60,10 +78,11 @@ class BlockStore(Owned):
         self.path = os.fspath(path)
         if "\0" in self.path:  # C would read the name only up to it
             raise BlockStoreError(f"block store path {self.path!r} holds a NUL character")
-        if kv_type is not None and kv_type not in KV_TYPES:
-            raise BlockStoreError(f"block store K/V type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
-        code = KV_TYPES[kv_type] if kv_type is not None else (KV_TYPES["f16"] if create else 0)
-        ptr = self.lib.kvpot_blocks_open(os.fsencode(self.path), n_layer, n_head_kv, d_k, d_v, block_size, code,
+        if kv_type is not None:
+            codes = [KV_TYPES[t] for t in split_format(kv_type)]
+        else:
+            codes = [KV_TYPES["f16"] if create else 0] * 2
+        ptr = self.lib.kvpot_blocks_open(os.fsencode(self.path), n_layer, n_head_kv, d_k, d_v, block_size, *codes,
                                          max_cached, create)
         if not ptr:
             raise BlockStoreError(self.lib.kvpot_last_error().decode(errors="replace"))
@@ -91,7 +110,8 @@ class BlockStore(Owned):
         s = api.kvpot_blocks_info()
         self._check("kvpot_blocks_info_get", self.lib.kvpot_blocks_info_get(self.ptr, ctypes.byref(s)))
         got = {name: getattr(s, name) for name, _ in s._fields_}
-        got["kv_type"] = {code: name for name, code in KV_TYPES.items()}[got["kv_type"]]
+        name = {code: name for name, code in KV_TYPES.items()}
+        got["kv_type"] = format_name(name[got.pop("k_type")], name[got.pop("v_type")])
         return BlockStoreInfo(**got)
 
     @property
