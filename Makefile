@@ -206,7 +206,11 @@ bench-infllm-store: pull-test-models bench-texts
 	$(KVPOT) bench ppl -m qwen2.5-coder-1.5b -f $(BENCH_TEXTS)/manual.txt --tokens 8192 --chunk 512 -t 1 --budget 1024 \
 		-P infllm:store_type=f16 -P infllm:store_type=q8_0 -P infllm:store_type=q4_0 \
 		--json $(BENCH_DIR)/infllm/ppl-qwen15-manual-8k-store-types.json
+	$(KVPOT) bench ppl -m qwen2.5-coder-1.5b -f $(BENCH_TEXTS)/manual.txt --tokens 8192 --chunk 512 -t 1 --budget 1024 \
+		-P infllm:store_type=q8_0/q4_0 -P infllm:store_type=f16/q8_0 -P infllm:store_type=q8_0 \
+		--json $(BENCH_DIR)/infllm/ppl-qwen15-manual-8k-store-split.json
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infllm:store_type=f16 -P infllm:store_type=q8_0 -P infllm:store_type=q4_0 \
+		-P infllm:store_type=q8_0/q4_0 \
 		--length 8192 --limit 6 --budget 1024 -t 2 --json $(BENCH_DIR)/infllm/qa-qwen15-8k-store-types.json --resume
 	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
 

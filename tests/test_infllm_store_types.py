@@ -142,6 +142,8 @@ def test_policy_default_falls_back_to_f16_when_dims_do_not_divide():
     policy = make_policy("infllm")
     policy.fit(2048, 512)
     assert policy.kv_type_for(48, 48) == "f16"
+    assert policy.kv_type_for(64, 64) == "q8_0/q4_0"  # the default: keys finer than values
+    assert policy.kv_type_for(64, 48) == "q8_0/f16" and policy.kv_type_for(48, 64) == "f16/q4_0"
     assert make_policy("infllm:store_type=q8_0").kv_type_for(64, 64) == "q8_0"
 
 

@@ -20,14 +20,15 @@ from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Fetch, Policy, PotView,
 # the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
 # i.e. of the 6272 cells attention sees, 2 % initial, 65 % local, 33 % retrieved blocks.
-# the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default, q8_0: half
-# of f16's disk. Not q4_0, though it passed the 8K passkey grids: Qwen2's K biases put a few channels of
-# keys hundreds of times above the rest (Qwen2.5-Coder-1.5B's layer 0: max/median 281), and q4_0's one
-# scale per 32 values, set by the largest, rounds the rest of those 32 to zero, so its error exceeds what
-# tells one token's key from another's and the 1.5B's answers over recalled blocks fall apart
-# (docs/benchmarks.md, "The block store's row format")
+# the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default: keys in q8_0,
+# values in q4_0, 0.81 bytes a value (f16: 2). Not q4_0 keys, though they passed the 8K passkey grids:
+# Qwen2's K biases put a few channels of keys hundreds of times above the rest (Qwen2.5-Coder-1.5B's
+# layer 0: max/median 281), and q4_0's one scale per 32 values, set by the largest, rounds the rest of
+# those 32 to zero, so its error exceeds what tells one token's key from another's and the 1.5B's answers
+# over recalled blocks fall apart. Values have no such channels: in q4_0 they gave the 1.5B the answers
+# q8_0 gives and no worse a perplexity (docs/benchmarks.md, "The block store's row format")
 STORE_TYPES = ("f16", "q8_0", "q4_0")
-STORE_TYPE = "q8_0"
+STORE_TYPE = "q8_0/q4_0"
 
 PAPER = dict(block_size=128, n_init=128, n_local=4096, topk=16, repr_topk=4, max_cached_block=32, exc_block_size=512)
 
@@ -122,8 +123,8 @@ class InfLLM(Policy):
                       f16 cache), "q8_0" (1.06) or "q4_0" (0.56; ggml's formats, blocks of 32 values),
                       or one for keys and one for values, "q8_0/q4_0" (keys need the finer format: a
                       few large key channels are what q4_0 loses, docs/benchmarks.md).
-                      Default STORE_TYPE where the model's key and value dims are multiples of 32, else
-                      f16. The representative keys stay f32 (they rank blocks). A saved context's store
+                      Default STORE_TYPE, q8_0 keys and q4_0 values (each f16 where the model's key or
+                      value dim is not a multiple of 32). The representative keys stay f32 (they rank blocks). A saved context's store
                       keeps the format it was written in
     distance:         "constant" (default): every query sees the initial tokens and the retrieved blocks
                       n_local positions back, as the paper does (a per-head bias on those cells' logits,
@@ -475,17 +476,21 @@ class InfLLM(Policy):
         per_token = self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v)
         folder = Path(self.store).expanduser().parent if self.store is not None else blocks_dir()
         ways = "put the block store on a larger disk (infllm:store=PATH)"
-        if self.kv_type_for(d_k, d_v) != "q4_0" and d_k % 32 == 0 and d_v % 32 == 0:
+        if self.kv_type_for(d_k, d_v) != "q4_0" and d_k % 32 == 0 and d_v % 32 == 0:  # keys in q4_0 too
             q4 = past * self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v, "q4_0")
             ways += (f", store it in q4_0 (infllm:store_type=q4_0, about {q4 / 2**30:,.1f} GiB; coarser keys, "
                      "which some models' answers do not survive)")
         return int(past * per_token), folder, ways
 
     def kv_type_for(self, d_k: int, d_v: int) -> str:
-        """The row format this policy stores a model's K and V in (store_type, or its default)."""
+        """The store format this policy stores a model's K and V in (store_type, or its default, with f16
+        for a dim the default's 32-value blocks do not divide)."""
+        from kvpot.runtime.blocks import format_name, split_format
+
         if self.store_type is not None:
             return self.store_type
-        return STORE_TYPE if d_k % 32 == 0 and d_v % 32 == 0 else "f16"
+        k_type, v_type = split_format(STORE_TYPE)
+        return format_name(k_type if d_k % 32 == 0 else "f16", v_type if d_v % 32 == 0 else "f16")
 
     def store_bytes_per_token(self, n_layer: int, n_head_kv: int, d_k: int, d_v: int, kv_type: str | None = None) -> float:
         """Bytes the block store grows by per token read past the pot (every layer, K, V and the
