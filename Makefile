@@ -47,7 +47,8 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
+	bench-beyond
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -213,6 +214,19 @@ bench-infllm-store: pull-test-models bench-texts
 		-P infllm:store_type=q8_0/q4_0 \
 		--length 8192 --limit 6 --budget 1024 -t 2 --json $(BENCH_DIR)/infllm/qa-qwen15-8k-store-types.json --resume
 	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
+
+# Beyond the model's window (issue 34, item 2): the 1.5B model at 48K tokens (one and a half times its
+# 32K window; 8 sampled questions and the multi-key case in one input), every method at 2048 and 8192
+# cells beside the default (InfiniPot at the largest pot the device holds). About 13 minutes a read at
+# ~60 tok/s, InfiniPot's larger pots slower: 11 reads, most of a day on 2 cores; --resume continues
+BEYOND_METHODS := -P infinipot -P infllm -P locret -P edgeinfinite -P streaming
+bench-beyond: install
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/beyond
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default $(BEYOND_METHODS) --length 49152 --sample 8 --budget 2048 \
+		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-2048.json --resume
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b $(BEYOND_METHODS) --length 49152 --sample 8 --budget 8192 \
+		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-8192.json --resume
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
 # model's own head on every row (what the blocks replace), per model, interleaved in one process
