@@ -183,46 +183,43 @@ def test_default_format_keeps_keys_with_a_few_large_channels(tmp_path):
     assert matched(tmp_path / "q4_0-plain.kvblk", "q4_0", noise, queries) >= 0.95
 
 
-def test_version_1_store_opens_as_f16(tmp_path):
-    """A store written before the format field (version 1, f16 rows, zero where the field now is)."""
-    rng = np.random.default_rng(4)
-    path = tmp_path / "v1.kvblk"
+def older_store(path, rng, kv_type: str, fields: dict[int, int]):
+    """A store written now with its header fields rewritten (field index after the magic -> value), as an
+    older kvpot wrote it: field 0 is the version, 7 the format of K (of K and V in version 2), 8 of V."""
     blk = block(rng)
-    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="f16", create=True) as s:
+    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type=kv_type, create=True) as s:
         s.append(*blk)
+    set_fields(path, fields)
+    return blk
+
+
+def set_fields(path, fields: dict[int, int]) -> None:
     with open(path, "r+b") as f:
-        f.seek(8)
-        f.write(struct.pack("<I", 1))  # version 1
-        f.seek(8 + 7 * 4)
-        f.write(struct.pack("<II", 0, 0))  # its reserved bytes: no format fields
+        for index, value in fields.items():
+            f.seek(8 + 4 * index)
+            f.write(struct.pack("<I", value))
+
+
+def test_version_1_store_opens_as_f16(tmp_path):
+    """A store written before the format field (version 1, f16 rows, zero where the fields now are)."""
+    path = tmp_path / "v1.kvblk"
+    blk = older_store(path, np.random.default_rng(4), "f16", {0: 1, 7: 0, 8: 0})
     with BlockStore(path) as s:
         assert s.info().kv_type == "f16"
         np.testing.assert_array_equal(s.read(1, 0)[2], fp16(blk[2][1]))
-    with open(path, "r+b") as f:  # a version-1 header with something in the reserved bytes is corrupt
-        f.seek(8 + 7 * 4)
-        f.write(struct.pack("<I", 8))
+    set_fields(path, {7: 8})  # a version-1 header with something in the reserved bytes is corrupt
     with pytest.raises(BlockStoreError, match="reserved bytes"):
         BlockStore(path)
 
 
 def test_version_2_store_opens_with_one_format_for_k_and_v(tmp_path):
     """A store written with one format field (version 2: K and V in it, zero where V's field now is)."""
-    rng = np.random.default_rng(5)
     path = tmp_path / "v2.kvblk"
-    blk = block(rng)
-    with BlockStore(path, n_layer=L, n_head_kv=H, d_k=DK, d_v=DV, block_size=BS, kv_type="q8_0", create=True) as s:
-        s.append(*blk)
-    with open(path, "r+b") as f:
-        f.seek(8)
-        f.write(struct.pack("<I", 2))  # version 2
-        f.seek(8 + 8 * 4)
-        f.write(struct.pack("<I", 0))  # no V field
+    blk = older_store(path, np.random.default_rng(5), "q8_0", {0: 2, 8: 0})
     with BlockStore(path) as s:
         assert s.info().kv_type == "q8_0"
         np.testing.assert_allclose(s.read(1, 0)[3], q8_0(blk[3][1]), rtol=0, atol=1e-6)
-    with open(path, "r+b") as f:  # a version-2 header with a V field is corrupt
-        f.seek(8 + 8 * 4)
-        f.write(struct.pack("<I", 2))
+    set_fields(path, {8: 2})  # a version-2 header with a V field is corrupt
     with pytest.raises(BlockStoreError, match="reserved bytes"):
         BlockStore(path)
 
