@@ -11,6 +11,12 @@ with A's kept cells).
    range, whichever is larger; and the most likely next token is the same.
 3. InfiniPot's NuC log-probs, computed in the graph, equal log_softmax of the same rows' full logits on
    each machine (NUC_TOL), and differ between A and B no more than the logits in 2 do.
+4. Locret's retaining-head scores from the graph equal the same weights applied by pot_check to the
+   captured heads input, on each machine (HEADS_TOL of their range).
+5. EdgeInfinite's memory after a fold equals the sums over the cache's K and V on each machine
+   (SAME_RUN_TOL); the logits read with that memory mixed in differ between A and B no more than the
+   logits in 2 do, and differ from the ungated logits over the same cells by more than that (the memory
+   is live). Only where both runs printed them (an f16 K cache).
 Prints a summary; exits 1 on a mismatch.
 
 usage: python compare_pot_check.py A.txt B.txt
@@ -26,6 +32,11 @@ LOGIT_TOL = 0.02
 # in-graph log-probs against log_softmax of the same run's logits: the same head on the same rows, so
 # only the order of the soft-max sums differs
 NUC_TOL = 1e-3
+# a graph's F32 products against the same products in double on the host, relative to the values' range
+SAME_RUN_TOL = 1e-3
+# the retaining heads' F32 x F32 products: ggml-cuda runs them on tensor cores as TF32 (10-bit mantissa,
+# unit roundoff 2**-11 = 4.9e-4 per input), so 8 roundoffs; CPUs keep F32 (1e-6 of the range here)
+HEADS_TOL = 8 * 2.0**-11
 
 
 def parse(path: str) -> dict:
@@ -37,7 +48,8 @@ def parse(path: str) -> dict:
         if f[0] in ("kept", "score"):
             key = (int(f[1]), int(f[2]))
             out[f[0]][key] = [float(x) for x in f[3:]] if f[0] == "score" else [int(x) for x in f[3:]]
-        elif f[0] in ("logits", "stock", "imposed", "nuc", "nuc_ref"):
+        elif f[0] in ("logits", "stock", "imposed", "nuc", "nuc_ref", "heads", "heads_ref", "memory", "memory_ref",
+                      "gated", "ungated"):
             out[f[0]] = np.array([float(x) for x in f[1:]])
             if f[0] == "logits":  # every 97th id, then the top-10 values: keep the sampled part
                 out[f[0]] = out[f[0]][:-10]
@@ -114,6 +126,32 @@ def main(a_path: str, b_path: str) -> int:
         line += f"; NuC log-probs vs log_softmax {nuc_self:.3g} (bound {NUC_TOL}), {nuc_diff:.3g} between the two"
         if nuc_diff > max(2 * stock_diff, LOGIT_TOL * span):
             problems.append(f"NuC log-probs differ between the two by {nuc_diff:.4g}")
+    bound = max(2 * stock_diff, LOGIT_TOL * span)
+    for tag, what, tol in (("heads", "retaining-head scores", HEADS_TOL), ("memory", "gated memory M, z", SAME_RUN_TOL)):
+        if tag not in a and tag == "memory" and "memory" not in b:
+            continue  # a quantized K cache: no gated memory
+        worst = 0.0
+        for name, run in ((a_path, a), (b_path, b)):
+            if tag not in run or tag + "_ref" not in run or run[tag].shape != run[tag + "_ref"].shape:
+                problems.append(f"{name} has no {tag}/{tag}_ref lines of one length")
+                continue
+            ref = run[tag + "_ref"]
+            err = float(np.abs(run[tag] - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+            worst = max(worst, err)
+            if err > tol:
+                problems.append(f"{name}: {what} from the graph differ from the host's by {err:.3g} of their range")
+        line += f"; {what} vs host {worst:.2g} of range (bound {tol:.2g})"
+    if "gated" in a or "gated" in b:
+        if not all(k in run for run in (a, b) for k in ("gated", "ungated")):
+            problems.append("gated/ungated lines in only one run")
+        else:
+            gated_diff = float(np.abs(a["gated"] - b["gated"]).max())
+            effect = min(float(np.abs(r["gated"] - r["ungated"]).max()) for r in (a, b))
+            line += f"; with the gated memory {gated_diff:.3g} (bound {bound:.3g}; the memory moves logits by {effect:.3g})"
+            if gated_diff > bound:
+                problems.append(f"logits with the gated memory differ by {gated_diff:.4g} > {bound:.4g}")
+            if effect <= bound:
+                problems.append(f"the gated memory moves the logits by only {effect:.3g}: the check would not see it")
     independent = float(np.abs(a["logits"] - b["logits"]).max())
     line += f"; with each CPU's own cells {independent:.3g}; top-1 {a['top'][0]} vs {b['top'][0]}"
     print(line)

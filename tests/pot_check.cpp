@@ -10,6 +10,14 @@
 //   top <id>...                        the top 10 token ids
 //   nuc <v>... / nuc_ref <v>...        log p(next token) of a chunk's rows from InfiniPot's in-graph NuC,
 //                                      and from log_softmax of the same rows' full logits
+//   heads <v>... / heads_ref <v>...    Locret's retaining-head scores (seeded weights) of a chunk, every
+//                                      layer, from the graph and from the same weights applied here to
+//                                      the captured heads input
+//   memory <v>... / memory_ref <v>...  EdgeInfinite's M and z after folding N_FOLD cells (every 7th
+//                                      float), from the graph and summed here from the cache's K and V
+//   gated <v>... / ungated <v>...      the logits after the question with that memory mixed in by a
+//                                      seeded gate, and without a gate over the same kept cells
+//                                      (memory, gated, ungated: with an f16 K cache only)
 // With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
 // document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
 // cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
@@ -23,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -34,6 +43,32 @@ static const int32_t N_CTX   = 512;
 static const int32_t CHUNK   = 64;
 static const int32_t N_DOC   = 320;
 static const int32_t N_KEEP  = 96;
+
+static const int32_t N_FOLD  = 128;     // cells folded into EdgeInfinite's memory
+static const size_t  MEM_HEADER = 6*sizeof(int32_t) + sizeof(int64_t); // kvpot_memory_state_get's header
+
+// reproducible weights in [-scale, scale) for the retaining heads and the memory gate
+static std::vector<float> seeded(size_t n, float scale, uint32_t seed) {
+    std::vector<float> out(n);
+    uint32_t x = 2654435761u*seed + 1u;
+    for (float & e : out) {
+        x = x*1664525u + 1013904223u;
+        e = scale*(2.0f*(float) (x >> 8)/16777216.0f - 1.0f);
+    }
+    return out;
+}
+
+static std::vector<float> every(const std::vector<float> & v, size_t step) {
+    std::vector<float> out;
+    for (size_t i = 0; i < v.size(); i += step) out.push_back(v[i]);
+    return out;
+}
+
+static void print_row(const char * tag, const std::vector<float> & v) {
+    printf("%s", tag);
+    for (float e : v) printf(" %.6g", e);
+    printf("\n");
+}
 
 static void die(const char * what) {
     fprintf(stderr, "pot_check: %s: %s\n", what, kvpot_last_error());
@@ -275,6 +310,118 @@ int main(int argc, char ** argv) {
         printf("\nnuc_ref");
         for (float v : ref) printf(" %.6g", v);
         printf("\n");
+    }
+
+    // Locret's retaining heads with seeded weights: every layer scores a chunk inside the graph, against
+    // fc2 · SiLU(fc1 · x) computed here from x, the same device's captured heads input [Q; K; V]
+    const int32_t n_layer_m = llama_model_n_layer(model);
+    const int32_t n_head_q  = llama_model_n_head(model);
+    const int32_t d_head    = llama_model_n_embd(model) / n_head_q; // llama: d_k = d_v = n_embd / n_head
+    {
+        const int32_t width  = n_head_q*d_head + 2*n_head*d_head;
+        const int32_t hidden = 32;
+        const std::vector<float> fc1 = seeded((size_t) n_layer_m*hidden*width, 1.0f/sqrtf((float) width), 1);
+        const std::vector<float> fc2 = seeded((size_t) n_layer_m*n_head*hidden, 1.0f/sqrtf((float) hidden), 2);
+        llama_memory_clear(llama_get_memory(ctx), true);
+        kvpot_pot_reset(ctx);
+        if (kvpot_heads_set(ctx, n_layer_m, hidden, width, n_head, 0, fc1.data(), fc2.data()) < 0) die("kvpot_heads_set");
+        if (kvpot_capture_enable(ctx, true) < 0) die("kvpot_capture_enable");
+        decode(ctx, batch, doc.data(), CHUNK, 0, false);
+        std::vector<float> got, want, sc((size_t) CHUNK*n_head), x((size_t) CHUNK*width);
+        for (int32_t l = 0; l < n_layer_m; ++l) {
+            if (kvpot_heads_take(ctx, l, sc.data(), CHUNK, n_head) != CHUNK) die("kvpot_heads_take");
+            if (kvpot_capture_qkv_take(ctx, l, x.data(), CHUNK, width) != CHUNK) die("kvpot_capture_qkv_take");
+            got.insert(got.end(), sc.begin(), sc.end());
+            for (int32_t t = 0; t < CHUNK; ++t) {
+                std::vector<double> hid(hidden);
+                for (int32_t j = 0; j < hidden; ++j) {
+                    const float * w = fc1.data() + ((size_t) l*hidden + j)*width;
+                    double a = 0.0;
+                    for (int32_t e = 0; e < width; ++e) a += (double) w[e]*x[(size_t) t*width + e];
+                    hid[j] = a/(1.0 + exp(-a)); // SiLU
+                }
+                for (int32_t h = 0; h < n_head; ++h) {
+                    const float * w = fc2.data() + ((size_t) l*n_head + h)*hidden;
+                    double a = 0.0;
+                    for (int32_t j = 0; j < hidden; ++j) a += (double) w[j]*hid[j];
+                    want.push_back((float) a);
+                }
+            }
+        }
+        print_row("heads", got);
+        print_row("heads_ref", want);
+        if (kvpot_capture_enable(ctx, false) < 0) die("kvpot_capture_enable");
+        if (kvpot_heads_set(ctx, 0, 0, 0, 0, 0, nullptr, nullptr) < 0) die("kvpot_heads_set");
+    }
+
+    // EdgeInfinite's gated memory with a seeded gate (it needs an f16 or f32 cache: f16 runs only). The
+    // first N_FOLD cells of every pot layer and KV head are folded, M += sigma(K)^T V and z += sum sigma(k)
+    // with sigma = ELU + 1, checked against the same sums here over the cache's own K and V; the cells
+    // are then compacted away and the question is read with the memory mixed in (`gated`), and again
+    // without a gate over the same kept cells (`ungated`: the memory must change the answer's logits)
+    if (cp.type_k == GGML_TYPE_F16) {
+        const int32_t d_h = 32, n_fold = N_FOLD, n_rest = N_DOC - N_FOLD;
+        const std::vector<float> w1 = seeded((size_t) n_layer*d_h*d_head, 1.0f/sqrtf((float) d_head), 3);
+        const std::vector<float> b1 = seeded((size_t) n_layer*d_h, 0.1f, 4);
+        const std::vector<float> w2 = seeded((size_t) n_layer*d_head*d_h, 1.0f/sqrtf((float) d_h), 5);
+        const std::vector<float> b2 = seeded((size_t) n_layer*d_head, 0.1f, 6);
+        const std::vector<float> g((size_t) n_layer*n_head_q*d_head, 2.0f); // sigmoid(2) = 0.88: mostly memory
+        std::vector<int32_t> fold((size_t) n_layer*n_head*n_fold), rest((size_t) n_layer*n_head*n_rest);
+        for (size_t r = 0; r < (size_t) n_layer*n_head; ++r) {
+            std::iota(fold.begin() + r*n_fold, fold.begin() + (r + 1)*n_fold, 0);
+            std::iota(rest.begin() + r*n_rest, rest.begin() + (r + 1)*n_rest, n_fold);
+        }
+        for (const bool gated : {true, false}) {
+            if (gated) {
+                if (kvpot_gate_set(ctx, n_layer, d_head, d_h, n_head_q, w1.data(), b1.data(), w2.data(), b2.data(),
+                                   g.data()) < 0) die("kvpot_gate_set");
+            } else if (kvpot_gate_set(ctx, 0, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr) < 0) {
+                die("kvpot_gate_set");
+            }
+            reread(ctx, batch, doc, N_DOC);
+            if (gated) {
+                if (kvpot_memory_fold(ctx, fold.data(), n_layer, n_head, n_fold) < 0) die("kvpot_memory_fold");
+                std::vector<uint8_t> bytes((size_t) kvpot_memory_state_size(ctx));
+                if (kvpot_memory_state_get(ctx, bytes.data(), bytes.size()) < 0) die("kvpot_memory_state_get");
+                std::vector<float> mem((bytes.size() - MEM_HEADER)/sizeof(float)), ref;
+                memcpy(mem.data(), bytes.data() + MEM_HEADER, mem.size()*sizeof(float));
+                std::vector<float> k((size_t) n_fold*d_head), v((size_t) n_fold*d_head);
+                for (int32_t l = 0; l < n_layer; ++l) {
+                    std::vector<float> z((size_t) n_head*d_head);
+                    for (int32_t h = 0; h < n_head; ++h) {
+                        if (kvpot_pot_read(ctx, l, h, 0, 0, n_fold, k.data(), (int32_t) k.size()) < 0) die("kvpot_pot_read");
+                        if (kvpot_pot_read(ctx, l, h, 1, 0, n_fold, v.data(), (int32_t) v.size()) < 0) die("kvpot_pot_read");
+                        for (float & e : k) e = e > 0.0f ? e + 1.0f : expf(e); // ELU + 1
+                        for (int32_t b = 0; b < d_head; ++b) {      // M_h [d_v][d_k]
+                            for (int32_t a = 0; a < d_head; ++a) {
+                                double m = 0.0;
+                                for (int32_t c = 0; c < n_fold; ++c) m += (double) k[(size_t) c*d_head + a]*v[(size_t) c*d_head + b];
+                                ref.push_back((float) m);
+                            }
+                        }
+                        for (int32_t a = 0; a < d_head; ++a) {
+                            double s = 0.0;
+                            for (int32_t c = 0; c < n_fold; ++c) s += k[(size_t) c*d_head + a];
+                            z[(size_t) h*d_head + a] = (float) s;
+                        }
+                    }
+                    ref.insert(ref.end(), z.begin(), z.end());
+                }
+                if (ref.size() != mem.size()) {
+                    fprintf(stderr, "pot_check: memory of %zu floats, expected %zu\n", mem.size(), ref.size());
+                    return 1;
+                }
+                print_row("memory", every(mem, 7));
+                print_row("memory_ref", every(ref, 7));
+            }
+            if (kvpot_pot_compact(ctx, rest.data(), n_layer, n_head, n_rest, true) < 0) die("kvpot_pot_compact");
+            if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+            decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+            const float * lg = llama_get_logits_ith(ctx, -1);
+            printf(gated ? "gated" : "ungated");
+            for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+            printf("\n");
+        }
     }
 
     llama_batch_free(batch);
