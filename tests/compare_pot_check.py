@@ -17,6 +17,11 @@ with A's kept cells).
    (SAME_RUN_TOL); the logits read with that memory mixed in differ between A and B no more than the
    logits in 2 do, and differ from the ungated logits over the same cells by more than that (the memory
    is live). Only where both runs printed them (an f16 K cache).
+6. InfLLM's in-graph lookup fetches, in every layer, the blocks the host ranks highest for the query the
+   same graph captured (a different block only at a near-tie: within HEADS_TOL of the scores' range of
+   the last one taken), on each machine; A and B fetch the same blocks except at near-ties (within twice
+   the A-vs-B score difference), and where they fetch the same, the logits after the question differ no
+   more than the logits in 2 do. Only where both runs printed them (an f16 K cache).
 Prints a summary; exits 1 on a mismatch.
 
 usage: python compare_pot_check.py A.txt B.txt
@@ -49,10 +54,12 @@ def parse(path: str) -> dict:
             key = (int(f[1]), int(f[2]))
             out[f[0]][key] = [float(x) for x in f[3:]] if f[0] == "score" else [int(x) for x in f[3:]]
         elif f[0] in ("logits", "stock", "imposed", "nuc", "nuc_ref", "heads", "heads_ref", "memory", "memory_ref",
-                      "gated", "ungated"):
+                      "gated", "ungated", "lookup_scores", "recalled"):
             out[f[0]] = np.array([float(x) for x in f[1:]])
             if f[0] == "logits":  # every 97th id, then the top-10 values: keep the sampled part
                 out[f[0]] = out[f[0]][:-10]
+        elif f[0] in ("lookup", "lookup_ref"):
+            out[f[0]] = [int(float(x)) for x in f[1:]]
         elif f[0] == "top":
             out["top"] = [int(x) for x in f[1:]]
         elif f[0] == "model":
@@ -60,6 +67,54 @@ def parse(path: str) -> dict:
         elif f[0] == "after":
             out["after"] = line.strip()
     return out
+
+
+def _by_layer(run: dict) -> tuple[list[set[int]], list[set[int]], np.ndarray]:
+    k = 2  # pot_check's N_FETCH
+    got, ref = run["lookup"], run["lookup_ref"]
+    n_layer = len(got) // k
+    scores = run["lookup_scores"].reshape(n_layer, -1)
+    return ([set(got[i * k:(i + 1) * k]) for i in range(n_layer)], [set(ref[i * k:(i + 1) * k]) for i in range(n_layer)],
+            scores)
+
+
+def _near_tie(blocks: set[int], scores: np.ndarray, taken: set[int], tol: float) -> bool:
+    """Every block in `blocks` scores within tol of the lowest-scoring block of `taken`."""
+    cut = min(scores[b] for b in taken)
+    return all(abs(scores[b] - cut) <= tol for b in blocks)
+
+
+def compare_lookup(a: dict, b: dict, a_path: str, b_path: str, bound: float, problems: list[str]) -> str:
+    for name, run in ((a_path, a), (b_path, b)):
+        if not all(k in run for k in ("lookup", "lookup_ref", "lookup_scores", "recalled")):
+            problems.append(f"{name} has no lookup/lookup_ref/lookup_scores/recalled lines")
+            return "InfLLM lookup missing"
+    same_run_ties = 0
+    for name, run in ((a_path, a), (b_path, b)):
+        got, ref, scores = _by_layer(run)
+        for layer, (g, r) in enumerate(zip(got, ref)):
+            if g == r:
+                continue
+            tol = HEADS_TOL * float(np.ptp(scores[layer]))
+            if _near_tie(g ^ r, scores[layer], r, tol):
+                same_run_ties += 1
+            else:
+                problems.append(f"{name}: layer {layer} fetched blocks {sorted(g)} in the graph, the host ranks {sorted(r)}")
+    ga, _, sa = _by_layer(a)
+    gb, _, sb = _by_layer(b)
+    noise = float(np.abs(sa - sb).max())
+    differ = [layer for layer in range(len(ga)) if ga[layer] != gb[layer]]
+    for layer in differ:
+        if not _near_tie(ga[layer] ^ gb[layer], sa[layer], ga[layer], 2 * noise):
+            problems.append(f"layer {layer} fetches {sorted(ga[layer])} on one machine, {sorted(gb[layer])} on the other")
+    text = (f"InfLLM lookup: graph = host ranking in {2 * len(ga) - same_run_ties}/{2 * len(ga)} layer runs "
+            f"(others near-ties), {len(ga) - len(differ)}/{len(ga)} layers fetch the same blocks on both")
+    if not differ:
+        recalled = float(np.abs(a["recalled"] - b["recalled"]).max())
+        text += f", logits after them {recalled:.3g} (bound {bound:.3g})"
+        if recalled > bound:
+            problems.append(f"logits after the InfLLM lookup differ by {recalled:.4g} > {bound:.4g}")
+    return text
 
 
 def main(a_path: str, b_path: str) -> int:
@@ -152,6 +207,8 @@ def main(a_path: str, b_path: str) -> int:
                 problems.append(f"logits with the gated memory differ by {gated_diff:.4g} > {bound:.4g}")
             if effect <= bound:
                 problems.append(f"the gated memory moves the logits by only {effect:.3g}: the check would not see it")
+    if "lookup" in a or "lookup" in b:
+        line += "; " + compare_lookup(a, b, a_path, b_path, bound, problems)
     independent = float(np.abs(a["logits"] - b["logits"]).max())
     line += f"; with each CPU's own cells {independent:.3g}; top-1 {a['top'][0]} vs {b['top'][0]}"
     print(line)

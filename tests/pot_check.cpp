@@ -17,7 +17,11 @@
 //                                      float), from the graph and summed here from the cache's K and V
 //   gated <v>... / ungated <v>...      the logits after the question with that memory mixed in by a
 //                                      seeded gate, and without a gate over the same kept cells
-//                                      (memory, gated, ungated: with an f16 K cache only)
+//   lookup <b>... / lookup_ref <b>...  InfLLM: the blocks each layer's graph fetched for the question,
+//                                      and the top blocks for the query that graph captured, ranked here
+//   lookup_scores <v>...               every block's relevance per layer (for near-ties)
+//   recalled <v>...                    the logits after the question with those blocks fetched
+//                                      (memory, gated, ungated, lookup*, recalled: with an f16 K cache only)
 // With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
 // document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
 // cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
@@ -38,6 +42,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 static const int32_t N_CTX   = 512;
 static const int32_t CHUNK   = 64;
@@ -422,6 +428,80 @@ int main(int argc, char ** argv) {
             for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
             printf("\n");
         }
+    }
+
+    // InfLLM's lookup inside the layer (f16 runs, after the gate is gone): the first N_FOLD cells go to
+    // a block store as BLOCK-token blocks (keys at RoPE 0, each block's mean key as its representative),
+    // the rest stay, N_FETCH blocks' cells are reserved, and the question's graph chooses and fetches
+    // blocks per layer. `lookup` is what each layer's graph fetched, `lookup_ref` the top blocks for the
+    // query the same graph captured, ranked on the host by kvpot_blocks_topk (in double); `lookup_scores`
+    // every block's relevance (near-ties); `recalled` the logits after the question
+    if (cp.type_k == GGML_TYPE_F16) {
+        const int32_t BLOCK = 16, N_FETCH = 2, N_LOCAL = 64, n_blocks = N_FOLD / BLOCK, n_rest = N_DOC - N_FOLD;
+        reread(ctx, batch, doc, N_DOC);
+        std::vector<float> k((size_t) n_layer*n_head*N_FOLD*d_head), v(k.size());
+        if (kvpot_pot_read_at(ctx, 0, N_FOLD, 0, k.data(), v.data()) < 0) die("kvpot_pot_read_at");
+        char path[] = "/tmp/pot_check-XXXXXX";
+        const int fd = mkstemp(path);
+        if (fd < 0) {
+            fprintf(stderr, "pot_check: cannot make a temporary file name\n");
+            return 1;
+        }
+        close(fd);
+        unlink(path); // kvpot_blocks_open(create) refuses an existing path
+        kvpot_blocks * bs = kvpot_blocks_open(path, n_layer, n_head, d_head, d_head, BLOCK, GGML_TYPE_F16,
+                                              GGML_TYPE_F16, 2*N_FETCH, true);
+        if (!bs) die("kvpot_blocks_open");
+        for (int32_t b = 0; b < n_blocks; ++b) {
+            std::vector<int32_t> pos(BLOCK);
+            std::iota(pos.begin(), pos.end(), b*BLOCK);
+            std::vector<float> bk, bv, repr((size_t) n_layer*n_head*d_head, 0.0f);
+            for (int32_t r = 0; r < n_layer*n_head; ++r) {
+                const size_t at = ((size_t) r*N_FOLD + (size_t) b*BLOCK)*d_head;
+                bk.insert(bk.end(), k.begin() + at, k.begin() + at + (size_t) BLOCK*d_head);
+                bv.insert(bv.end(), v.begin() + at, v.begin() + at + (size_t) BLOCK*d_head);
+                for (int32_t t = 0; t < BLOCK; ++t) {
+                    for (int32_t e = 0; e < d_head; ++e) repr[(size_t) r*d_head + e] += k[at + (size_t) t*d_head + e]/BLOCK;
+                }
+            }
+            if (kvpot_blocks_append(bs, pos.data(), repr.data(), bk.data(), bv.data()) != b) die("kvpot_blocks_append");
+        }
+        std::vector<int32_t> rest((size_t) n_layer*n_head*n_rest);
+        for (size_t r = 0; r < (size_t) n_layer*n_head; ++r) {
+            std::iota(rest.begin() + r*n_rest, rest.begin() + (r + 1)*n_rest, N_FOLD);
+        }
+        // text positions kept (InfLLM does not re-encode), so the reserved cells have positions to take
+        if (kvpot_pot_compact(ctx, rest.data(), n_layer, n_head, n_rest, false) < 0) die("kvpot_pot_compact");
+        const int32_t n_cells = N_FETCH*BLOCK;
+        std::vector<float> zk((size_t) n_layer*n_head*n_cells*d_head, 0.0f);
+        std::vector<llama_pos> zpos(n_cells, 0);
+        if (kvpot_pot_insert(ctx, n_cells, zk.data(), zk.data(), zpos.data(), 0) < 0) die("kvpot_pot_insert");
+        if (kvpot_lookup_set(ctx, bs, n_rest, N_FETCH, N_LOCAL) < 0) die("kvpot_lookup_set");
+        if (kvpot_query_request(ctx, true, N_LOCAL) < 0) die("kvpot_query_request");
+        if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+        decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        std::vector<float> recalled;
+        for (int32_t t = 0; t < n_vocab; t += 97) recalled.push_back(lg[t]);
+        std::vector<float> got, want, scores, qv((size_t) n_head*d_head), sc(n_blocks);
+        std::vector<int32_t> fetched(N_FETCH), fpos(n_cells), top(N_FETCH);
+        for (int32_t l = 0; l < n_layer; ++l) {
+            if (kvpot_lookup_take(ctx, l, fetched.data(), N_FETCH, fpos.data(), n_cells) != N_FETCH) die("kvpot_lookup_take");
+            if (kvpot_query_take(ctx, l, qv.data(), (int32_t) qv.size()) != (int32_t) qv.size()) die("kvpot_query_take");
+            if (kvpot_blocks_topk(bs, l, qv.data(), N_FETCH, top.data(), sc.data()) != N_FETCH) die("kvpot_blocks_topk");
+            std::sort(top.begin(), top.end());
+            got.insert(got.end(), fetched.begin(), fetched.end());
+            want.insert(want.end(), top.begin(), top.end());
+            scores.insert(scores.end(), sc.begin(), sc.end());
+        }
+        print_row("lookup", got);
+        print_row("lookup_ref", want);
+        print_row("lookup_scores", scores);
+        print_row("recalled", recalled);
+        if (kvpot_query_request(ctx, false, 0) < 0) die("kvpot_query_request");
+        if (kvpot_lookup_set(ctx, nullptr, 0, 0, 0) < 0) die("kvpot_lookup_set");
+        kvpot_blocks_free(bs);
+        unlink(path);
     }
 
     llama_batch_free(batch);
