@@ -152,7 +152,7 @@ def qa(
     Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
 
     `-P full` reads each input whole with full attention (the reference, where the input fits)."""
-    from kvpot.bench.qa import DEFAULT, Plan, run
+    from kvpot.bench.qa import DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_report import qa_table
 
@@ -175,9 +175,14 @@ def qa(
     results: list[dict] = list(previous)
 
     with err.status(f"{len(previous)} cases already run") as status:
-        on_case = _recorder(results, json_out, status, lambda r: (
-            f"{len(results) - len(previous)} new cases; last: {r['policy']} {r['length']} {r['id']}: "
+        record = _recorder(results, json_out, status, lambda r: (
+            f"{len(results)} cases; last: {r['policy']} {r['length']} {r['id']}: "
             f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}"))
+
+        def on_case(r: dict) -> None:
+            # run() asks again only what was asked with another prompt: the new answer replaces it
+            results[:] = [x for x in results if case_key(x) != case_key(r)]
+            record(r)
         for m in models:
             plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                         threads=threads, budget=budget, per_question=per_question, multikey=multikey)

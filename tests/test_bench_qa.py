@@ -129,6 +129,25 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
 
 
+def test_a_case_asked_with_another_prompt_is_asked_again(smol, smollm2_path):
+    """--resume never mixes answers to another prompt (an older kvpot's framing) into a table."""
+    from kvpot.bench.qa import Plan, case_key, run
+    from kvpot.session.prompting import choose_format, question_frame
+
+    qs = load_set().questions[:2]
+    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False)
+    results = run(plan, qs)
+    frame = question_frame(choose_format(smol))
+    assert "Question: {question}" in frame and all(r["frame"] == frame for r in results)
+    older = [{**results[0], "frame": "\n\n{question}", "answer": "old"}, results[1]]
+    redo: list[dict] = []
+    out = run(plan, qs, done=older, on_case=redo.append)
+    assert [case_key(r) for r in redo] == [case_key(results[0])]
+    assert redo[0]["frame"] == frame and redo[0]["answer"] == results[0]["answer"]  # greedy: the same answer
+    assert sorted(case_key(r) for r in out) == sorted(case_key(r) for r in results)
+    assert all(r["frame"] == frame for r in out)
+
+
 def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smollm2_path, monkeypatch):
     """`-P full -P default` on an input that fits: default is full attention too, so the input is read
     once and default's cases are full's answers, marked as such; a pot spec still reads on its own."""
@@ -162,3 +181,19 @@ def test_cli_refuses_resume_without_a_results_file(smollm2_path, tmp_path):
     res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--resume", "--json", str(niah))
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "is not a `bench qa` results file")
+
+
+def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_path, tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "qa.json"
+    args = ("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--length", "512", "--limit", "1", "--no-multikey",
+            "--json", str(out), "--resume")
+    assert run_cli(*args).returncode == 0
+    first = json.loads(out.read_text())
+    assert len(first) == 1
+    out.write_text(json.dumps([{**first[0], "frame": "\n\n{question}", "answer": "old"}]))
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    again = json.loads(out.read_text())
+    assert len(again) == 1 and again[0]["frame"] == first[0]["frame"] and again[0]["answer"] == first[0]["answer"]

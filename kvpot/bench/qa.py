@@ -22,6 +22,7 @@ from kvpot.bench.qa_inputs import JoinedInput, build_inputs
 from kvpot.bench.qa_questions import Question
 from kvpot.bench.qa_score import contains, exact
 from kvpot.errors import KvpotError
+from kvpot.session.prompting import choose_format, question_frame
 
 DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
 SAMPLE_ABOVE = 32768   # lengths past this ask a sample of the questions (the 128K part)
@@ -72,18 +73,24 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
 
     facts, known = resolve_model(plan.model)
     name = known.name if known else facts.name
-    results = list(done)
+    vocab = LlamaModel(str(facts.path))
+    try:
+        frame = question_frame(choose_format(vocab, _settings_prompt(known)))
+        inputs = {n: build_inputs(questions_for(questions, n, plan), lambda t: len(vocab.tokenize(t)), n, plan.seed,
+                                  group=plan.group, multikey=plan.multikey) for n in plan.lengths}
+    finally:
+        vocab.close()
+    # cases asked with another prompt (an older kvpot's) are asked again, not mixed in
+    stale = [r for r in done if r.get("model") == name and r.get("frame") != frame]
+    if stale:
+        say(f"{len(stale)} earlier cases of {name} were asked with another prompt; asking them again")
+    stale_ids = {id(r) for r in stale}
+    results = [r for r in done if id(r) not in stale_ids]
     have = {case_key(r) for r in results}
     readings: dict[tuple, dict[str, dict]] = {}  # reading_key -> that reading's cases by question id
     for r in results:
         if "resolved_policy" in r:
             readings.setdefault(reading_key(r), {})[r["id"]] = r
-    vocab = LlamaModel(str(facts.path))
-    try:
-        inputs = {n: build_inputs(questions_for(questions, n, plan), lambda t: len(vocab.tokenize(t)), n, plan.seed,
-                                  group=plan.group, multikey=plan.multikey) for n in plan.lengths}
-    finally:
-        vocab.close()
     with tempfile.TemporaryDirectory(prefix="kvpot-qa-") as tmp:
         for spec in plan.policies:
             for n in plan.lengths:
@@ -95,12 +102,19 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
                     path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
                     path.write_text(joined.text, encoding="utf-8")
-                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings):
+                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame):
                         if "resolved_policy" in r:
                             readings.setdefault(reading_key(r), {}).setdefault(r["id"], r)
                         results.append(r)
                         on_case(r)
     return results
+
+
+def _settings_prompt(known) -> str:
+    """The prompt format `kvpot ask` would use for this model (registry, then the user's config)."""
+    from kvpot.session.settings import resolve_settings
+
+    return resolve_settings(known.name if known else None, known.defaults if known else {}, {}).prompt
 
 
 def _settings(plan: Plan, facts, known, spec: str, path: Path):
@@ -119,12 +133,12 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path):
 
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
-               readings: dict[tuple, dict[str, dict]]):
+               readings: dict[tuple, dict[str, dict]], frame: str):
     from kvpot.ingest import collect_sources
     from kvpot.session.session import Session
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
-            "per_question": plan.per_question}
+            "per_question": plan.per_question, "frame": frame}
     try:
         settings, full = _settings(plan, facts, known, spec, path)
     except KvpotError as e:  # full attention past the window or the memory: recorded, not retried

@@ -64,10 +64,18 @@ class ChatFormat:
         return [Segment(self._open, True)]
 
     def first_question(self, question: str) -> list[Segment]:
-        return [Segment("\n\n" + question.strip()), Segment(self._close_user, True)]
+        # labelled: after a document that stops mid-file, a bare question reads as more of the
+        # document and the model repeats it instead of answering
+        return [Segment("\n\nQuestion: " + question.strip()), Segment(self._close_user, True)]
 
     def follow_up(self, question: str) -> list[Segment]:
         return [Segment(self._between, True), Segment(question.strip()), Segment(self._close_user2, True)]
+
+
+def question_frame(fmt) -> str:
+    """How `fmt` puts a first question after the document, "{question}" standing for it: benchmarks
+    record it beside each answer, so results asked with another prompt are never mixed in."""
+    return "".join(seg.text for seg in fmt.first_question("{question}"))
 
 
 def choose_format(model, choice: str = "auto"):

@@ -1,0 +1,51 @@
+"""The prompt kvpot builds around a document and questions, against the model's own template rendering.
+
+The reference is llama.cpp's rendering of the whole conversation as messages (the same template code a
+stock llama.cpp chat uses), so the segments must add up to exactly that text."""
+
+import pytest
+
+from kvpot.session.prompting import ChatFormat, CompletionFormat, choose_format
+
+DOC = "int main(void) {\n    return 0;\n"   # ends mid-file, as a cut document does
+Q1, A1, Q2 = "  Who wrote cmp?  ", "Paul Eggert.", "And diff?"
+
+
+def _text(segments) -> str:
+    return "".join(s.text for s in segments)
+
+
+@pytest.fixture(params=["smol", "qwen05"])
+def chat(request):
+    model = request.getfixturevalue(request.param)
+    template = model.chat_template()
+    return ChatFormat(lambda msgs, add: model.apply_template(template, msgs, add)), model, template
+
+
+def test_the_first_turn_is_the_template_rendering_of_the_document_and_a_labelled_question(chat):
+    fmt, model, template = chat
+    got = _text(fmt.document_open()) + DOC + _text(fmt.first_question(Q1))
+    want = model.apply_template(template, [("user", DOC + "\n\nQuestion: " + Q1.strip())], True)
+    assert got == want
+
+
+def test_a_follow_up_is_a_new_user_turn_after_the_answer(chat):
+    fmt, model, template = chat
+    got = (_text(fmt.document_open()) + DOC + _text(fmt.first_question(Q1)) + A1 + _text(fmt.follow_up(Q2)))
+    want = model.apply_template(template, [("user", DOC + "\n\nQuestion: " + Q1.strip()), ("assistant", A1),
+                                           ("user", Q2)], True)
+    assert got == want
+
+
+def test_only_template_markup_is_parsed_for_control_tokens(chat):
+    fmt = chat[0]
+    for seg in [*fmt.document_open(), *fmt.first_question(Q1), *fmt.follow_up(Q2)]:
+        assert seg.special == (Q1.strip() not in seg.text and Q2 not in seg.text)
+
+
+def test_auto_picks_the_template_when_the_model_has_one_and_completion_otherwise(smol, gemma):
+    assert isinstance(choose_format(smol), ChatFormat)
+    assert not gemma.chat_template()   # Gemma-3-270M is the base model: no template
+    assert isinstance(choose_format(gemma), CompletionFormat)
+    assert isinstance(choose_format(smol, "completion"), CompletionFormat)
+    assert _text(CompletionFormat().first_question(Q1)) == "\n\nQuestion: Who wrote cmp?\nAnswer:"
