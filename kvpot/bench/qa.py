@@ -81,11 +81,9 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
     finally:
         vocab.close()
     # cases asked with another prompt (an older kvpot's) are asked again, not mixed in
-    stale = [r for r in done if r.get("model") == name and r.get("frame") != frame]
-    if stale:
-        say(f"{len(stale)} earlier cases of {name} were asked with another prompt; asking them again")
-    stale_ids = {id(r) for r in stale}
-    results = [r for r in done if id(r) not in stale_ids]
+    results = [r for r in done if r.get("model") != name or r.get("frame") == frame]
+    if len(results) < len(done):
+        say(f"{len(done) - len(results)} earlier cases of {name} were asked with another prompt; asking them again")
     have = {case_key(r) for r in results}
     readings: dict[tuple, dict[str, dict]] = {}  # reading_key -> that reading's cases by question id
     for r in results:
