@@ -16,12 +16,12 @@ with A's kept cells).
 5. EdgeInfinite's memory after a fold equals the sums over the cache's K and V on each machine
    (SAME_RUN_TOL); the logits read with that memory mixed in differ between A and B no more than the
    logits in 2 do, and differ from the ungated logits over the same cells by more than that (the memory
-   is live). Only where both runs printed them (an f16 K cache).
+   is live). Only where both runs printed them (an f16 K and V cache).
 6. InfLLM's in-graph lookup fetches, in every layer, the blocks the host ranks highest for the query the
    same graph captured (a different block only at a near-tie: within HEADS_TOL of the scores' range of
    the last one taken), on each machine; A and B fetch the same blocks except at near-ties (within twice
    the A-vs-B score difference), and where they fetch the same, the logits after the question differ no
-   more than the logits in 2 do. Only where both runs printed them (an f16 K cache).
+   more than the logits in 2 do. Only where both runs printed them (an f16 K and V cache).
 Prints a summary; exits 1 on a mismatch.
 
 usage: python compare_pot_check.py A.txt B.txt

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The pot on a CUDA GPU, checked against this machine's CPU: tests/pot_check (compaction per layer and KV
-# head, score taps, CR-RoPE, NuC's in-graph log-probs, in plain C++ over libllama; with the K cache in f16
-# and in q8_0) run on both, compared by tests/compare_pot_check.py
-# with a tolerance calibrated in the same runs (docs/pot.md, "CUDA").
+# head, score taps, CR-RoPE, NuC's in-graph log-probs, Locret's heads, EdgeInfinite's memory, InfLLM's
+# lookup, in plain C++ over libllama; with and without flash attention, f16 and q8_0 caches) run on both,
+# compared by tests/compare_pot_check.py with a tolerance calibrated in the same runs (docs/pot.md, "CUDA").
 #
 #   tests/cuda_pot_check.sh prepare PYTHON DIR   here: the CPU reference, SmolLM2 cut to 4 blocks (41 MB)
 #                                                and the patched llama.cpp source without other backends
@@ -10,6 +10,9 @@
 #                                                build for sm_90 (CUDA_ARCH=NN for another), run, compare
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# K cache : V cache : flash attention. Without flash attention V is stored transposed and must stay f16;
+# with it V rows move like K rows, and the mask (the pot's dead-cell bias in it) is F16
+CONFIGS="f16:f16:0 q8_0:f16:0 f16:f16:1 q8_0:q8_0:1"
 case "${1:-}" in
 prepare)
     PY=${2:?usage: cuda_pot_check.sh prepare PYTHON DIR}; DIR=${3:?usage: cuda_pot_check.sh prepare PYTHON DIR}
@@ -18,8 +21,11 @@ prepare)
     "$PY" -m kvpot.build.cross native --out "$home/build/pot-check/native"
     model=$("$PY" -c "from kvpot.models.pull import pull_known; from kvpot.models.registry import SMOLLM2_135M; print(pull_known(SMOLLM2_135M))")
     "$PY" "$here/cut_layers.py" "$model" "$DIR/smollm2-4l.gguf" 4
-    "$home/build/pot-check/native/pot_check" "$DIR/smollm2-4l.gguf" 1 > "$DIR/native.txt"
-    POT_CHECK_TYPE_K=q8_0 "$home/build/pot-check/native/pot_check" "$DIR/smollm2-4l.gguf" 1 > "$DIR/native-q8_0.txt"
+    for cfg in $CONFIGS; do
+        IFS=: read -r k v fa <<< "$cfg"
+        POT_CHECK_TYPE_K=$k POT_CHECK_TYPE_V=$v POT_CHECK_FLASH=$fa \
+            "$home/build/pot-check/native/pot_check" "$DIR/smollm2-4l.gguf" 1 > "$DIR/native-$k-$v-fa$fa.txt"
+    done
     src=$("$PY" -c "from kvpot.build.cross import staged_tree; print(staged_tree())")
     tar czf "$DIR/llama-src.tar.gz" -C "$(dirname "$src")" \
         --exclude='llama.cpp/ggml/src/ggml-'{vulkan,sycl,opencl,hexagon,metal,et} --exclude='llama.cpp/vendor/cpp-httplib' \
@@ -34,9 +40,8 @@ run)
     work=$(mktemp -d); tar xzf llama-src.tar.gz -C "$work"
     nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
     t0=$(date +%s)
-    # no FlashAttention kernels: pot_check runs without flash attention, and they are most of the build
     cmake -S "$work/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-        -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA=OFF \
+        -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA=ON \
         -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF > "$out/build.log" 2>&1
@@ -46,14 +51,17 @@ run)
     g++ -O2 -std=c++17 pot_check.cpp -o "$work/pot_check" -I"$inc/include" -I"$inc/ggml/include" \
         -I"$inc/ggml_ext" -L"$lib" -lllama -lggml -lggml-base -Wl,-rpath,"$lib"
     rc=0
-    for k in f16 q8_0; do  # the K cache in f16, then in q8_0
-        ref=native.txt; [ "$k" = f16 ] || ref=native-$k.txt
-        echo "K cache $k:"
-        POT_CHECK_LOG=1 POT_CHECK_TYPE_K=$k "$work/pot_check" smollm2-4l.gguf 1 $ref > "$out/cuda-$k.txt" 2> "$out/cuda-log-$k.txt"
-        # the proof that it ran there: llama.cpp's own lines for the layers and the KV cache
-        grep -E "offloaded|CUDA0 (model|KV) buffer|K \(" "$out/cuda-log-$k.txt" || true
-        grep -q "CUDA0 KV buffer" "$out/cuda-log-$k.txt" || { echo "the KV cache was not on CUDA0"; exit 1; }
-        python3 compare_pot_check.py $ref "$out/cuda-$k.txt" || rc=1
+    for cfg in $CONFIGS; do
+        IFS=: read -r k v fa <<< "$cfg"
+        name=$k-$v-fa$fa; ref=native-$name.txt
+        echo "K cache $k, V cache $v, flash attention $fa:"
+        POT_CHECK_LOG=1 POT_CHECK_TYPE_K=$k POT_CHECK_TYPE_V=$v POT_CHECK_FLASH=$fa \
+            "$work/pot_check" smollm2-4l.gguf 1 $ref > "$out/cuda-$name.txt" 2> "$out/cuda-log-$name.txt"
+        # the proof that it ran there: llama.cpp's own lines for the layers, the KV cache, flash
+        # attention, and how many splits its graph has (an op the GPU lacks adds splits: it runs on the CPU)
+        grep -E "offloaded|CUDA0 (model|KV) buffer|K \(|flash_attn|graph: nodes" "$out/cuda-log-$name.txt" | sort | uniq -c || true
+        grep -q "CUDA0 KV buffer" "$out/cuda-log-$name.txt" || { echo "the KV cache was not on CUDA0"; exit 1; }
+        python3 compare_pot_check.py $ref "$out/cuda-$name.txt" || rc=1
     done
     exit $rc
     ;;

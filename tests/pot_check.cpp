@@ -21,13 +21,14 @@
 //                                      and the top blocks for the query that graph captured, ranked here
 //   lookup_scores <v>...               every block's relevance per layer (for near-ties)
 //   recalled <v>...                    the logits after the question with those blocks fetched
-//                                      (memory, gated, ungated, lookup*, recalled: with an f16 K cache only)
+//                                      (memory, gated, ungated, lookup*, recalled: with an f16 cache only)
 // With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
 // document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
 // cells, so that compaction and CR-RoPE are compared on identical cells even where the two CPUs' taps
 // rank a near-tie differently.
 //
-// usage: [POT_CHECK_LOG=1] [POT_CHECK_TYPE_K=f16|q8_0] pot_check MODEL.gguf [n_threads [REF.txt]]
+// usage: [POT_CHECK_LOG=1] [POT_CHECK_FLASH=1] [POT_CHECK_TYPE_K=f16|q8_0] [POT_CHECK_TYPE_V=f16|q8_0]
+//        pot_check MODEL.gguf [n_threads [REF.txt]]
 #include "llama.h"
 #include "kvpot.h"
 
@@ -168,14 +169,25 @@ int main(int argc, char ** argv) {
     cp.n_seq_max       = 1;
     cp.n_threads       = n_threads;
     cp.n_threads_batch = n_threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    // POT_CHECK_TYPE_K=q8_0: a quantized K cache (V stays f16: a quantized V needs flash attention),
-    // so compaction moves q8_0 rows and the taps read them
-    const char * type_k = getenv("POT_CHECK_TYPE_K");
-    if (type_k && std::string(type_k) == "q8_0") {
-        cp.type_k = GGML_TYPE_Q8_0;
-    } else if (type_k && *type_k && std::string(type_k) != "f16") {
-        fprintf(stderr, "pot_check: POT_CHECK_TYPE_K must be f16 or q8_0, not %s\n", type_k);
+    // POT_CHECK_FLASH=1: flash attention, so V is stored untransposed (compaction moves V rows as it
+    // moves K rows) and the mask, with the pot's dead-cell bias in it, is F16
+    const char * flash = getenv("POT_CHECK_FLASH");
+    const bool flash_on = flash && *flash && std::string(flash) != "0";
+    cp.flash_attn_type = flash_on ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    // POT_CHECK_TYPE_K=q8_0: a quantized K cache, so compaction moves q8_0 rows and the taps read them;
+    // POT_CHECK_TYPE_V=q8_0 the same for V (llama.cpp needs flash attention for a quantized V)
+    for (const char * var : {"POT_CHECK_TYPE_K", "POT_CHECK_TYPE_V"}) {
+        const char * t = getenv(var);
+        ggml_type & type = std::string(var).back() == 'K' ? cp.type_k : cp.type_v;
+        if (t && std::string(t) == "q8_0") {
+            type = GGML_TYPE_Q8_0;
+        } else if (t && *t && std::string(t) != "f16") {
+            fprintf(stderr, "pot_check: %s must be f16 or q8_0, not %s\n", var, t);
+            return 2;
+        }
+    }
+    if (cp.type_v != GGML_TYPE_F16 && !flash_on) {
+        fprintf(stderr, "pot_check: POT_CHECK_TYPE_V=q8_0 needs POT_CHECK_FLASH=1\n");
         return 2;
     }
     cp.no_perf         = true;
@@ -217,7 +229,8 @@ int main(int argc, char ** argv) {
     std::vector<int32_t> il(n_layer);
     kvpot_pot_layers(ctx, il.data(), n_layer);
 
-    printf("model %s type_k %s layers %d kv_heads %d cells %d\n", argv[1], cp.type_k == GGML_TYPE_Q8_0 ? "q8_0" : "f16",
+    printf("model %s type_k %s type_v %s flash %d layers %d kv_heads %d cells %d\n", argv[1],
+           cp.type_k == GGML_TYPE_Q8_0 ? "q8_0" : "f16", cp.type_v == GGML_TYPE_Q8_0 ? "q8_0" : "f16", (int) flash_on,
            n_layer, n_head, st.n_cells_used);
     std::vector<int32_t> keep((size_t) n_layer*n_head*N_KEEP);
     std::vector<float> tap((size_t) n_head*N_DOC);
@@ -365,7 +378,7 @@ int main(int argc, char ** argv) {
     // with sigma = ELU + 1, checked against the same sums here over the cache's own K and V; the cells
     // are then compacted away and the question is read with the memory mixed in (`gated`), and again
     // without a gate over the same kept cells (`ungated`: the memory must change the answer's logits)
-    if (cp.type_k == GGML_TYPE_F16) {
+    if (cp.type_k == GGML_TYPE_F16 && cp.type_v == GGML_TYPE_F16) {
         const int32_t d_h = 32, n_fold = N_FOLD, n_rest = N_DOC - N_FOLD;
         const std::vector<float> w1 = seeded((size_t) n_layer*d_h*d_head, 1.0f/sqrtf((float) d_head), 3);
         const std::vector<float> b1 = seeded((size_t) n_layer*d_h, 0.1f, 4);
@@ -436,7 +449,7 @@ int main(int argc, char ** argv) {
     // blocks per layer. `lookup` is what each layer's graph fetched, `lookup_ref` the top blocks for the
     // query the same graph captured, ranked on the host by kvpot_blocks_topk (in double); `lookup_scores`
     // every block's relevance (near-ties); `recalled` the logits after the question
-    if (cp.type_k == GGML_TYPE_F16) {
+    if (cp.type_k == GGML_TYPE_F16 && cp.type_v == GGML_TYPE_F16) {
         const int32_t BLOCK = 16, N_FETCH = 2, N_LOCAL = 64, n_blocks = N_FOLD / BLOCK, n_rest = N_DOC - N_FOLD;
         reread(ctx, batch, doc, N_DOC);
         std::vector<float> k((size_t) n_layer*n_head*N_FOLD*d_head), v(k.size());
