@@ -109,8 +109,13 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
         // a method's part that belongs to the model (Locret's heads, EdgeInfinite's gate) outlives the
         // document being forgotten: its state stays, with the document's part cleared (kvpot_method_state::reset)
         kvpot_state::method_map methods;
-        if (kvpot_state * st = kvpot_state_find(ctx)) {
-            methods = std::move(st->methods);
+        // llama.cpp's last graph may hold what the old state built into it (a method's weights that have
+        // since been freed, taps, captures): the next decode must build its graph anew, so a context
+        // that had a state keeps one that says so, even when nothing else of it survives
+        kvpot_state * old = kvpot_state_find(ctx);
+        const bool had_state = old != nullptr;
+        if (old) {
+            methods = std::move(old->methods);
         }
         kvpot_state_drop(ctx);
         std::string err;
@@ -125,7 +130,7 @@ int32_t kvpot_pot_reset(llama_context * ctx) {
                 err = why;
             }
         }
-        if (!methods.empty() || !err.empty()) {
+        if (had_state || !methods.empty() || !err.empty()) {
             kvpot_state & st = kvpot_state_get(ctx);
             st.methods = std::move(methods);
             st.force_rebuild = true;

@@ -6,6 +6,7 @@
 //   kept <layer> <head> <cell>...      the cells each (layer, KV head) kept, in cell order
 //   score <layer> <head> <s>...        the tapped mass of those cells and of the first dropped one
 //   stock <v>...                       the logits after the document, before any compaction (stock llama.cpp)
+//   stock_q <v>...                     stock llama.cpp's logits after the whole document and the question
 //   logits <v>...                      the logits after the question (every 97th id, plus the top 10)
 //   top <id>...                        the top 10 token ids
 //   nuc <v>... / nuc_ref <v>...        log p(next token) of a chunk's rows from InfiniPot's in-graph NuC,
@@ -515,6 +516,17 @@ int main(int argc, char ** argv) {
         if (kvpot_lookup_set(ctx, nullptr, 0, 0, 0) < 0) die("kvpot_lookup_set");
         kvpot_blocks_free(bs);
         unlink(path);
+    }
+
+    // stock llama.cpp at the question's last row: the whole document, no pot operation, then the
+    // question; the logits every check after the question is calibrated by across two machines
+    reread(ctx, batch, doc, N_DOC);
+    decode(ctx, batch, q.data(), (int32_t) q.size(), N_DOC, false);
+    {
+        const float * lg = llama_get_logits_ith(ctx, -1);
+        printf("stock_q");
+        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
+        printf("\n");
     }
 
     llama_batch_free(batch);
