@@ -1,6 +1,6 @@
-"""Copy a GGUF file with some of it changed: every metadata key (renamed and its value replaced where
-`key` and `value` say so), every tensor that `tensor` keeps (its data and type replaced where it says
-so), and `extra` tensors added. Shared by the test tools that derive a model from a test model
+"""Copy a GGUF file with some of it changed: every metadata key (its value replaced where `value` says
+so, its architecture prefix where `arch` names another), every tensor that `tensor` keeps (its data
+and type replaced where it says so), and `extra` tensors added. Shared by the test tools that derive a model from a test model
 (make_q4_0.py, cut_layers.py, as_qwen2.py)."""
 
 from __future__ import annotations
