@@ -78,6 +78,14 @@ static void print_row(const char * tag, const std::vector<float> & v) {
     printf("\n");
 }
 
+// every 97th of the n_vocab logits of the last decode's last row: what every logits line prints
+static std::vector<float> sampled_logits(llama_context * ctx, int32_t n_vocab) {
+    const float * lg = llama_get_logits_ith(ctx, -1);
+    std::vector<float> out;
+    for (int32_t t = 0; t < n_vocab; t += 97) out.push_back(lg[t]);
+    return out;
+}
+
 static void die(const char * what) {
     fprintf(stderr, "pot_check: %s: %s\n", what, kvpot_last_error());
     exit(1);
@@ -216,12 +224,7 @@ int main(int argc, char ** argv) {
     }
     if (kvpot_tap_request(ctx, rows.data(), (int32_t) rows.size()) < 0) die("kvpot_tap_request");
     decode(ctx, batch, doc.data() + N_DOC - CHUNK, CHUNK, N_DOC - CHUNK, false);
-    {
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        printf("stock");
-        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
-        printf("\n");
-    }
+    print_row("stock", sampled_logits(ctx, n_vocab));
 
     kvpot_pot_stats st;
     if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
@@ -298,10 +301,7 @@ int main(int argc, char ** argv) {
         if (kvpot_pot_compact(ctx, keep.data(), n_layer, n_head, N_KEEP, true) < 0) die("kvpot_pot_compact");
         if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
         decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        printf("imposed");
-        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
-        printf("\n");
+        print_row("imposed", sampled_logits(ctx, n_vocab));
     }
 
     // InfiniPot's NuC: log p(next token) of every row of a chunk, computed inside the graph while the
@@ -437,10 +437,7 @@ int main(int argc, char ** argv) {
             if (kvpot_pot_compact(ctx, rest.data(), n_layer, n_head, n_rest, true) < 0) die("kvpot_pot_compact");
             if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
             decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
-            const float * lg = llama_get_logits_ith(ctx, -1);
-            printf(gated ? "gated" : "ungated");
-            for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
-            printf("\n");
+            print_row(gated ? "gated" : "ungated", sampled_logits(ctx, n_vocab));
         }
     }
 
@@ -494,9 +491,7 @@ int main(int argc, char ** argv) {
         if (kvpot_query_request(ctx, true, N_LOCAL) < 0) die("kvpot_query_request");
         if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
         decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        std::vector<float> recalled;
-        for (int32_t t = 0; t < n_vocab; t += 97) recalled.push_back(lg[t]);
+        const std::vector<float> recalled = sampled_logits(ctx, n_vocab);
         std::vector<float> got, want, scores, qv((size_t) n_head*d_head), sc(n_blocks);
         std::vector<int32_t> fetched(N_FETCH), fpos(n_cells), top(N_FETCH);
         for (int32_t l = 0; l < n_layer; ++l) {
@@ -522,12 +517,7 @@ int main(int argc, char ** argv) {
     // question; the logits every check after the question is calibrated by across two machines
     reread(ctx, batch, doc, N_DOC);
     decode(ctx, batch, q.data(), (int32_t) q.size(), N_DOC, false);
-    {
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        printf("stock_q");
-        for (int32_t t = 0; t < n_vocab; t += 97) printf(" %.6g", lg[t]);
-        printf("\n");
-    }
+    print_row("stock_q", sampled_logits(ctx, n_vocab));
 
     llama_batch_free(batch);
     llama_free(ctx);
