@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
 	bench-beyond
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
@@ -268,6 +268,13 @@ bench-speed: pull-test-models
 	$(call speed,gemma3-270m,locret,locret,-n 8192 -n 32768)
 	$(call speed,gemma3-270m,infllm,infllm,-n 8192 -n 32768)
 	$(call speed,gemma3-270m,edgeinfinite,edgeinfinite:gate=init,-n 8192 -n 32768)
+
+# every method on the capable model (issue 31's speed goal), each against stock's 8K prefill in its own
+# command, with the shipped heads and gate: ~25 minutes on 2 cores
+bench-speed-qwen15: install
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/speed
+	$(foreach p,streaming locret infllm edgeinfinite infinipot,$(call speed,qwen2.5-coder-1.5b,$(p),$(p),--tokens 8192) &&) true
 
 # interleaved A/Bs: the policies of one table in turn, AB_ROUNDS times, each in fresh processes, so a slow
 # minute of the machine hits every policy alike; each is compared with the StreamingLLM run next to it

@@ -21,7 +21,12 @@
 //   lookup <b>... / lookup_ref <b>...  InfLLM: the blocks each layer's graph fetched for the question,
 //                                      and the top blocks for the query that graph captured, ranked here
 //   lookup_scores <v>...               every block's relevance per layer (for near-ties)
+//   fetched <v>... / fetched_ref <v>...  the fetched cells' K (back at RoPE 0) and V, every 7th float, and
+//                                      the same floats of the blocks each layer fetched, from the store's input
+//   fetched_at <v>... / fetched_at_ref <v>...  their K as the cache holds it (at the lookup's angle), and
+//                                      the stored keys rotated to that angle by pot_check's own RoPE
 //   recalled <v>...                    the logits after the question with those blocks fetched
+//   recalled_ref <v>...                the same with those blocks' cells put in by the host instead
 //                                      (memory, gated, ungated, lookup*, recalled: with an f16 cache only)
 // With REF (the output of an earlier run, e.g. on x86) the run then compacts a second copy of the
 // document with REF's kept cells and prints `imposed <v>...`: the logits after the question for those
@@ -70,6 +75,26 @@ static std::vector<float> every(const std::vector<float> & v, size_t step) {
     std::vector<float> out;
     for (size_t i = 0; i < v.size(); i += step) out.push_back(v[i]);
     return out;
+}
+
+// one key rotated to position pos as llama.cpp's RoPE rotates it, in double: NORM pairs (2i, 2i + 1),
+// NEOX pairs (i, i + d/2); theta_i = pos * base^(-2i/d) (no frequency scaling: the models pot_check runs)
+static void rope_host(float * x, int32_t d, double pos, double base, bool neox) {
+    for (int32_t i = 0; i < d/2; ++i) {
+        const double th = pos*std::pow(base, -2.0*i/d);
+        const int32_t a = neox ? i : 2*i, b = neox ? i + d/2 : 2*i + 1;
+        const double x0 = x[a], x1 = x[b];
+        x[a] = (float) (x0*std::cos(th) - x1*std::sin(th));
+        x[b] = (float) (x0*std::sin(th) + x1*std::cos(th));
+    }
+}
+
+// the model's RoPE base, from its GGUF metadata (llama.cpp's default 10000 where the file has none)
+static double rope_base(const llama_model * model) {
+    char arch[64] = {0}, val[64] = {0};
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) return 10000.0;
+    const std::string key = std::string(arch) + ".rope.freq_base";
+    return llama_model_meta_val_str(model, key.c_str(), val, sizeof(val)) < 0 ? 10000.0 : std::atof(val);
 }
 
 static void print_row(const char * tag, const std::vector<float> & v) {
@@ -503,12 +528,60 @@ int main(int argc, char ** argv) {
             want.insert(want.end(), top.begin(), top.end());
             scores.insert(scores.end(), sc.begin(), sc.end());
         }
+        // the fetched cells read back at RoPE 0 (every 7th float of K, then of V) against the blocks the
+        // store holds for what each layer fetched: the fetch, its RoPE to the lookup's angle and the copy
+        // into the cache checked on this machine alone, apart from the attention that reads them
+        std::vector<float> fk((size_t) n_layer*n_head*n_cells*d_head), fv(fk.size()), rk(fk.size()), rv(fk.size());
+        if (kvpot_pot_read_at(ctx, n_rest, n_cells, 0, fk.data(), fv.data()) < 0) die("kvpot_pot_read_at");
+        for (int32_t l = 0; l < n_layer; ++l) {
+            for (int32_t h = 0; h < n_head; ++h) {
+                const size_t r = (size_t) l*n_head + h;
+                for (int32_t c = 0; c < n_cells; ++c) {
+                    const size_t from = (r*N_FOLD + (size_t) got[(size_t) l*N_FETCH + c/BLOCK]*BLOCK + c%BLOCK)*d_head;
+                    std::copy_n(k.begin() + from, d_head, rk.begin() + (r*n_cells + c)*d_head);
+                    std::copy_n(v.begin() + from, d_head, rv.begin() + (r*n_cells + c)*d_head);
+                }
+            }
+        }
+        std::vector<float> fetched_kv = every(fk, 7), fetched_ref = every(rk, 7);
+        const std::vector<float> fv7 = every(fv, 7), rv7 = every(rv, 7);
+        fetched_kv.insert(fetched_kv.end(), fv7.begin(), fv7.end());
+        fetched_ref.insert(fetched_ref.end(), rv7.begin(), rv7.end());
+        // and K as the cache holds it, at the lookup's angle, against the stored (f16) keys rotated to that
+        // angle here: the rotation itself, which a rotation there and back in one wrong mode would hide
+        const llama_pos angle = std::max(0, st.pos_next - N_LOCAL);
+        for (float & e : rk) e = ggml_fp16_to_fp32(ggml_fp32_to_fp16(e));
+        for (float & e : rv) e = ggml_fp16_to_fp32(ggml_fp32_to_fp16(e));
+        std::vector<float> at_angle = rk;
+        const bool neox = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_NEOX;
+        if (llama_model_rope_freq_scale_train(model) != 1.0f) die("rope frequency scaling (not in pot_check's host RoPE)");
+        for (size_t i = 0; i < at_angle.size(); i += d_head) rope_host(at_angle.data() + i, d_head, angle, rope_base(model), neox);
+        if (kvpot_pot_read_at(ctx, n_rest, n_cells, angle, fk.data(), fv.data()) < 0) die("kvpot_pot_read_at");
         print_row("lookup", got);
         print_row("lookup_ref", want);
         print_row("lookup_scores", scores);
+        print_row("fetched", fetched_kv);
+        print_row("fetched_ref", fetched_ref);
+        print_row("fetched_at", every(fk, 7));
+        print_row("fetched_at_ref", every(at_angle, 7));
         print_row("recalled", recalled);
         if (kvpot_query_request(ctx, false, 0) < 0) die("kvpot_query_request");
         if (kvpot_lookup_set(ctx, nullptr, 0, 0, 0) < 0) die("kvpot_lookup_set");
+
+        // the same blocks put in by the host instead (kvpot_pot_insert, their keys rounded to f16 as the
+        // store holds them, rotated from RoPE 0 to the lookup's angle), then the same question:
+        // `recalled_ref` must equal `recalled` on this device, so whatever differs between two devices
+        // after the lookup is llama.cpp's attention over the same cells, not the lookup
+        reread(ctx, batch, doc, N_DOC);
+        if (kvpot_pot_compact(ctx, rest.data(), n_layer, n_head, n_rest, false) < 0) die("kvpot_pot_compact");
+        if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+        const std::vector<llama_pos> at_zero(n_cells, 0);
+        if (kvpot_pot_insert(ctx, n_cells, rk.data(), rv.data(), at_zero.data(), angle) < 0) {
+            die("kvpot_pot_insert");
+        }
+        if (kvpot_pot_stats_get(ctx, &st) < 0) die("kvpot_pot_stats_get");
+        decode(ctx, batch, q.data(), (int32_t) q.size(), st.pos_next, false);
+        print_row("recalled_ref", sampled_logits(ctx, n_vocab));
         kvpot_blocks_free(bs);
         unlink(path);
     }

@@ -34,6 +34,8 @@ def test_every_passage_is_in_its_file_on_this_machine():
 def test_each_answer_can_be_read_off_its_passage(q):
     # the answer, or one alias, appears in the quoted passage: a reference no one could derive is a bug
     assert any(contains(q.passage, [ref]) for ref in q.refs), (q.answer, q.passage)
+    # and one that the question does not hold itself, which alone scores an answer (qa_score.contains)
+    assert any(contains(q.passage, [ref], q.question) for ref in q.refs), (q.answer, q.question)
 
 
 def test_a_question_whose_passage_is_gone_is_skipped_and_counted(tmp_path):
@@ -59,6 +61,15 @@ def test_normalize_and_scores():
     assert not contains("2.0.98", ["2.0.9"])
     assert contains("HIGHEST_PROTOCOL is 5", ["5", "five"])
     assert not contains("", ["5"]) and not contains("anything", [""])
+
+
+def test_a_reference_the_question_holds_does_not_score_an_echo():
+    q = "In GPL-3, for how many years at least must a written offer be valid?"
+    echo = "According to the GPL-3, a written offer must be valid for at least 10 years."
+    assert contains(echo, ["three", "3"])                 # without the question: "3" of "GPL-3" matches
+    assert not contains(echo, ["three", "3"], q)
+    assert contains("It must be valid for 3 years.", ["three", "3", "3 years"], q)  # "3 years" is not in q
+    assert contains("For three years.", ["three", "3"], q)
 
 
 def test_roff_stripper_keeps_the_words_in_order():

@@ -55,7 +55,8 @@ def test_pot_check_runs_and_agrees_with_itself(arch, setup, pot_check, cut_model
     tags = {line.split()[0] for line in a.read_text().splitlines() if line.strip()}
     want = {"kept", "score", "stock", "logits", "top", "nuc", "nuc_ref", "heads", "heads_ref", "stock_q"}
     if k == "f16" and v == "f16":
-        want |= {"memory", "memory_ref", "gated", "ungated", "lookup", "lookup_ref", "lookup_scores", "recalled"}
+        want |= {"memory", "memory_ref", "gated", "ungated", "lookup", "lookup_ref", "lookup_scores", "fetched", "fetched_ref",
+                 "fetched_at", "fetched_at_ref", "recalled", "recalled_ref"}
     assert want <= tags, want - tags
     assert f"type_k {k} type_v {v} flash {fa}" in a.read_text()
     cmp = subprocess.run([sys.executable, str(HERE / "compare_pot_check.py"), str(a), str(b)],

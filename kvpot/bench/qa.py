@@ -166,8 +166,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                 t0 = time.perf_counter()
                 answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
                 yield {**base, **_ask_fields(a), **read, "answer": answer, "exact": exact(answer, list(a.refs)),
-                       "correct": contains(answer, list(a.refs)),
-                       "distractor": contains(answer, list(a.distractors)) if a.distractors else False,
+                       "correct": contains(answer, list(a.refs), a.question),
+                       "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False,
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
 
 

@@ -21,7 +21,9 @@ def exact(answer: str, refs: list[str]) -> bool:
     return any(a == normalize(r) for r in refs if normalize(r))
 
 
-def contains(answer: str, refs: list[str]) -> bool:
-    """A reference appears in the answer as whole words ("13" in "Section 13.", not in "130")."""
-    a = f" {normalize(answer)} "
-    return any(f" {normalize(r)} " in a for r in refs if normalize(r))
+def contains(answer: str, refs: list[str], question: str = "") -> bool:
+    """A reference appears in the answer as whole words ("13" in "Section 13.", not in "130"). A reference
+    that the question itself holds does not count: a model that says the question back ("According to
+    GPL-3, ... 10 years") would match the alias "3" of "three" through "GPL-3"."""
+    a, q = f" {normalize(answer)} ", f" {normalize(question)} "
+    return any(f" {normalize(r)} " in a for r in refs if normalize(r) and f" {normalize(r)} " not in q)
