@@ -123,8 +123,10 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     sources.warn = notice
     facts, known = resolve_model(model)
     protect_session_files(policy, facts.path, save_to)
+    # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
+    resettable = question is None
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
-                        reserve=answer_reserve(settings), notice=notice, policy=policy)
+                        reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable)
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with
@@ -138,7 +140,8 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     if plan.note:
         err.print(plan.note, soft_wrap=True)
     with err.status(f"loading {facts.name}"):
-        session = Session(facts, known.name if known else facts.name, settings, policy=policy)
+        session = Session(facts, known.name if known else facts.name, settings, policy=policy,
+                          resettable=resettable)
     if question:
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
     check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading

@@ -23,7 +23,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 14
+#define KVPOT_ABI_VERSION 15
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +65,13 @@ KVPOT_API int32_t kvpot_log_setup(const char * path);
 
 // the filter itself, a ggml_log_callback (exported so a caller can check it is the one installed)
 KVPOT_API void kvpot_log_filter(enum ggml_log_level level, const char * text, void * user_data);
+
+// give back the resident pages of the model file's mapping that hold weights llama.cpp copied
+// elsewhere at load time (the CPU's repacked layouts, a GPU's buffers): with mmap they stay resident
+// beside their copy, doubling those weights' share of RSS (kvpot-mapped.cpp says why it is safe).
+// `path`: the GGUF the model was loaded from. Returns the bytes given back (0 without a mapping, or
+// where the platform cannot), or KVPOT_ERR_ARG when the file cannot be read as GGUF.
+KVPOT_API int64_t kvpot_model_release_copied(const struct llama_model * model, const char * path);
 
 //
 // the pot: the KV cache of a context (for iSWA models, its non-SWA layers), bounded and compacted

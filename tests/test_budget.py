@@ -102,6 +102,20 @@ def test_weights_count_only_where_they_live():
     assert on_gpu - on_cpu == pytest.approx(facts.file_bytes / per_cell, abs=1)
 
 
+def test_a_kept_copy_of_the_read_state_costs_its_kv_once_more():
+    """chat keeps the state after reading for /reset: every cell's KV (the global layers') and the
+    sliding-window caches twice; `kvpot ask` keeps none."""
+    facts = gemma_like(n_ctx_train=10**7)
+    mem = DeviceMemory(3 * GiB, "RAM")
+    once = plan_cells(facts, mem, 512, 1).cells
+    kept = plan_cells(facts, mem, 512, 1, keeps_copy=True).cells
+    kv_cell, scores_cell = 3 * 512 * 2, 2 * 4 * 512 * 4     # 3 global layers x 1 KV head x (256 + 256) x f16
+    window = 15 * (512 + 512) * 512 * 2                     # 15 window layers x (window + chunk) cells
+    # the same bytes, spent at the kept copy's price: its window caches, then per cell KV twice
+    assert kept == pytest.approx((once * (kv_cell + scores_cell) - window) / (2 * kv_cell + scores_cell), abs=1)
+    assert kept < once
+
+
 def test_too_little_memory_is_refused_with_the_numbers():
     with pytest.raises(KvpotError, match=r"not enough memory for a pot: 700 MiB free in RAM"):
         plan_cells(gemma_like(), DeviceMemory(700 * MiB, "RAM"), 512, 512)

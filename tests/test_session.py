@@ -27,8 +27,9 @@ def doc_file(tmp_path_factory):
     return path, question, answer
 
 
-def _session(model_path, **changes) -> Session:
-    return Session(read_model_facts(model_path), "smollm2-135m", dataclasses.replace(SMALL, **changes).check())
+def _session(model_path, resettable: bool = True, **changes) -> Session:
+    return Session(read_model_facts(model_path), "smollm2-135m", dataclasses.replace(SMALL, **changes).check(),
+                   resettable=resettable)
 
 
 def _question_logits(s: Session, question: str) -> np.ndarray:
@@ -122,6 +123,24 @@ def test_reset_conversation_returns_to_the_document(smollm2_path, doc_file):
     assert s.turns == 0
     assert "".join(s.ask(question)) == first
     s.engine.close()
+
+
+def test_a_session_that_answers_once_keeps_no_copy_and_answers_the_same(smollm2_path, doc_file):
+    """`kvpot ask`'s session (resettable=False) holds no copy of the state after reading, the pot's
+    size again in memory; its answer is the resettable session's, and /reset says why it cannot."""
+    path, question, _ = doc_file
+    kept = _session(smollm2_path, policy="streaming")
+    kept.read(collect_sources([str(path)]))
+    want = "".join(kept.ask(question))
+    assert kept._after_reading is not None and len(kept._after_reading.seq) > 0
+    kept.engine.close()
+    once = _session(smollm2_path, policy="streaming", resettable=False)
+    once.read(collect_sources([str(path)]))
+    assert once._after_reading is None
+    assert "".join(once.ask(question)) == want
+    with pytest.raises(KvpotError, match="keeps no copy of the read document"):
+        once.reset_conversation()
+    once.engine.close()
 
 
 def test_stopped_reading_keeps_what_was_read(smollm2_path, doc_file):

@@ -152,7 +152,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
         return
     reads = [[a] for a in todo] if plan.per_question and not full else [todo]
     for asks in reads:
-        with Session(facts, name, settings) as s:
+        with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once
             if len(asks) == 1 and plan.per_question:
                 s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
             s.read(collect_sources([str(path)]))

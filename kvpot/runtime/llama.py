@@ -36,9 +36,10 @@ class ContextParams:
 class LlamaModel(Owned):
     """A loaded GGUF model; the file must have been checked by kvpot.models.gguf_file first."""
 
-    def __init__(self, path: str, vocab_only: bool = False):
+    def __init__(self, path: str, vocab_only: bool = False, release_copied: bool = True):
         """vocab_only: the tokenizer and metadata without the weights (counting tokens before the
-        context is sized)."""
+        context is sized). release_copied: give back the file pages of weights llama.cpp copied
+        elsewhere (`release_copied()`); off only for the test that measures it."""
         load_runtime()
         import llama_cpp as L
 
@@ -62,6 +63,19 @@ class LlamaModel(Owned):
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
         self.path = str(path)
+        self.released_bytes = 0
+        if release_copied and not vocab_only:
+            self.release_copied()
+
+    def release_copied(self) -> int:
+        """Weights llama.cpp copied out of its file mapping (repacked for this CPU, or on a GPU) also stay
+        resident in the mapping, so RSS would count them twice: give those pages back (kvpot-mapped.cpp).
+        Returns the bytes given back, also kept in `released_bytes`."""
+        n = load_runtime().kvpot_model_release_copied(self.ptr, self.path.encode())
+        if n < 0:
+            raise KvpotError(f"cannot read {self.path} as GGUF to find its copied weights")
+        self.released_bytes = n
+        return n
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
         """special=True parses control tokens written as text (chat template markup); user text never."""
@@ -196,18 +210,26 @@ class LlamaContext(Owned):
         if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
             raise KvpotError(f"llama.cpp could not remove positions from {pos}")
 
-    def seq_state(self) -> bytes:
-        """llama.cpp's state of sequence 0 (cells, positions, K and V of every layer)."""
+    def seq_state(self) -> bytearray:
+        """llama.cpp's state of sequence 0 (cells, positions, K and V of every layer), written straight
+        into the returned buffer: as large as the pot's cells, so it is never copied once more."""
         size = self._L.llama_state_seq_get_size(self.ptr, 0)
-        buf = (ctypes.c_uint8 * size)()
+        out = bytearray(size)
+        buf = (ctypes.c_uint8 * size).from_buffer(out)
         n = self._L.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        del buf  # a live ctypes view would pin the bytearray's size
         if n != size:
             raise KvpotError(f"llama.cpp wrote {n} of {size} bytes of sequence state")
-        return bytes(buf)
+        return out
 
-    def set_seq_state(self, data: bytes) -> None:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if self._L.llama_state_seq_set_data(self.ptr, buf, len(data), 0) != len(data):
+    def set_seq_state(self, data: bytes | bytearray) -> None:
+        """Restore sequence 0 from seq_state's bytes, read in place (no copy of the state is made)."""
+        n = len(data)
+        if isinstance(data, bytearray):
+            buf = (ctypes.c_uint8 * n).from_buffer(data)
+        else:  # bytes are immutable: c_char_p points into them without copying
+            buf = ctypes.cast(ctypes.c_char_p(bytes(data)), ctypes.POINTER(ctypes.c_uint8))
+        if self._L.llama_state_seq_set_data(self.ptr, buf, n, 0) != n:
             raise KvpotError("llama.cpp refused the saved sequence state (another model or context size?)")
 
     def clear(self) -> None:

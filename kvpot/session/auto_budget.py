@@ -4,6 +4,12 @@ with full attention (the exact stock computation) or through the pot.
 Pure arithmetic on facts passed in (the model's GGUF facts, the device's free memory), so it is
 tested without a model; `device_memory()` is the one probe of the machine.
 
+The weights cost their file's size: llama.cpp maps the file, and the weights it copies elsewhere at
+load time (the CPU's repacked layouts) have their mapped pages given back right after loading
+(LlamaModel.release_copied), so they are not counted twice. Until then, while loading, both are
+resident (at most twice the file, before any cache exists; those pages are clean and the kernel can
+drop them under pressure).
+
 What a context of n cells costs, besides the weights (llama.cpp, no flash attention):
   KV:        per global layer n cells x KV heads x (key + value width) x 2 bytes (f16);
              per sliding-window layer at most window + chunk cells, however long the input
@@ -13,6 +19,8 @@ What a context of n cells costs, besides the weights (llama.cpp, no flash attent
              every row of a chunk when a policy needs each token's log-probability (NuC), which
              adds one soft-max block of ceil(rows / 16) rows (ggml_ext/kvpot-logprobs.cpp)
   activations: chunk x (4 x embedding + 2 x feed-forward) x 4 bytes
+  a kept copy: a session that can go back to the state right after reading (chat's /reset) holds a
+             copy of every cell read, as large as the KV itself; `kvpot ask` keeps none
 Those are estimates; the margin covers what they miss (small graphs, the tokenizer, Python).
 """
 
@@ -119,15 +127,18 @@ def margin_bytes(free: int) -> int:
     return max(MARGIN_MIN, int(MARGIN_SHARE * free))
 
 
-def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int) -> DevicePlan:
+def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int,
+               keeps_copy: bool = False) -> DevicePlan:
     """Cells of the largest context that fits: free memory less the margin, the weights (where
     they share the device), the fixed costs (sliding-window caches, logits, activations), divided
     by what each cell costs (global-layer KV + the chunk's attention scores over it); capped at
-    the model's trained context, the longest span its positions were trained for."""
-    fixed = window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows)
+    the model's trained context, the longest span its positions were trained for. `keeps_copy`: the
+    session keeps a copy of the cells read (chat's /reset), which costs their KV once more."""
+    copies = 2 if keeps_copy else 1
+    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows)
     weights = facts.file_bytes if mem.holds_weights else 0
     margin = margin_bytes(mem.free_bytes)
-    per_cell = global_kv_bytes_per_cell(facts) + 2 * facts.n_head * chunk * F32
+    per_cell = copies * global_kv_bytes_per_cell(facts) + 2 * facts.n_head * chunk * F32
     usable = mem.free_bytes - margin - weights - fixed
     fits = usable // per_cell if usable > 0 else 0
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731

@@ -79,11 +79,13 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
-                 notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None) -> ReadingPlan:
+                 notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
+                 keeps_copy: bool = False) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
     replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
     when reading a stream ahead waits; `policy`: the session's, built from `settings.policy` and not
-    yet fitted (the plan asks what its steps need, and hands it on)."""
+    yet fitted (the plan asks what its steps need, and hands it on); `keeps_copy`: the session keeps a
+    copy of the state after reading (Session's `resettable`), which the memory plan counts."""
     full = reads_in_full(settings.policy)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, None, policy)
@@ -94,7 +96,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         steps = None if full else policy if policy is not None else make_policy(settings.policy)
         wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
         mem = memory or device_budget.device_memory()
-        plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1)
+        plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1,
+                                        keeps_copy=keeps_copy)
         limit, why = plan.cells, plan.reason
     n_ctx_train = facts.n_ctx_train or limit
     # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that

@@ -54,9 +54,12 @@ class ReadProgress:
 
 class Session:
     def __init__(self, facts: ModelFacts, model_name: str, settings: RunSettings, n_ctx: int | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, resettable: bool = True):
         """`policy`: the one `settings.policy` names, already built (and fitted: the engine's fit then
-        does nothing) by the checks before the model loaded; without one it is built here."""
+        does nothing) by the checks before the model loaded; without one it is built here.
+        `resettable`: keep a copy of the state right after reading, for `reset_conversation` (chat's
+        /reset). The copy is as large as the pot's cells, so a session that answers once (`kvpot ask`)
+        keeps none: its memory stays what `--budget auto` planned."""
         self.facts = facts
         self.model_name = model_name
         self.settings = settings
@@ -75,6 +78,7 @@ class Session:
         self.turns = 0
         self.conversation_dropped = 0  # cells the last turn dropped to fit (full attention, see ask)
         self.read_seconds = 0.0
+        self.resettable = resettable
         self._after_reading: EngineState | None = None
 
     def close(self) -> None:
@@ -148,7 +152,7 @@ class Session:
 
     def finish_reading(self) -> None:
         """Mark the document as read (also after an interrupted read the user chose to keep)."""
-        self._after_reading = self.engine.export_state()
+        self._after_reading = self.engine.export_state() if self.resettable else None
 
     # -- asking ----------------------------------------------------------------------------------
 
@@ -211,6 +215,8 @@ class Session:
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""
         if self._after_reading is None:
+            if not self.resettable and self.doc_tokens:
+                raise KvpotError("this session keeps no copy of the read document to go back to (it answers once)")
             if self.turns:  # reopened from a context saved mid-conversation
                 raise KvpotError(f"this context was saved after {plural(self.turns, 'turn')}; its conversation cannot be "
                                  "told apart from the document (save contexts before chatting to keep /reset)")
