@@ -154,7 +154,8 @@ def _estimated_tokens(sources: SourceSet) -> int | None:
 
 
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None,
-                   save_to: Path | str | None = None) -> Session:
+                   save_to: Path | str | None = None, resettable: bool = True) -> Session:
+    """A saved context reopened; `resettable` False for `ask`, which answers once (no copy kept for /reset)."""
     from kvpot.session.context_file import check_context_path, read_context
 
     check_threads(threads)
@@ -169,7 +170,8 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     policy = make_policy(header["policy"])
     protect_session_files(policy, facts.path, save_to)
     with err.status(f"reopening {context}"):
-        session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy)
+        session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy,
+                                 resettable=resettable)
     if max_tokens is not None:  # the answer's length is not part of the saved state
         session.set_max_tokens(max_tokens)
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "

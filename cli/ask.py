@@ -121,7 +121,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
-        return reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context)
+        return reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context,
+                              resettable=question is None)
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)

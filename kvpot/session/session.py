@@ -262,9 +262,10 @@ class Session:
 
     @classmethod
     def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None,
-               policy: Policy | None = None) -> Session:
+               policy: Policy | None = None, resettable: bool = True) -> Session:
         """Reopen a saved context with the given model; refuses another model or runtime. `policy`:
-        the one the saved header names, already built (else it is built here)."""
+        the one the saved header names, already built (else it is built here); `resettable` as for a
+        new session (without it the saved state is not kept once restored)."""
         saved = read_context(path)
         h = saved.header
         rt = library.info()
@@ -278,7 +279,7 @@ class Session:
                              f"not {model_name} (sha256 {sha[:12]}…)")
         # read_context checked every field (context_file.check_saved): the settings as `ask` checks them
         settings = RunSettings(**dict(h["settings"], **({"threads": threads} if threads else {})))
-        s = cls(facts, model_name, settings, n_ctx=h["n_ctx"], policy=policy)
+        s = cls(facts, model_name, settings, n_ctx=h["n_ctx"], policy=policy, resettable=resettable)
         try:
             s.engine.import_state(saved.state)
             s._check_restored(saved.state)
@@ -291,7 +292,7 @@ class Session:
         except KvpotError as e:
             s.close()
             raise KvpotError(f"{path} cannot be restored: {e}") from None
-        s._after_reading = saved.state if s.turns == 0 else None
+        s._after_reading = saved.state if s.turns == 0 and resettable else None
         return s
 
     def _check_restored(self, state: EngineState) -> None:
