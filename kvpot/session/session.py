@@ -216,7 +216,7 @@ class Session:
         """Back to the moment the document was read (the conversation is forgotten)."""
         if self._after_reading is None:
             if not self.resettable and self.doc_tokens:
-                raise KvpotError("this session keeps no copy of the read document to go back to (it answers once)")
+                raise KvpotError("a session that answers once (kvpot ask) keeps no copy of the read document to go back to")
             if self.turns:  # reopened from a context saved mid-conversation
                 raise KvpotError(f"this context was saved after {plural(self.turns, 'turn')}; its conversation cannot be "
                                  "told apart from the document (save contexts before chatting to keep /reset)")
