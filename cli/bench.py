@@ -131,7 +131,8 @@ def qa(
     models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m",
                                      help="known model names or .gguf paths (repeatable)"),
     policy: list[str] = typer.Option(["full", "default"], "--policy", "-P",
-                                     help="policy specs (repeatable); default: what `kvpot ask` chooses"),
+                                     help="policy specs (repeatable); default: what `kvpot ask` chooses; none: no "
+                                          "document, what the model answers from what it knows"),
     lengths: list[int] = typer.Option([8192, 32768], "--length", min=512, help="input lengths in tokens (repeatable)"),
     sample: int = typer.Option(8, "--sample", min=1, help="questions asked at lengths above 32,768"),
     limit: int = typer.Option(None, "--limit", min=1, show_default="all", help="questions asked at every length"),
@@ -151,20 +152,21 @@ def qa(
     """Answer quality on real documents: questions over licence texts, man pages, package documentation and
     Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
 
-    `-P full` reads each input whole with full attention (the reference, where the input fits)."""
-    from kvpot.bench.qa import DEFAULT, Plan, case_key, run
+    `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none`
+    asks each question with no document (closed book: right answers a reading must beat)."""
+    from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_report import qa_table
 
     for spec in policy:
-        if spec != DEFAULT:
+        if spec not in (DEFAULT, CLOSED):
             make_policy(spec)  # a bad spec, before any model loads
             if budget:
                 check_budget(spec, budget, RunSettings().chunk)
     for m in models:
         facts, _ = resolve_model(m)
         for spec in policy:
-            if spec != DEFAULT:
+            if spec not in (DEFAULT, CLOSED):
                 check_adapters(spec, facts.path)
     qset = load_set()
     if qset.notice():

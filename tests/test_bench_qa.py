@@ -208,3 +208,30 @@ def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_path, tmp_
     assert res.returncode == 0, res.stderr
     again = json.loads(out.read_text())
     assert len(again) == 1 and again[0]["frame"] == first[0]["frame"] and again[0]["answer"] == first[0]["answer"]
+
+
+def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smollm2_path, tmp_path):
+    """`-P none`: the same questions and frame with no input read; its answers are what a Session that
+    read only the no-document line answers, computed here apart."""
+    from kvpot.bench.qa import CLOSED, MAX_TOKENS, NO_DOCUMENT, Plan, _settings, run
+    from kvpot.ingest import collect_sources
+    from kvpot.models.resolve import resolve_model
+    from kvpot.session.session import Session
+
+    qs = load_set().questions[:2]
+    plan = Plan(model=str(smollm2_path), policies=[CLOSED, "full"], lengths=[512], group=2, multikey=False)
+    results = run(plan, qs)
+    closed = {r["id"]: r for r in results if r["policy"] == CLOSED}
+    full = {r["id"]: r for r in results if r["policy"] == "full"}
+    assert set(closed) == set(full) == {q.id for q in qs}
+    assert all(r["resolved_policy"] == CLOSED and "same_reading_as" not in r for r in closed.values())
+    assert all(r["tokens"] < 16 < 200 < full[i]["tokens"] for i, r in closed.items())
+    facts, known = resolve_model(str(smollm2_path))
+    nodoc = tmp_path / "nodoc.txt"
+    nodoc.write_text(NO_DOCUMENT, encoding="utf-8")
+    settings, _ = _settings(plan, facts, known, "full", nodoc)
+    for q in qs:
+        with Session(facts, facts.name, settings, resettable=False) as s:
+            s.read(collect_sources([str(nodoc)]))
+            answer = "".join(s.ask(q.question, max_tokens=MAX_TOKENS)).strip()
+        assert closed[q.id]["answer"] == answer

@@ -22,6 +22,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvpot.bench import curve, locret_hidden, locret_trace, needle_trace, nuc_head, store_cost, texts
+from kvpot.bench.qa import CLOSED as QA_CLOSED
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
 from kvpot.models.registry import KNOWN
@@ -70,7 +71,7 @@ def check_params(name: str, params: dict) -> None:
     """The values an option parser cannot judge: policy specs, known models, adapters that exist."""
     specs = params["policy"] if isinstance(params["policy"], list) else [params["policy"]]
     for spec in specs:
-        if spec != QA_DEFAULT:  # bench qa's "what `kvpot ask` chooses"
+        if spec not in (QA_DEFAULT, QA_CLOSED):  # bench qa's "what `kvpot ask` chooses", and closed book
             make_policy(spec)
         gate = re.search(r"gate=([^,]+\.gguf)", spec)
         assert gate is None or (REPO / gate[1]).is_file(), spec

@@ -25,6 +25,11 @@ from kvpot.errors import KvpotError
 from kvpot.session.prompting import choose_format, question_frame
 
 DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
+# closed book: each question after a document that holds nothing, read with full attention. What the model
+# answers from what it already knows: a floor a reading must beat before its right answers can be credited
+# to what it kept of the input (licence dates, famous authors and defaults are often known without it)
+CLOSED = "none"
+NO_DOCUMENT = "(No document.)\n"
 SAMPLE_ABOVE = 32768   # lengths past this ask a sample of the questions (the 128K part)
 MAX_TOKENS = 48        # a short factual answer fits; a rambling one is cut here
 
@@ -137,14 +142,19 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
             "per_question": plan.per_question, "frame": frame}
+    closed = spec == CLOSED
+    if closed:  # the same questions and frame, no input: one tiny read per input (a few tokens)
+        path = path.with_name("no-document.txt")
+        path.write_text(NO_DOCUMENT, encoding="utf-8")
     try:
-        settings, full = _settings(plan, facts, known, spec, path)
+        settings, full = _settings(plan, facts, known, "full" if closed else spec, path)
     except KvpotError as e:  # full attention past the window or the memory: recorded, not retried
         for a in todo:
             yield {**base, **_ask_fields(a), "skipped": str(e)}
         return
     # another spec already read this input the same way: its answers are this spec's (greedy, same reading)
-    same = readings.get(reading_key({**base, "resolved_policy": settings.policy, "budget": settings.budget}), {})
+    resolved = CLOSED if closed else settings.policy
+    same = readings.get(reading_key({**base, "resolved_policy": resolved, "budget": settings.budget}), {})
     for a in [a for a in todo if a.id in same]:
         yield {**same[a.id], **base, "same_reading_as": same[a.id].get("same_reading_as", same[a.id]["policy"])}
     todo = [a for a in todo if a.id not in same]
@@ -157,7 +167,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                 s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
             s.read(collect_sources([str(path)]))
             st = s.stats()
-            read = {"resolved_policy": s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
+            read = {"resolved_policy": CLOSED if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
                     "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
                     "compactions": st["compactions"]}
             for i, a in enumerate(asks):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from kvpot.bench.qa import CLOSED
+
 
 def _share(rows: list[dict], key: str = "correct") -> str:
     return f"{sum(bool(r[key]) for r in rows) / len(rows):.0%} ({sum(bool(r[key]) for r in rows)}/{len(rows)})" \
@@ -23,7 +25,8 @@ def summary(results: list[dict]) -> list[dict]:
         ran = [r for r in rows if "skipped" not in r]
         qa = [r for r in ran if r["task"] == "qa"]
         reads = {r["input"]: r for r in ran}.values()  # one read per input (shared by its questions)
-        secs = sum(r["read_seconds"] for r in reads)
+        # closed book reads one line, not the input: no reading speed to show
+        secs = sum(r["read_seconds"] for r in reads) if policy != CLOSED else 0
         out.append({"model": model, "policy": policy, "length": length,
                     "resolved": sorted({r["resolved_policy"].split(":")[0] for r in ran}),
                     "tuning": [r for r in qa if not r["heldout"]], "heldout": [r for r in qa if r["heldout"]],
