@@ -235,3 +235,22 @@ def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smol
             s.read(collect_sources([str(nodoc)]))
             answer = "".join(s.ask(q.question, max_tokens=MAX_TOKENS)).strip()
         assert closed[q.id]["answer"] == answer
+
+
+def test_table_keeps_reads_per_question_and_closed_book_apart():
+    """A policy read once per input and the same policy read per question are two lines; closed book reads
+    no input, so it shows no reading speed."""
+    from kvpot.bench.qa import CLOSED
+    from kvpot.bench.qa_report import summary
+
+    def case(policy, per_question, correct, qid):
+        return {"model": "m", "policy": policy, "length": 49152, "per_question": per_question, "input": 0,
+                "task": "qa", "heldout": False, "id": qid, "correct": correct, "exact": False,
+                "resolved_policy": "full" if policy == CLOSED else policy, "tokens": 48000, "read_seconds": 400.0}
+
+    rows = [case("infinipot", False, False, "a"), case("infinipot", False, True, "b"),
+            case("infinipot", True, True, "a"), case("infinipot", True, True, "b"), case(CLOSED, False, True, "a")]
+    lines = summary(rows)
+    assert [(s["policy"], s["per_question"]) for s in lines] == [("infinipot", False), ("infinipot", True), (CLOSED, False)]
+    assert [sum(r["correct"] for r in s["tuning"]) for s in lines] == [1, 2, 1]
+    assert lines[0]["tok_s"] == 120.0 and lines[2]["tok_s"] is None

@@ -13,21 +13,24 @@ def _share(rows: list[dict], key: str = "correct") -> str:
 
 
 def summary(results: list[dict]) -> list[dict]:
-    """One line per (model, policy, length), in the order the cases were run."""
+    """One line per (model, policy, length, read per question or not), in the order the cases were run."""
+    def key(r: dict) -> tuple:
+        return r["model"], r["policy"], r["length"], bool(r.get("per_question", False))
+
     keys: list[tuple] = []
     for r in results:
-        k = (r["model"], r["policy"], r["length"])
-        if k not in keys:
-            keys.append(k)
+        if key(r) not in keys:
+            keys.append(key(r))
     out = []
-    for model, policy, length in keys:
-        rows = [r for r in results if (r["model"], r["policy"], r["length"]) == (model, policy, length)]
+    for k in keys:
+        model, policy, length, per_question = k
+        rows = [r for r in results if key(r) == k]
         ran = [r for r in rows if "skipped" not in r]
         qa = [r for r in ran if r["task"] == "qa"]
         reads = {r["input"]: r for r in ran}.values()  # one read per input (shared by its questions)
         # closed book reads one line, not the input: no reading speed to show
         secs = sum(r["read_seconds"] for r in reads) if policy != CLOSED else 0
-        out.append({"model": model, "policy": policy, "length": length,
+        out.append({"model": model, "policy": policy, "length": length, "per_question": per_question,
                     "resolved": sorted({r["resolved_policy"].split(":")[0] for r in ran}),
                     "tuning": [r for r in qa if not r["heldout"]], "heldout": [r for r in qa if r["heldout"]],
                     "multikey": [r for r in ran if r["task"] == "multikey"],
@@ -43,6 +46,8 @@ def qa_table(results: list[dict]) -> Table:
     for s in summary(results):
         qa = s["tuning"] + s["heldout"]
         policy = s["policy"] + (f" ({', '.join(s['resolved'])})" if s["resolved"] != [s["policy"]] else "")
+        if s["per_question"]:  # one read per question, the question known first (as `kvpot ask` reads)
+            policy += ", question first"
         if s["skipped"]:
             policy += f", {s['skipped']} skipped"
         t.add_row(s["model"], policy, f"{s['length']:,}", _share(s["tuning"]), _share(s["heldout"]), _share(qa),
