@@ -167,7 +167,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                 s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
             s.read(collect_sources([str(path)]))
             st = s.stats()
-            read = {"resolved_policy": CLOSED if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
+            read = {"resolved_policy": resolved if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
                     "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
                     "compactions": st["compactions"]}
             for i, a in enumerate(asks):
