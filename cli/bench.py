@@ -160,7 +160,11 @@ def qa(
 
     for spec in policy:
         if spec not in (DEFAULT, CLOSED):
-            make_policy(spec)  # a bad spec, before any model loads
+            try:
+                make_policy(spec)  # a bad spec, before any model loads
+            except KvpotError as e:
+                raise KvpotError(f"{e}; bench qa also takes {DEFAULT} (what --budget auto reads with) "
+                                 f"and {CLOSED} (closed book)") from None
             if budget:
                 check_budget(spec, budget, RunSettings().chunk)
     for m in models:

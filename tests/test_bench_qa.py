@@ -194,6 +194,17 @@ def test_cli_refuses_resume_without_a_results_file(smollm2_path, tmp_path):
     assert_one_line_error(res.stderr, "is not a `bench qa` results file")
 
 
+def test_cli_unknown_policy_names_the_specs_only_bench_qa_takes(smollm2_path):
+    from conftest import assert_one_line_error, run_cli
+
+    from kvpot.bench.qa import CLOSED, DEFAULT
+
+    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "nonsense")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "unknown policy 'nonsense'")
+    assert f"also takes {DEFAULT}" in res.stderr and f"and {CLOSED} (closed book)" in res.stderr
+
+
 def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_path, tmp_path):
     from conftest import run_cli
 
