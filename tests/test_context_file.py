@@ -45,6 +45,33 @@ def test_round_trip(tmp_path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 
+def test_reading_holds_the_sequence_state_once(tmp_path):
+    """Reopening a 32K-cell pot reads ~0.9 GB of sequence state: read_context must not hold the whole file
+    beside its parts (or hash a copy of it). Python's own allocations while reading a context whose
+    sequence state is 32 MiB stay under 1.25x that state; reading the bytes whole and slicing them
+    would peak near 2x. The bytes parse_context is given decode to the same context."""
+    import dataclasses
+    import tracemalloc
+
+    from kvpot.session.context_file import parse_context
+
+    seq = bytes(np.random.default_rng(1).integers(0, 256, 32 << 20, dtype=np.uint8))
+    saved = _saved()
+    saved = dataclasses.replace(saved, state=dataclasses.replace(saved.state, seq=seq))
+    path = tmp_path / "c.kvctx"
+    write_context(path, saved)
+    tracemalloc.start()
+    try:
+        back = read_context(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert back.state.seq == seq
+    assert peak < 1.25 * len(seq), f"reading a {len(seq) >> 20} MiB state peaked at {peak / 2**20:.0f} MiB"
+    again = parse_context(path.read_bytes(), path)
+    assert again.header == back.header and again.state.seq == seq and again.state.pot == back.state.pot
+
+
 def test_encode_refuses_objects():
     with pytest.raises(TypeError, match="cannot save"):
         encode_tree({"x": object()}, {}, "p")

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -141,12 +144,34 @@ def read_context(path: Path) -> SavedContext:
     wrong is one clear KvpotError, before any of it is used."""
     path = check_context_path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # the checksum first, streamed (nothing of an altered file is parsed), then the sections, each read
+            # once into its own buffer: the file is never held whole beside its parts (a 1.5B model's
+            # 32K-cell context is ~0.9 GB of sequence state, which is what reopening then restores)
+            _check_prefix(f.read(_PREFIX.size), size, path)
+            f.seek(max(size - _DIGEST, 0))
+            digest = f.read(_DIGEST)
+            f.seek(0)
+            _check_digest(_chunks(f, size - _DIGEST), digest, path)
+            f.seek(0)
+            saved = _parse(f, size, path)
     except OSError as e:
         raise KvpotError(f"cannot read saved context {path}: {e.strerror}") from None
-    saved = parse_context(data, path)
     check_saved(saved, path)
     return saved
+
+
+_READ_BLOCK = 1 << 20
+
+
+def _chunks(f: BinaryIO, n: int) -> Iterator[bytes]:
+    while n > 0:
+        block = f.read(min(n, _READ_BLOCK))
+        if not block:
+            return
+        n -= len(block)
+        yield block
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -222,28 +247,53 @@ def _check_sources(sources: list) -> None:
 
 def parse_context(data: bytes, path: Path | str = "saved context") -> SavedContext:
     """Check and decode the bytes of a saved context (the part the fuzzer drives)."""
-    if len(data) < _PREFIX.size or data[:8] != MAGIC:
+    _check_prefix(data[:_PREFIX.size], len(data), path)
+    _check_digest([memoryview(data)[:-_DIGEST]], data[-_DIGEST:], path)
+    return _parse(io.BytesIO(data), len(data), path)
+
+
+def _check_prefix(prefix: bytes, size: int, path: Path | str) -> None:
+    """The magic, the format version, and room for the header and the checksum."""
+    if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
         raise KvpotError(f"{path} is not a kvpot saved context")
-    _, version, n_head = _PREFIX.unpack_from(data)
+    _, version, n_head = _PREFIX.unpack(prefix)
     if version != FORMAT_VERSION:
         raise KvpotError(f"{path} is saved-context format {version}; this kvpot reads format {FORMAT_VERSION}")
-    if len(data) < _PREFIX.size + n_head + _DIGEST or hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
+    if size < _PREFIX.size + n_head + _DIGEST:
         raise KvpotError(f"saved context {path} is truncated or corrupted (checksum mismatch)")
-    end = len(data) - _DIGEST
+
+
+def _check_digest(blocks: Iterable[bytes | memoryview], digest: bytes, path: Path | str) -> None:
+    """The SHA-256 of everything before the last 32 bytes (given in blocks) against those bytes."""
+    h = hashlib.sha256()
+    for block in blocks:
+        h.update(block)
+    if h.digest() != digest:
+        raise KvpotError(f"saved context {path} is truncated or corrupted (checksum mismatch)")
+
+
+def _parse(f: BinaryIO, size: int, path: Path | str) -> SavedContext:
+    """The header and the three sections of a file whose checksum is right, read from `f` at its start. The
+    sequence state goes into a bytearray of its own, which llama.cpp then reads in place (set_seq_state)."""
+    end = size - _DIGEST
     try:
-        header = json.loads(data[_PREFIX.size:_PREFIX.size + n_head])
+        _, _, n_head = _PREFIX.unpack(f.read(_PREFIX.size))
+        header = json.loads(f.read(n_head))
         _check_shape(header, _HEADER_SCHEMA, "")
         at = _PREFIX.size + n_head
-        blobs = []
+        blobs: list[bytes | bytearray] = []
         for want in _TAGS:
             if at + _SECTION.size > end:
                 raise ValueError(f"section {want!r} is missing")
-            tag, n = _SECTION.unpack_from(data, at)
+            tag, n = _SECTION.unpack(f.read(_SECTION.size))
             if tag != want:
                 raise ValueError(f"section {want!r} expected, found {tag!r}")
             if at + _SECTION.size + n > end:
                 raise ValueError(f"section {want!r} runs past the end of the file")
-            blobs.append(data[at + _SECTION.size:at + _SECTION.size + n])
+            blob = bytearray(n)
+            if f.readinto(blob) != n:
+                raise ValueError(f"section {want!r} could not be read whole")
+            blobs.append(blob if want == b"SEQ " else bytes(blob))  # the small ones as bytes, as C's char* takes
             at += _SECTION.size + n
         if at != end:
             raise ValueError(f"{end - at} bytes after the last section")
