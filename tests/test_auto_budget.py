@@ -1,6 +1,7 @@
 """`kvpot ask` with --budget auto (the default): an input that fits is read with full attention and
 answers exactly as stock llama.cpp does in the same run; past the device's memory it goes through
-the largest pot; `--policy full` refuses an input that cannot fit before reading it."""
+the largest pot (for a model measured past the window, the pot that answered best there); `--policy
+full` refuses an input that cannot fit before reading it."""
 
 from __future__ import annotations
 
@@ -95,3 +96,41 @@ def test_a_bad_budget_is_one_line(small_doc):
     res = runner.invoke(app, ["ask", str(path), question, *OPTS, "--budget", "lots"])
     assert res.exit_code == 1
     assert_one_line_error(res.stderr, "--budget must be a number of cells or auto")
+
+
+def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, smollm2_path, monkeypatch):
+    """A model measured past the window (KnownModel.beyond_window_pot) is read there, on the default path,
+    with the pot that answered best, not the largest the device holds; a policy the user names, a device that
+    holds less, and a model not measured keep the largest pot that fits."""
+    from dataclasses import replace
+
+    from kvpot.ingest import collect_sources
+    from kvpot.models.registry import KNOWN
+    from kvpot.session.reading_plan import plan_reading
+
+    text, _, _ = logbook(n_entries=260)  # about 11K tokens: past SmolLM2's 8K context
+    path = tmp_path / "long.txt"
+    path.write_text(text)
+    facts = read_model_facts(smollm2_path)
+    settings = RunSettings(chunk=256, max_tokens=10)
+    reserve = answer_reserve(settings)
+    roomy = DeviceMemory(24 << 30, "RAM")
+    largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256).cells, facts.n_ctx_train, reserve, 256)
+
+    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy):
+        return plan_reading(replace(settings, policy=spec), facts, collect_sources([str(path)]), policy_chosen=chosen,
+                            reserve=reserve, memory=memory)
+
+    unmeasured = plan(False)
+    assert unmeasured.settings.budget == largest and f"the pot takes {largest:,} cells" in unmeasured.note
+    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024))
+    measured = plan(False)
+    assert measured.settings.budget == 1024 < largest
+    assert "1,024 cells, the size that answered best past the window" in measured.note
+    assert f"the device holds up to {largest:,}" in measured.note
+    assert plan(True).settings.budget == largest  # --policy infinipot named: the largest pot
+    assert plan(False, spec="infinipot:nuc_ratio=0").settings.budget == largest  # another spec from a config
+    # a device that holds less than the measured pot: all it holds
+    free = 512 * 2**20 + facts.file_bytes + (1 << 20) * 64
+    small = plan(False, DeviceMemory(free, "RAM"))
+    assert 256 <= small.settings.budget < 1024 and "all the device holds" in small.note

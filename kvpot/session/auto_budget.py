@@ -166,11 +166,12 @@ class Reading:
 
 
 def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int,
-                   complete: bool = True) -> Reading:
+                   complete: bool = True, default_pot: int | None = None) -> Reading:
     """Full attention when the document (counted exactly, None when unknown, e.g. stdin; `complete`
     False when counting stopped past the limit, so `doc_tokens` is a lower bound) plus the
     question and answer fit both the device's context and the model's trained context: that is what
-    stock llama.cpp computes. Otherwise the pot, as large as the device holds. Full attention needs
+    stock llama.cpp computes. Otherwise the pot, as large as the device holds, or at most `default_pot`
+    (the default path's size measured best past the window, kvpot.session.beyond_window). Full attention needs
     no chunk of room past the document (it never distills; FullAttention.cache_cells), so a document
     up to the limit less the answer's room is read whole, as stock llama.cpp reads it."""
     limit = min(plan.cells, n_ctx_train or plan.cells)
@@ -178,13 +179,18 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
         return Reading("full", doc_tokens, f"the input's {doc_tokens:,} tokens fit the {limit:,} cells the device and "
                                            f"the model's trained context allow: full attention, as stock llama.cpp")
     budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
+    pot = f"the pot takes {budget:,} cells"
+    if default_pot:
+        from kvpot.session.beyond_window import default_pot as measured
+
+        budget, pot = measured(budget, default_pot)
     if doc_tokens is None:
         what = "its length is unknown (stdin)"
     elif complete:
         what = f"{doc_tokens:,} tokens do not fit {limit:,} cells"
     else:  # counting stopped once past the limit: the figure reached is not the input's length
         what = f"more than {limit:,} tokens do not fit {limit:,} cells"
-    return Reading("pot", budget, f"{what}: the pot takes {budget:,} cells ({plan.reason})")
+    return Reading("pot", budget, f"{what}: {pot} ({plan.reason})")
 
 
 def pot_cells(cells: int, n_ctx_train: int, reserve: int, chunk: int) -> int:

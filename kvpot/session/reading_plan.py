@@ -2,8 +2,10 @@
 
 auto: the device's memory sets the largest context (kvpot.session.auto_budget). An input that fits it and the
 model's trained context is read with full attention, the exact stock computation (unless the user
-chose a policy); a longer one goes through the pot at the largest budget that fits. `--policy full`
-sizes its context from the input and refuses before reading when the input cannot fit.
+chose a policy); a longer one goes through the pot at the largest budget that fits, or, with the default
+policy and a model measured past the window, at the size that answered best there
+(kvpot.session.beyond_window). `--policy full` sizes its context from the input and refuses before
+reading when the input cannot fit.
 
 Inputs with a known size are counted exactly before reading, with the tokenizer alone (a
 vocabulary-only load) and the same incremental tokenization the session reads with, and only up
@@ -19,6 +21,7 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import Policy, make_policy
 from kvpot.session import auto_budget as device_budget
+from kvpot.session.beyond_window import measured_pot
 from kvpot.session.settings import AUTO, RunSettings, reads_in_full
 
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
@@ -112,8 +115,14 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
                 else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
         return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}", policy)
-    reading = device_budget.choose_reading(device_budget.DevicePlan(limit, why), n_ctx_train, tokens, reserve, chunk,
-                                           complete=counted is None or counted.complete)
+    device, complete = device_budget.DevicePlan(limit, why), counted is None or counted.complete
+    reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete)
+    if reading.mode == "pot" and not policy_chosen and settings.policy == RunSettings.policy:
+        # the default path past the window: the pot measured best for this model, where it was measured
+        measured = measured_pot(facts)
+        if measured:
+            reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete,
+                                                   default_pot=measured)
     if reading.mode == "full" and not policy_chosen:
         # the settings' policy was built only to learn what its steps need (the device plan's logit rows)
         return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}",

@@ -1,0 +1,38 @@
+"""The default pot past what full attention can read: for a model measured there, the size that answered best
+(KnownModel.beyond_window_pot), not the largest the device holds.
+
+With no policy named, `--budget auto` reads an input that does not fit the device's context or the model's
+trained context with InfiniPot. On real-document questions past the window, the Qwen2.5-Coder models
+answered better with a small pot than with the largest one, and read faster in less memory
+(docs/benchmarks.md, "Beyond the window"). For the test models the accuracy-versus-budget curves found no
+smaller pot better, so they keep the largest, as does any model not measured there. A policy named with
+`--policy` keeps `--budget auto`'s meaning for it: the largest pot the device holds.
+"""
+
+from __future__ import annotations
+
+from kvpot.models.gguf_file import ModelFacts
+
+EVIDENCE = "docs/benchmarks.md, Beyond the window"
+
+
+def measured_pot(facts: ModelFacts) -> int | None:
+    """The pot measured best past the window for this model file, if it is a known model measured there (by
+    its size first, so no other file is hashed)."""
+    from kvpot.models.model_hash import model_sha256
+    from kvpot.models.registry import KNOWN
+
+    candidates = [k for k in KNOWN.values() if k.beyond_window_pot and k.size_bytes == facts.file_bytes]
+    if not candidates:
+        return None
+    sha = model_sha256(facts.path)
+    return next((k.beyond_window_pot for k in candidates if k.sha256 == sha), None)
+
+
+def default_pot(largest: int, measured: int) -> tuple[int, str]:
+    """The default path's pot for a device that holds `largest` cells of pot and a model measured best at
+    `measured`, and why, for stderr."""
+    if largest <= measured:
+        return largest, f"the pot takes {largest:,} cells, all the device holds"
+    return measured, (f"the pot takes {measured:,} cells, the size that answered best past the window with this "
+                      f"model ({EVIDENCE}); the device holds up to {largest:,}")
