@@ -126,7 +126,8 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
     resettable = question is None
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
-                        reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable)
+                        reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
+                        question_first=question is not None)
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with

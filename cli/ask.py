@@ -54,7 +54,8 @@ MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved 
 POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in `infinipot:pot=4096,keep=2048`; "
                "by default full attention (stock llama.cpp's computation) when the input fits the device and the "
                "model's trained context, else infinipot at the largest budget the device holds (for a model "
-               "measured past the window, the budget that answered best there: 2,048 cells for qwen2.5-coder-1.5b)")
+               "measured past the window, the budget that answered best there: for qwen2.5-coder-1.5b 8,192 cells "
+               "for ask, which knows the question before reading, and 2,048 for chat)")
 
 # the options ask and chat share (Typer reads type and help from these annotations)
 # str, not Path: Path("") would read as "." and an empty path could not be told apart
@@ -171,7 +172,7 @@ def ask(
 ) -> None:
     """Read files of any length, then answer one question about them.
 
-    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there (2,048 cells for qwen2.5-coder-1.5b: docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
+    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (8,192 cells for qwen2.5-coder-1.5b: docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
     """
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading

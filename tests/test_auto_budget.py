@@ -117,16 +117,21 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     roomy = DeviceMemory(24 << 30, "RAM")
     largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256).cells, facts.n_ctx_train, reserve, 256)
 
-    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy):
+    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, question_first: bool = False):
         return plan_reading(replace(settings, policy=spec), facts, collect_sources([str(path)]), policy_chosen=chosen,
-                            reserve=reserve, memory=memory)
+                            reserve=reserve, memory=memory, question_first=question_first)
 
     unmeasured = plan(False)
     assert unmeasured.settings.budget == largest and f"the pot takes {largest:,} cells" in unmeasured.note
-    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024))
+    assert plan(False, question_first=True).settings.budget == largest
+    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
+                                                       beyond_window_pot_asked=1536))
     measured = plan(False)
     assert measured.settings.budget == 1024 < largest
     assert "1,024 cells, the size that answered best past the window" in measured.note
+    assert "when the question is not known while reading" in measured.note
+    asked = plan(False, question_first=True)  # as `kvpot ask` reads: the pot measured best that way
+    assert asked.settings.budget == 1536 and "when the question is known before reading" in asked.note
     assert f"the device holds up to {largest:,}" in measured.note
     assert plan(True).settings.budget == largest  # --policy infinipot named: the largest pot
     assert plan(False, spec="infinipot:nuc_ratio=0").settings.budget == largest  # another spec from a config

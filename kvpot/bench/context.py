@@ -67,7 +67,7 @@ def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threa
     from kvpot.session.session import answer_reserve
 
     settings = plan_reading(settings, facts, collect_sources([str(doc)]), policy is not None,
-                            answer_reserve(settings)).settings
+                            answer_reserve(settings), question_first=True).settings  # it sets the question first
 
     t0 = time.perf_counter()
     s = Session(facts, name, settings)

@@ -131,7 +131,8 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path):
     cli = {"threads": plan.threads, "max_tokens": MAX_TOKENS, "policy": spec if chosen else None,
            "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings)).settings
+    settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
+                            question_first=plan.per_question).settings
     return settings, settings.policy.partition(":")[0].strip().lower() == "full"
 
 

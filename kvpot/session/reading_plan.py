@@ -83,12 +83,13 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
                  notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
-                 keeps_copy: bool = False) -> ReadingPlan:
+                 keeps_copy: bool = False, question_first: bool = False) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
     replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
     when reading a stream ahead waits; `policy`: the session's, built from `settings.policy` and not
     yet fitted (the plan asks what its steps need, and hands it on); `keeps_copy`: the session keeps a
-    copy of the state after reading (Session's `resettable`), which the memory plan counts."""
+    copy of the state after reading (Session's `resettable`), which the memory plan counts; `question_first`:
+    the question is known before reading (`kvpot ask`), for the pot measured best that way past the window."""
     full = reads_in_full(settings.policy)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, None, policy)
@@ -119,10 +120,10 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete)
     if reading.mode == "pot" and not policy_chosen and settings.policy == RunSettings.policy:
         # the default path past the window: the pot measured best for this model, where it was measured
-        measured = measured_pot(facts)
+        measured = measured_pot(facts, question_first)
         if measured:
             reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete,
-                                                   default_pot=measured)
+                                                   default_pot=measured, question_first=question_first)
     if reading.mode == "full" and not policy_chosen:
         # the settings' policy was built only to learn what its steps need (the device plan's logit rows)
         return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}",
