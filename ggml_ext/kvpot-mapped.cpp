@@ -7,6 +7,12 @@
 // Qwen2.5-Coder-1.5B Q4_K_M that is 597 MiB of 1,060 counted twice (llama.cpp issue 16761).
 // MADV_DONTNEED gives those pages back; the mapping stays valid (read-only, file-backed), so a
 // stray read would fault the same bytes in from the file again: nothing can change what is computed.
+//
+// Two places do it: after loading, the pages of exactly the copied weights (kvpot_model_release_copied);
+// and while loading, from the loader's progress callback, every page of the file's read-only mappings
+// (kvpot_load_progress_release), so that each copy does not sit beside its source until the end. The
+// second also drops the pages of weights read in place; they fault back from the page cache the first
+// time a graph reads them.
 #include "kvpot.h"
 
 #include "llama-model.h"
@@ -25,6 +31,15 @@
 #define KVPOT_CAN_RELEASE 1
 #else
 #define KVPOT_CAN_RELEASE 0
+#endif
+
+#if defined(__linux__)
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <cstdio>
+#define KVPOT_CAN_RELEASE_WHILE_LOADING 1
+#else
+#define KVPOT_CAN_RELEASE_WHILE_LOADING 0
 #endif
 
 namespace {
@@ -120,4 +135,48 @@ int64_t kvpot_model_release_copied(const struct llama_model * model, const char 
     }
     return released;
 #endif
+}
+
+bool kvpot_load_progress_release(float progress, void * user_data) {
+    (void) progress;
+#if KVPOT_CAN_RELEASE_WHILE_LOADING
+    const char * path = (const char *) user_data;
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        return true;
+    }
+    // the file's mappings as llama.cpp makes them (by device and inode: a path in /proc/self/maps may be
+    // spelled differently): shared, read-only, from offset 0. Never a writable one: MADV_DONTNEED on a
+    // private writable mapping would throw away its changes
+    std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+    FILE * maps = std::fopen("/proc/self/maps", "r");
+    if (!maps) {
+        return true;
+    }
+    char line[4096];
+    while (std::fgets(line, sizeof(line), maps)) {
+        unsigned long lo = 0, hi = 0, off = 0, ino = 0;
+        unsigned int dmaj = 0, dmin = 0;
+        char perms[8] = {};
+        if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &dmaj, &dmin, &ino) != 7) {
+            continue;
+        }
+        if (ino == (unsigned long) st.st_ino && dmaj == major(st.st_dev) && dmin == minor(st.st_dev) &&
+            std::strcmp(perms, "r--s") == 0 && off == 0 && hi > lo) {
+            ranges.emplace_back((uintptr_t) lo, (uintptr_t) hi);
+        }
+        // a line longer than the buffer (a very long path): skip its rest
+        while (!std::strchr(line, '\n') && std::fgets(line, sizeof(line), maps)) {
+        }
+    }
+    std::fclose(maps);
+    // this thread is the loader's, and kvpot maps or unmaps the file nowhere else while it loads, so
+    // these ranges are still the file's
+    for (const auto & r : ranges) {
+        madvise((void *) r.first, r.second - r.first, MADV_DONTNEED);
+    }
+#else
+    (void) user_data;
+#endif
+    return true;
 }

@@ -4,6 +4,7 @@
 
 #include "llama.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,7 +24,7 @@
 
 // bumped whenever a kvpot_* signature or struct layout changes; the Python side
 // refuses a libllama whose ABI number differs from the one it was written for
-#define KVPOT_ABI_VERSION 15
+#define KVPOT_ABI_VERSION 16
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,6 +73,16 @@ KVPOT_API void kvpot_log_filter(enum ggml_log_level level, const char * text, vo
 // `path`: the GGUF the model was loaded from. Returns the bytes given back (0 without a mapping, or
 // where the platform cannot), or KVPOT_ERR_ARG when the file cannot be read as GGUF.
 KVPOT_API int64_t kvpot_model_release_copied(const struct llama_model * model, const char * path);
+
+// a llama_progress_callback (llama_model_params.progress_callback) that, each time the loader reports
+// progress, gives back the resident pages of every read-only mapping of the file named by `user_data`
+// (a NUL-terminated path, kept alive by the caller until loading ends). llama.cpp maps the whole file
+// resident (MAP_POPULATE) and then copies weights out of it one tensor at a time; without this, every
+// copy is resident beside its source until kvpot_model_release_copied runs after loading, so loading
+// peaks at the file plus all its copies. Pages still read in place fault back in from the page cache
+// when first used (kvpot-mapped.cpp says why that changes nothing computed). Linux and Android (it
+// reads /proc/self/maps); elsewhere it does nothing. Never cancels loading: always returns true.
+KVPOT_API bool kvpot_load_progress_release(float progress, void * user_data);
 
 //
 // the pot: the KV cache of a context (for iSWA models, its non-SWA layers), bounded and compacted

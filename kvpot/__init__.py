@@ -7,4 +7,4 @@ first use through :mod:`kvpot.runtime`.
 __version__ = "0.1.0"
 
 # the kvpot_* ABI this Python package speaks; must equal KVPOT_ABI_VERSION in ggml_ext/kvpot.h
-ABI_VERSION = 15
+ABI_VERSION = 16

@@ -101,7 +101,8 @@ def stock_prefill(model_path: str, n_tokens: int, chunk: int, threads: int, flas
     from kvpot.bench.stock import prefill, stock_context
     from kvpot.runtime.llama import LlamaModel
 
-    model = LlamaModel(model_path)
+    # loaded as llama.cpp loads it: the file's pages of copied weights stay resident beside their copies
+    model = LlamaModel(model_path, release_copied=False, release_while_loading=False)
     bos = model.bos()  # some models (SmolLM2) add none
     tokens = bos + generated_tokens(model, n_tokens - len(bos))
     question = model.tokenize(DECODE_QUESTION) if decode else []

@@ -78,6 +78,8 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_log_filter", None, [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p]),
     # int64_t kvpot_model_release_copied(const struct llama_model * model, const char * path);
     ("kvpot_model_release_copied", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_char_p]),
+    # bool kvpot_load_progress_release(float progress, void * user_data);
+    ("kvpot_load_progress_release", ctypes.c_bool, [ctypes.c_float, ctypes.c_void_p]),
     # const char * kvpot_last_error(void);
     ("kvpot_last_error", ctypes.c_char_p, []),
     # int32_t kvpot_pot_stats_get(struct llama_context * ctx, struct kvpot_pot_stats * out);

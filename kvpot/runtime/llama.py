@@ -36,11 +36,14 @@ class ContextParams:
 class LlamaModel(Owned):
     """A loaded GGUF model; the file must have been checked by kvpot.models.gguf_file first."""
 
-    def __init__(self, path: str, vocab_only: bool = False, release_copied: bool = True):
+    def __init__(self, path: str, vocab_only: bool = False, release_copied: bool = True,
+                 release_while_loading: bool = True):
         """vocab_only: the tokenizer and metadata without the weights (counting tokens before the
         context is sized). release_copied: give back the file pages of weights llama.cpp copied
-        elsewhere (`release_copied()`); off only for the test that measures it."""
-        load_runtime()
+        elsewhere (`release_copied()`); release_while_loading: give back the file's pages as the loader
+        copies weights out of them, so loading does not peak at the file plus its copies
+        (kvpot_load_progress_release). Both off only for the tests that measure them."""
+        runtime = load_runtime()
         import llama_cpp as L
 
         self._L = L
@@ -56,6 +59,11 @@ class LlamaModel(Owned):
         # servers' (kvpot ask --rpc); nothing changes without one. llama.cpp's default (-1) means "fit
         # automatically", which only its common library resolves; here it would leave every layer on the CPU
         params.n_gpu_layers = N_GPU_LAYERS_ALL
+        if release_while_loading and not vocab_only:
+            # the path outlives the call: llama.cpp hands it back to the callback while it loads
+            self._load_path = ctypes.create_string_buffer(str(path).encode())
+            params.progress_callback = ctypes.cast(runtime.kvpot_load_progress_release, L.llama_progress_callback)
+            params.progress_callback_user_data = ctypes.cast(self._load_path, ctypes.c_void_p)
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise KvpotError(f"llama.cpp could not load the model {path}")

@@ -5,10 +5,9 @@ Pure arithmetic on facts passed in (the model's GGUF facts, the device's free me
 tested without a model; `device_memory()` is the one probe of the machine.
 
 The weights cost their file's size: llama.cpp maps the file, and the weights it copies elsewhere at
-load time (the CPU's repacked layouts) have their mapped pages given back right after loading
-(LlamaModel.release_copied), so they are not counted twice. Until then, while loading, both are
-resident (at most twice the file, before any cache exists; those pages are clean and the kernel can
-drop them under pressure).
+load time (the CPU's repacked layouts) do not keep their mapped pages: kvpot gives the file's pages back
+as the loader copies weights out of them (kvpot_load_progress_release) and those of the copied weights
+again once loading ends (LlamaModel.release_copied), so nothing is counted twice, while loading or after.
 
 What a context of n cells costs, besides the weights (llama.cpp, no flash attention):
   KV:        per global layer n cells x KV heads x (key + value width) x 2 bytes (f16);
