@@ -238,6 +238,11 @@ class Policy:
     def set_question(self, text: str) -> None:
         pass
 
+    def reads_with_question(self) -> bool:
+        """Whether what this policy keeps depends on the question when it is known before reading
+        (InfiniPot's CaP-Q): then a read without it (`kvpot chat`) keeps what no question chose."""
+        return False
+
     def set_expected_length(self, n_tokens: int) -> None:
         pass
 
@@ -387,6 +392,9 @@ class Wrapping(Policy):
 
     def set_question(self, text: str) -> None:
         self.wrapped.set_question(text)
+
+    def reads_with_question(self) -> bool:
+        return self.wrapped.reads_with_question()
 
     def set_expected_length(self, n_tokens: int) -> None:
         self.wrapped.set_expected_length(n_tokens)

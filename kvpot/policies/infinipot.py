@@ -121,6 +121,9 @@ class InfiniPot(Policy):
     def set_question(self, text: str) -> None:
         self._question = text
 
+    def reads_with_question(self) -> bool:
+        return True
+
     def cache_cells(self, budget: int, chunk: int) -> int:
         return self._sizes()[0]  # the pot never grows past |M|
 

@@ -1,0 +1,45 @@
+"""`kvpot chat` reads before any question is asked. Through a pot whose choice depends on the question
+(InfiniPot's CaP-Q), that read keeps what no question chose, and chat says so and names `kvpot ask`, which
+reads with the question first; a policy the question does not steer, an input that fits the pot, and
+`kvpot ask` itself say nothing of it."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cli._session import READ_BEFORE_THE_QUESTION
+from kvpot.bench.logbook import logbook
+from kvpot.cli.main import app
+
+HINT = READ_BEFORE_THE_QUESTION[:60]
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    text, _, _ = logbook(n_entries=12)  # ~560 tokens: past a 256-cell pot, inside a 2,048-cell one
+    path = tmp_path_factory.mktemp("chat") / "log.txt"
+    path.write_text(text)
+    return path
+
+
+def _stderr(args: list[str], smollm2_path) -> str:
+    opts = ["-m", str(smollm2_path), "--threads", "2", "--chunk", "128", "-n", "4", "--prompt-format", "completion"]
+    res = CliRunner().invoke(app, [*args, *opts], input="/quit\n")
+    assert res.exit_code == 0, res.output
+    return " ".join(res.stderr.split())  # rich wraps long lines
+
+
+@pytest.mark.parametrize("policy, budget, said", [
+    ("infinipot", "256", True),     # CaP-G stands in for the question the read does not know
+    ("streaming", "256", False),    # keeps the same cells whatever the question
+    ("infinipot", "2048", False),   # the input fits: nothing is chosen
+])
+def test_chat_says_when_its_pot_chose_without_the_question(doc, smollm2_path, policy, budget, said):
+    err = _stderr(["chat", str(doc), "-P", policy, "-b", budget], smollm2_path)
+    assert (HINT in err) is said, err
+
+
+def test_ask_reads_with_the_question_and_says_nothing_of_it(doc, smollm2_path):
+    err = _stderr(["ask", str(doc), "Who kept the log?", "-P", "infinipot", "-b", "256"], smollm2_path)
+    assert HINT not in err, err
