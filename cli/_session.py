@@ -172,7 +172,7 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
 
     check_threads(threads)
     context = check_context_path(context)
-    header = read_context(context).header
+    header = read_context(context, seq_in_file=True).header  # the header only: the state stays in the file
     name = model or header["model"]["name"]
     if model is None and name not in KNOWN:
         name = header["model"]["path"]

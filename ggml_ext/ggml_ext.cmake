@@ -5,6 +5,7 @@
 set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-info.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-state.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-seq-file.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-pot.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-compact-check.cpp

@@ -165,6 +165,15 @@ KVPOT_API int64_t kvpot_pot_state_size(struct llama_context * ctx);
 KVPOT_API int64_t kvpot_pot_state_get(struct llama_context * ctx, uint8_t * dst, size_t size);
 KVPOT_API int64_t kvpot_pot_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
 
+// restore sequence `seq_id` from `size` bytes of the open file `fd` at `offset`, as
+// llama_state_seq_get_data wrote them, read in pieces straight into the cache's tensors: the state is
+// never held whole beside the cache it fills. Returns the bytes read (== size), or KVPOT_ERR_ARG for a
+// state that is not one or does not fit this context (llama.cpp's reason in kvpot_last_error), and
+// KVPOT_ERR_STATE where the platform has no pread. After a failure the cache may hold part of the state:
+// discard the context. POSIX only (Linux, Android, macOS).
+KVPOT_API int64_t kvpot_state_seq_read_fd(struct llama_context * ctx, int32_t fd, int64_t offset, int64_t size,
+                                          llama_seq_id seq_id);
+
 // apply the K-shifts llama.cpp keeps pending until the next decode; call before saving a sequence state
 KVPOT_API int32_t kvpot_pot_settle(struct llama_context * ctx);
 

@@ -18,7 +18,7 @@ from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, 
 from kvpot.recall_cells import RecallCells
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
-from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
+from kvpot.session.engine_state import EngineState, SeqInFile, decode_tree, encode_tree
 
 # cells kept free past budget + chunk for the question and the answer
 DEFAULT_ANSWER_RESERVE = 256
@@ -537,7 +537,11 @@ class Engine:
     def import_state(self, state: EngineState) -> None:
         """Continue from an exported state (same model, policy and config; the caller checks)."""
         self.reset()
-        self.ctx.set_seq_state(state.seq)
+        if isinstance(state.seq, SeqInFile):
+            state.seq.before_restore()
+            self.ctx.set_seq_state_from_file(state.seq.file.fileno(), state.seq.offset, state.seq.size)
+        else:
+            self.ctx.set_seq_state(state.seq)
         self.pot.set_state_bytes(state.pot)
         positions = state.arrays["positions"]
         L, H = self.pot.n_layers, self.pot.n_head_kv

@@ -113,6 +113,9 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_pot_state_get", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
     # int64_t kvpot_pot_state_set(struct llama_context * ctx, const uint8_t * src, size_t size);
     ("kvpot_pot_state_set", ctypes.c_int64, [c_ctx_p, ctypes.c_char_p, ctypes.c_size_t]),
+    # int64_t kvpot_state_seq_read_fd(struct llama_context * ctx, int32_t fd, int64_t offset, int64_t size,
+    #                                 llama_seq_id seq_id);
+    ("kvpot_state_seq_read_fd", ctypes.c_int64, [c_ctx_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32]),
     # int32_t kvpot_pot_settle(struct llama_context * ctx);
     ("kvpot_pot_settle", ctypes.c_int32, [c_ctx_p]),
     # int32_t kvpot_heads_set(struct llama_context * ctx, int32_t n_layer, int32_t hidden, int32_t width,

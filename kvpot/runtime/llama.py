@@ -240,6 +240,13 @@ class LlamaContext(Owned):
         if self._L.llama_state_seq_set_data(self.ptr, buf, n, 0) != n:
             raise KvpotError("llama.cpp refused the saved sequence state (another model or context size?)")
 
+    def set_seq_state_from_file(self, fd: int, offset: int, size: int) -> None:
+        """Restore sequence 0 from `size` bytes of seq_state's output at `offset` of the open file `fd`, read
+        in pieces straight into the cache (kvpot_state_seq_read_fd): never held whole in memory."""
+        lib = load_runtime()
+        if lib.kvpot_state_seq_read_fd(self.ptr, fd, offset, size, 0) != size:
+            raise KvpotError(f"llama.cpp refused the saved sequence state: {lib.kvpot_last_error().decode(errors='replace')}")
+
     def clear(self) -> None:
         self._L.llama_memory_clear(self._L.llama_get_memory(self.ptr), True)
 

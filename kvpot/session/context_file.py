@@ -27,6 +27,7 @@ from kvpot.session.engine_state import (
     INT32_MAX,
     INT64_MAX,
     EngineState,
+    SeqInFile,
     check_engine_values,
     check_policy_state,
     check_pot_bytes,
@@ -139,9 +140,10 @@ def check_context_path(path: Path | str) -> Path:
     return path
 
 
-def read_context(path: Path) -> SavedContext:
+def read_context(path: Path, seq_in_file: bool = False) -> SavedContext:
     """Read and check a saved context, the header's every field included (check_saved): anything
-    wrong is one clear KvpotError, before any of it is used."""
+    wrong is one clear KvpotError, before any of it is used. `seq_in_file`: leave the sequence state in the
+    file (a SeqInFile that llama.cpp restores from), where the platform can read it from there (POSIX)."""
     path = check_context_path(path)
     try:
         with path.open("rb") as f:
@@ -150,16 +152,25 @@ def read_context(path: Path) -> SavedContext:
             # once into its own buffer: the file is never held whole beside its parts (a 1.5B model's
             # 32K-cell context is ~0.9 GB of sequence state, which is what reopening then restores)
             _check_prefix(f.read(_PREFIX.size), size, path)
-            f.seek(max(size - _DIGEST, 0))
-            digest = f.read(_DIGEST)
+            digest = _verify(f, size, path)
             f.seek(0)
-            _check_digest(_chunks(f, size - _DIGEST), digest, path)
-            f.seek(0)
-            saved = _parse(f, size, path)
+            saved = _parse(f, size, path, seq_in_file and hasattr(os, "pread"), digest)
     except OSError as e:
         raise KvpotError(f"cannot read saved context {path}: {e.strerror}") from None
     check_saved(saved, path)
     return saved
+
+
+def _verify(f: BinaryIO, size: int, path: Path | str, digest: bytes | None = None) -> bytes:
+    """The file's checksum against the digest it ends with (and, given one, against `digest`: the file read
+    before is the one read now); returns the digest."""
+    f.seek(max(size - _DIGEST, 0))
+    stored = f.read(_DIGEST)
+    if digest is not None and stored != digest:
+        raise KvpotError(f"saved context {path} changed since it was opened")
+    f.seek(0)
+    _check_digest(_chunks(f, size - _DIGEST), stored, path)
+    return stored
 
 
 _READ_BLOCK = 1 << 20
@@ -272,9 +283,25 @@ def _check_digest(blocks: Iterable[bytes | memoryview], digest: bytes, path: Pat
         raise KvpotError(f"saved context {path} is truncated or corrupted (checksum mismatch)")
 
 
-def _parse(f: BinaryIO, size: int, path: Path | str) -> SavedContext:
-    """The header and the three sections of a file whose checksum is right, read from `f` at its start. The
-    sequence state goes into a bytearray of its own, which llama.cpp then reads in place (set_seq_state)."""
+def _seq_in_file(f: BinaryIO, offset: int, n: int, size: int, path: Path | str, digest: bytes) -> SeqInFile:
+    own = os.fdopen(os.dup(f.fileno()), "rb")
+
+    def verify() -> None:
+        try:
+            if os.fstat(own.fileno()).st_size != size:
+                raise KvpotError(f"saved context {path} changed since it was opened")
+            _verify(own, size, path, digest)
+        except OSError as e:
+            raise KvpotError(f"cannot read saved context {path}: {e.strerror}") from None
+
+    return SeqInFile(own, offset, n, verify)
+
+
+def _parse(f: BinaryIO, size: int, path: Path | str, seq_in_file: bool = False, digest: bytes = b"") -> SavedContext:
+    """The header and the three sections of a file whose checksum (`digest`) is right, read from `f` at its
+    start. The sequence state goes into a bytearray of its own, which llama.cpp then reads in place
+    (set_seq_state), or with `seq_in_file` stays in the file (SeqInFile, through a duplicate of `f`'s
+    descriptor)."""
     end = size - _DIGEST
     try:
         _, _, n_head = _PREFIX.unpack(f.read(_PREFIX.size))
@@ -290,6 +317,11 @@ def _parse(f: BinaryIO, size: int, path: Path | str) -> SavedContext:
                 raise ValueError(f"section {want!r} expected, found {tag!r}")
             if at + _SECTION.size + n > end:
                 raise ValueError(f"section {want!r} runs past the end of the file")
+            if want == b"SEQ " and seq_in_file:
+                blobs.append(_seq_in_file(f, at + _SECTION.size, n, size, path, digest))
+                f.seek(n, os.SEEK_CUR)
+                at += _SECTION.size + n
+                continue
             blob = bytearray(n)
             if f.readinto(blob) != n:
                 raise ValueError(f"section {want!r} could not be read whole")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import BinaryIO
 
 import numpy as np
 
@@ -14,9 +16,32 @@ from kvpot import recall_cells
 from kvpot.errors import KvpotError
 
 
+@dataclass(eq=False)
+class SeqInFile:
+    """A saved context's llama.cpp sequence state left in its file: `size` bytes at `offset` of `file`, an
+    open duplicate of the descriptor the file was checked through (a rename or a new file at its path
+    changes nothing here). llama.cpp restores it straight from there (kvpot_state_seq_read_fd), so the
+    state (as large as the cache it fills) is never held whole in memory beside that cache. A restore
+    after the first (chat's /reset) checks the file against its digest again first (`verify`)."""
+
+    file: BinaryIO
+    offset: int
+    size: int
+    verify: Callable[[], None]
+    restored: int = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def before_restore(self) -> None:
+        if self.restored:
+            self.verify()
+        self.restored += 1
+
+
 @dataclass
 class EngineState:
-    seq: bytes                                   # llama_state_seq_get_data for sequence 0
+    seq: bytes | bytearray | SeqInFile           # llama_state_seq_get_data for sequence 0
     pot: bytes                                   # kvpot_pot_state_get
     values: dict = field(default_factory=dict)   # JSON-able bookkeeping; arrays referenced by name
     arrays: dict[str, np.ndarray] = field(default_factory=dict)

@@ -265,8 +265,9 @@ class Session:
                policy: Policy | None = None, resettable: bool = True) -> Session:
         """Reopen a saved context with the given model; refuses another model or runtime. `policy`:
         the one the saved header names, already built (else it is built here); `resettable` as for a
-        new session (without it the saved state is not kept once restored)."""
-        saved = read_context(path)
+        new session (without it the saved state is not kept once restored). llama.cpp restores the
+        sequence state straight from the file, so it is never held in memory beside the cache it fills."""
+        saved = read_context(path, seq_in_file=True)
         h = saved.header
         rt = library.info()
         if h["runtime"]["abi"] != rt.abi:
