@@ -172,7 +172,10 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
 
     check_threads(threads)
     context = check_context_path(context)
-    header = read_context(context, seq_in_file=True).header  # the header only: the state stays in the file
+    # read and checked once: the state stays in the file (restored from there), and the session restores
+    # the very file whose header chose the model
+    saved = read_context(context, seq_in_file=True)
+    header = saved.header
     name = model or header["model"]["name"]
     if model is None and name not in KNOWN:
         name = header["model"]["path"]
@@ -183,7 +186,7 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     protect_session_files(policy, facts.path, save_to)
     with err.status(f"reopening {context}"):
         session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy,
-                                 resettable=resettable)
+                                 resettable=resettable, saved=saved)
     if max_tokens is not None:  # the answer's length is not part of the saved state
         session.set_max_tokens(max_tokens)
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "

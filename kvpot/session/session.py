@@ -262,12 +262,13 @@ class Session:
 
     @classmethod
     def reopen(cls, path: Path, facts: ModelFacts, model_name: str, threads: int | None = None,
-               policy: Policy | None = None, resettable: bool = True) -> Session:
+               policy: Policy | None = None, resettable: bool = True, saved: SavedContext | None = None) -> Session:
         """Reopen a saved context with the given model; refuses another model or runtime. `policy`:
         the one the saved header names, already built (else it is built here); `resettable` as for a
-        new session (without it the saved state is not kept once restored). llama.cpp restores the
-        sequence state straight from the file, so it is never held in memory beside the cache it fills."""
-        saved = read_context(path, seq_in_file=True)
+        new session (without it the saved state is not kept once restored); `saved`: the file already
+        read (read_context with seq_in_file), else it is read here. llama.cpp restores the sequence
+        state straight from the file, so it is never held in memory beside the cache it fills."""
+        saved = saved if saved is not None else read_context(path, seq_in_file=True)
         h = saved.header
         rt = library.info()
         if h["runtime"]["abi"] != rt.abi:
