@@ -71,6 +71,9 @@ bench-qa-long: install
 	mkdir -p $(BENCH_DIR)/phone
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default -P none --length 131072 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/qa-1.5b-128k.json --resume
+	# as `kvpot ask` reads: the question first, one read per question (9 reads of ~30 minutes)
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --length 131072 --sample 8 -t 2 \
+		--json $(BENCH_DIR)/qa-1.5b-128k-ask.json --resume
 	KVPOT_DEVICE_MEMORY=3GiB $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default -P none --length 262144 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/phone/qa-1.5b-256k-3gib.json --resume
 
