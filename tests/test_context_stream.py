@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -44,7 +45,7 @@ def _reopen(path, smollm2_path) -> Session:
     return Session.reopen(path, read_model_facts(smollm2_path), "smollm2-135m")
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "pread"), reason="restoring from a file needs pread (POSIX)")
+@pytest.mark.skipif(not hasattr(os, "pread"), reason="restoring from a file needs pread (POSIX)")
 def test_the_state_is_restored_from_the_file_byte_for_byte(saved, smollm2_path):
     path, want, question = saved
     assert read_context(path).state.seq == want  # the file holds what the session had
@@ -59,7 +60,7 @@ def test_the_state_is_restored_from_the_file_byte_for_byte(saved, smollm2_path):
         r.engine.close()
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "pread"), reason="restoring from a file needs pread (POSIX)")
+@pytest.mark.skipif(not hasattr(os, "pread"), reason="restoring from a file needs pread (POSIX)")
 def test_reset_refuses_a_file_changed_since_it_was_opened(saved, smollm2_path, tmp_path):
     path, _, question = saved
     copy = tmp_path / "c.kvctx"
