@@ -104,17 +104,18 @@ def protect_session_files(policy: Policy, model_path: Path, save_to: Path | str 
 READ_BEFORE_THE_QUESTION = (
     "this reads before any question is asked, so the pot keeps what a summary of the input needs, not what "
     "your question will need: an answer about one detail may be what the model knows without the document. "
-    "`kvpot ask FILE... QUESTION` reads with the question first and keeps what answers it (qwen2.5-coder-1.5b "
-    "past its window: 6 of 8 answers right, against 2 of 8 read before the question; docs/benchmarks.md, Beyond "
-    "the window)")
+    "`/ask QUESTION` in the chat (or `kvpot ask FILE... QUESTION`) reads again with the question first and keeps "
+    "what answers it (qwen2.5-coder-1.5b past its window: 6 of 8 answers right, against 2 of 8 read before the "
+    "question; docs/benchmarks.md, Beyond the window)")
 
 
 def new_session(inputs: list[str], glob: str | list[str], model: str, question: str | None,
                 save_to: Path | str | None = None, exclude: list[str] | tuple = (), verbose: bool = False,
-                **opts) -> tuple[Session, SourceSet]:
+                resettable: bool | None = None, **opts) -> tuple[Session, SourceSet]:
     """A session for new inputs, with everything that can be refused refused before the model loads
     (options, inputs, the budget, the memory, a save that would replace a file the session reads),
-    and the question set when it is known (CaP-Q)."""
+    and the question set when it is known (CaP-Q). `resettable`: keep a copy of the read state for
+    /reset (default: when no question is given; chat's /ask gives one and keeps the copy)."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
@@ -133,7 +134,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     facts, known = resolve_model(model)
     protect_session_files(policy, facts.path, save_to)
     # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
-    resettable = question is None
+    resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
                         question_first=question is not None)

@@ -14,6 +14,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
 from kvpot.ingest.sources import STDIN, stdin_is_piped
 from kvpot.models.choose import default_model
+from kvpot.models.registry import KNOWN
 from kvpot.safe_write import resolve_target
 from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
@@ -46,6 +47,7 @@ from ._sampling import (
     make_sampler,
     stops,
 )
+from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._session import new_session, reopen_session, save
 from .reading import read_with_progress
 
@@ -109,7 +111,8 @@ def _refuse_ignored(context: Path | None, **given) -> None:
 
 def _open_session(inputs: list[str], question: str | None, context: Path | None, save_context: Path | None,
                   rpc: str | None, model: str | None, glob: list[str] | None, missing: str,
-                  exclude: list[str] | None = None, verbose: bool = False, **opts) -> Session:
+                  exclude: list[str] | None = None, verbose: bool = False, resettable: bool | None = None,
+                  **opts) -> Session:
     """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
     What cannot work is said before a model loads: options a saved context fixes, both files and
     --context, no files, a --save-context path that cannot be written or that names a file the
@@ -131,8 +134,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     # which model was chosen is said once the session stands, so that a refusal stays one line
     chosen: list[str] = []
     model = model or default_model(say=chosen.append)
-    session, sources = new_session(inputs, glob or ["*"], model,
-                                   question, save_to=save_context, exclude=exclude or [], verbose=verbose, **opts)
+    session, sources = new_session(inputs, glob or ["*"], model, question, save_to=save_context,
+                                   exclude=exclude or [], verbose=verbose, resettable=resettable, **opts)
     for line in chosen:
         err.print(escape(line), soft_wrap=True)
     try:
@@ -205,12 +208,14 @@ def ask(
 
 
 CHAT_HELP = """commands:
-  /save PATH   save the conversation's context (reopen with kvpot chat --context PATH)
-  /sources     the passages the last answer drew on most (file, page or line, a quote)
-  /stats       what the pot holds
-  /reset       forget the conversation, keep the document
-  /help        this text
-  /quit        leave (also Ctrl-D)"""
+  /ask QUESTION  read the files again with the question first, then answer it; when the input did not
+                 fit the pot, the pot then keeps what the question needs (the chat goes on from there)
+  /save PATH     save the conversation's context (reopen with kvpot chat --context PATH)
+  /sources       the passages the last answer drew on most (file, page or line, a quote)
+  /stats         what the pot holds
+  /reset         forget the conversation, keep the document
+  /help          this text
+  /quit          leave (also Ctrl-D)"""
 
 
 def _stats_table(session: Session) -> Table:
@@ -221,18 +226,42 @@ def _stats_table(session: Session) -> Table:
 
 
 class _Chat:
-    """The chat's state between turns: whether each answer's sources are printed after it (--sources),
-    recorded for /sources, and the last answer's."""
+    """The chat's state between turns: the session answering (/ask replaces it), whether each answer's
+    sources are printed after it (--sources), recorded for /sources, and the last answer's; what /ask
+    reads again (None for a reopened context)."""
 
-    def __init__(self, show_sources: bool):
+    def __init__(self, session: Session, show_sources: bool = False, reread: Reread | None = None):
+        self.session = session
         self.show_sources = show_sources
         self.track = show_sources       # taps every answer token: on with --sources, or after a /sources
         self.last: list[dict] | None = None
+        self.reread = reread
+
+
+def _ask_again(state: _Chat, question: str) -> str | None:
+    """/ask: the question to answer next (None: nothing to answer), with state.session read again
+    with the question first when that can keep other cells (cli/_reread.py)."""
+    if not question:
+        err.print("[yellow]usage: /ask QUESTION[/yellow]")
+        return None
+    why = NO_FILES if state.reread is None else worth_reading_again(state.session)
+    if why is not None:
+        err.print(escape(why), soft_wrap=True)
+        return question
+    try:
+        state.session = read_again(state.session, state.reread, question, _open_session)
+    except ReadingLost:
+        raise  # the chat has no reading left: its error ends it
+    except KvpotError as e:  # not read again: the chat goes on as it was
+        err.print(f"[yellow]{escape(str(e))}[/yellow]", soft_wrap=True)
+        return None
+    state.last = None
+    return question
 
 
 def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     """Run a /command; returns False to leave the loop."""
-    state = state or _Chat(False)
+    state = state or _Chat(session)
     cmd, _, arg = line.strip().partition(" ")
     if cmd in ("/quit", "/exit"):
         return False
@@ -305,17 +334,22 @@ def chat(
     if "-" in inputs:
         raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
-    with _open_session(inputs, None, context, save_context, rpc, model, glob,
-                       "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose,
-                       **opts) as session:
-        _chat_loop(session, save_context, sampler, stops(stop), sources)
+    session = _open_session(inputs, None, context, save_context, rpc, model, glob,
+                            "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose, **opts)
+    # /ask reads the same files with the same options and model (a registry name, else its path)
+    reread = None if context is not None else Reread(
+        inputs, glob or ["*"], exclude or [],
+        session.model_name if session.model_name in KNOWN else str(session.facts.path), opts)
+    state = _Chat(session, sources, reread)
+    try:
+        _chat_loop(state, save_context, sampler, stops(stop))
+    finally:
+        state.session.close()
 
 
-def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...],
-               show_sources: bool = False) -> None:
-    state = _Chat(show_sources)
+def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...]) -> None:
     if save_context is not None:
-        save(session, save_context)
+        save(state.session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
     while True:
         try:
@@ -327,12 +361,16 @@ def _chat_loop(session: Session, save_context: Path | None, sampler: Sampler, st
             continue
         if not line.strip():
             continue
-        if line.startswith("/"):
-            if not _command(session, line, state):
+        if line.startswith("/ask ") or line.strip() == "/ask":
+            line = _ask_again(state, line.strip()[len("/ask"):].strip())
+            if line is None:
+                continue
+        elif line.startswith("/"):
+            if not _command(state.session, line, state):
                 break
             continue
         try:
-            said, _, found = answer_tracked(session, line, sampler, stop, True, state.track)
+            said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
             if found is not None:
                 state.last = found
                 if state.show_sources and not said.stopped:
