@@ -41,6 +41,17 @@ def qwen05_path() -> Path:
     return pull_known(QWEN25_CODER_05B)
 
 
+@pytest.fixture(scope="session")
+def logbook_doc(tmp_path_factory) -> Path:
+    """A ~560-token logbook as a file: past a 256-cell pot, inside a 2,048-cell one (the chat tests)."""
+    from kvpot.bench.logbook import logbook
+
+    text, _, _ = logbook(n_entries=12)
+    path = tmp_path_factory.mktemp("logbook") / "log.txt"
+    path.write_text(text)
+    return path
+
+
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     """SmolLM2 loaded once per test module (vocabulary, and the weights for contexts made from it)."""

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 import kvpot.cli.ask as ask_cli
 from kvpot.cli._reread import NOT_STEERED, WHOLE_INPUT_HELD
-from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 
 QUESTION = "Who kept the log?"
@@ -20,12 +19,9 @@ READ_AGAIN = "read again with the question first"
 POT = re.compile(r"read (\d+) tokens in [^;]*; pot (\d+) cells, (\d+) compactions")
 
 
-@pytest.fixture(scope="module")
-def doc(tmp_path_factory):
-    text, _, _ = logbook(n_entries=12)  # ~560 tokens: past a 256-cell pot, inside a 2,048-cell one
-    path = tmp_path_factory.mktemp("chat") / "log.txt"
-    path.write_text(text)
-    return path
+@pytest.fixture
+def doc(logbook_doc):
+    return logbook_doc
 
 
 @pytest.fixture

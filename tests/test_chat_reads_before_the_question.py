@@ -9,18 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cli._session import READ_BEFORE_THE_QUESTION
-from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 
 HINT = READ_BEFORE_THE_QUESTION[:60]
 
 
-@pytest.fixture(scope="module")
-def doc(tmp_path_factory):
-    text, _, _ = logbook(n_entries=12)  # ~560 tokens: past a 256-cell pot, inside a 2,048-cell one
-    path = tmp_path_factory.mktemp("chat") / "log.txt"
-    path.write_text(text)
-    return path
+@pytest.fixture
+def doc(logbook_doc):
+    return logbook_doc
 
 
 def _stderr(args: list[str], smollm2_path) -> str:
