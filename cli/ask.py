@@ -35,6 +35,7 @@ from ._common import (
 )
 from ._options import N_PREDICT_HELP, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources
+from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._sampling import (
     DEFAULTS,
     MinPOpt,
@@ -47,7 +48,6 @@ from ._sampling import (
     make_sampler,
     stops,
 )
-from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._session import new_session, reopen_session, save
 from .reading import read_with_progress
 
