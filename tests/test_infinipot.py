@@ -51,6 +51,41 @@ def test_one_ccd_cycle_matches_appendix_b():
     assert all(top_nuc <= set(keep[l, h].tolist()) for l in range(L) for h in range(H))
 
 
+@pytest.mark.parametrize("pooling", ["maxpool", "avgpool"])
+def test_pooled_cap_takes_an_attended_tokens_neighbours(pooling):
+    """kernel > 1: each cell's CaP score is pooled over the kernel's window of the document's cells
+    (written out below as a loop over each head's cells), the catalyst's cells take no part, and the
+    rest is appendix B on the pooled scores."""
+    rng = np.random.default_rng(11)
+    L, H, n_real, n_cap, C, k = 2, 2, 30, 3, 10, 5
+    positions = np.broadcast_to(np.arange(n_real), (L, H, n_real)).astype(np.int64)
+    logprobs = -rng.exponential(2.0, n_real).astype(np.float32)
+    scores = rng.random((L, H, n_real + n_cap)).astype(np.float32) * 0.1
+    scores[:, :, 12] = 5.0                 # the word the catalyst attends to, digits around it score low
+    scores[:, :, n_real:] = 100.0          # the catalyst's own cells, which must not pool into the last ones
+    full_pos = np.concatenate([positions, -np.ones((L, H, n_cap), dtype=np.int64)], axis=2)
+    pol = InfiniPot(pot=64, keep=C, nuc_ratio=0.3, n_sink=0, kernel=k, pooling=pooling)
+    pol.after_chunk(PotView(L, H, n_real, positions, None, logprobs, np.arange(n_real), n_real))
+    keep = pol.select(PotView(L, H, n_real + n_cap, full_pos, scores, None, np.arange(0), n_real), C)
+    token_loss = -logprobs.astype(np.float64)
+    for l in range(L):
+        for h in range(H):
+            s = scores[l, h, :n_real].astype(np.float64)
+            pooled = np.empty(n_real)
+            for i in range(n_real):
+                window = [s[j] if 0 <= j < n_real else None for j in range(i - k // 2, i + k // 2 + 1)]
+                inside = [w for w in window if w is not None]
+                pooled[i] = max(inside) if pooling == "maxpool" else sum(inside) / k  # zero padding
+            assert keep[l, h].tolist() == _appendix_b_reference(pooled, token_loss, C, round(0.3 * C))
+    # with maxpool the attended word's whole window is kept; without pooling its neighbours are not
+    if pooling == "maxpool":
+        assert set(range(10, 15)) <= set(keep[0, 0].tolist())
+    plain = InfiniPot(pot=64, keep=C, nuc_ratio=0.3, n_sink=0)
+    plain.after_chunk(PotView(L, H, n_real, positions, None, logprobs, np.arange(n_real), n_real))
+    assert not set(range(10, 15)) <= set(plain.select(
+        PotView(L, H, n_real + n_cap, full_pos, scores, None, np.arange(0), n_real), C)[0, 0].tolist())
+
+
 def test_the_first_tokens_stay_in_every_head_as_attention_sinks():
     """SmolLM2 has no BOS: its first tokens are the sinks. With NuC taking half of |C|, a head whose
     catalyst rows gave them little mass used to drop them; now they are kept first, and the rest is
@@ -107,6 +142,8 @@ def test_catalyst_variants_and_question():
     ("infinipot:nuc_ratio=1.5", "within [0, 1]"),
     ("infinipot:cap=X", "cap must be one of"),
     ("infinipot:cap=custom", "needs cap_text"),
+    ("infinipot:kernel=4", "positive odd number"),
+    ("infinipot:pooling=minpool", "pooling must be one of"),
 ])
 def test_nonsense_parameters_are_refused(spec, needle):
     with pytest.raises(KvpotError, match=needle.replace("[", r"\[").replace("]", r"\]")):

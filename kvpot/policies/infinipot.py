@@ -8,6 +8,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.snapkv import POOLINGS, pool1d
 
 # Table 2 of the paper. CaP-Q's row is partly illegible in our copy; we append the question to CaP-G.
 CATALYSTS = {
@@ -38,6 +39,12 @@ class InfiniPot(Policy):
                 the slots NuC leaves go to the most recent tokens, the paper's "CCD w/o CaP")
     cap_text:   the catalyst for cap="custom"
     cr_rope:    CR-RoPE, positions restart at 0..|C|-1 after each distillation (section 3.5)
+    kernel:     not in the paper: CaP's scores pooled over each head's cells in stream order before
+                the selection, as SnapKV's codebase (which the paper's implementation follows) pools its
+                votes, so the neighbours of a token the catalyst attends to go with it: the digits of a
+                code after the words a question shares with it (docs/benchmarks.md, "What loses the
+                digits"). 1 (default): no pooling, the paper's selection; odd numbers above 1 pool.
+    pooling:    "maxpool" (default: a neighbour of an attended token scores as that token) or "avgpool"
     n_sink:     not in the paper: the first n_sink tokens of the stream stay in every head (default 4),
                 StreamingLLM's attention sinks. The paper's models start with a BOS that takes so much
                 attention that CaP keeps it anyway; a model without BOS (SmolLM2) uses its first
@@ -57,6 +64,8 @@ class InfiniPot(Policy):
     cap: str = "auto"
     cap_text: str = ""
     cr_rope: bool = True
+    kernel: int = 1
+    pooling: str = "maxpool"
     n_sink: int = 4
     _question: str | None = field(default=None, init=False, repr=False, compare=False)
     _nuc: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
@@ -73,6 +82,10 @@ class InfiniPot(Policy):
             raise KvpotError(f"infinipot: cap must be one of {', '.join(CAP_CHOICES)}, got {self.cap!r}")
         if self.n_sink < 0:
             raise KvpotError(f"infinipot: n_sink must be >= 0, got {self.n_sink}")
+        if self.kernel < 1 or self.kernel % 2 == 0:
+            raise KvpotError(f"infinipot: kernel must be a positive odd number (1: no pooling), got {self.kernel}")
+        if self.pooling not in POOLINGS:
+            raise KvpotError(f"infinipot: pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.cap == "custom" and not self.cap_text.strip():
             raise KvpotError("infinipot: cap=custom needs cap_text")
 
@@ -166,7 +179,10 @@ class InfiniPot(Policy):
         if n_real <= C:
             raise KvpotError(f"infinipot: the pot holds {n_real} tokens, not more than keep ({C}); raise pot or lower keep")
         nuc = self._padded_nuc(view.n_cells)
-        return select_ccd(view.scores, nuc, view.positions, C, self.nuc_ratio, self.n_sink)
+        scores = view.scores
+        if scores is not None and self.kernel > 1:
+            scores = pool_cap(scores, view.positions, self.kernel, self.pooling)
+        return select_ccd(scores, nuc, view.positions, C, self.nuc_ratio, self.n_sink)
 
     def after_compaction(self, keep: np.ndarray) -> None:
         if self._nuc is not None:
@@ -183,6 +199,16 @@ class InfiniPot(Policy):
             pad = np.zeros(nuc.shape[:2] + (n_cells - nuc.shape[2],), dtype=np.float32)
             nuc = np.concatenate([nuc, pad], axis=2)
         return nuc[:, :, :n_cells]
+
+
+def pool_cap(scores: np.ndarray, positions: np.ndarray, kernel: int, pooling: str) -> np.ndarray:
+    """CaP's scores [L, H, cells] pooled along each head's cells, which hold the stream in order (a
+    distillation keeps cells in order and chunks are appended), over the document's cells only: the
+    catalyst's cells (position -1, after the last chunk) neither pool nor are pooled into."""
+    real = positions >= 0
+    fill = 0.0 if pooling == "avgpool" else -np.inf
+    pooled = pool1d(np.where(real, scores.astype(np.float64), fill), kernel, pooling)
+    return np.where(real, pooled, scores)
 
 
 def select_ccd(scores: np.ndarray | None, nuc: np.ndarray, positions: np.ndarray, keep: int,
