@@ -45,7 +45,7 @@ BENCH_PY    ?= $(BIN)/python
 BENCH_DIR   ?= docs/bench
 BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
-BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-locret bench-edgeinfinite-ppl \
+BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
 	bench-beyond bench-beyond-ask bench-qa-long
@@ -119,6 +119,18 @@ bench-trace: pull-test-models
 	$(call trace,smollm2-135m,,smollm2-2500-1024)
 	$(call trace,smollm2-135m,-P infinipot:nuc_ratio=0,smollm2-2500-1024-nuc0)
 	$(call trace,gemma3-270m,,gemma3-2500-1024)
+
+# the 1.5B model question first through 15 distillations: which digits survive, with CaP's scores pooled
+# (infinipot:kernel=7) and without; then the multikey needle at 16K both ways (about an hour and a half)
+bench-pool: install
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/beyond
+	$(BENCH_PY) -m kvpot.bench.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
+		--json $(BENCH_DIR)/beyond/trace-qwen15-16k-2048.json
+	$(BENCH_PY) -m kvpot.bench.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
+		-P infinipot:kernel=7 --json $(BENCH_DIR)/beyond/trace-qwen15-16k-2048-k7.json
+	$(KVPOT) bench niah -m qwen2.5-coder-1.5b --length 16000 $(D3) --seed 0 --seed 1 -P infinipot \
+		-P infinipot:kernel=7 --budget 2048 -t 2 --json $(BENCH_DIR)/beyond/niah-qwen15-16k-2048-pool.json --resume
 
 # which of a prose needle's digits Locret keeps and where its heads rank them; then the oracle that keeps them
 # (kvpot/bench/locret_trace.py)
