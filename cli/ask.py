@@ -361,8 +361,9 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             continue
         if not line.strip():
             continue
-        if line.startswith("/ask ") or line.strip() == "/ask":
-            line = _ask_again(state, line.strip()[len("/ask"):].strip())
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "/ask":
+            line = _ask_again(state, arg.strip())
             if line is None:
                 continue
         elif line.startswith("/"):
