@@ -249,6 +249,9 @@ bench-infllm-store: pull-test-models bench-texts
 # cells here; --resume keeps them). 7-8 minutes a read at 2048 and 8192 cells, 23 at 32,016: about 2 hours on
 # 2 cores; --resume continues
 BEYOND_METHODS := -P infinipot -P infllm -P locret -P edgeinfinite -P streaming
+# accuracy, reading speed and peak RSS against budget, per method, from both targets' JSON files
+beyond_plot = $(BENCH_PY) -m kvpot.bench.qa_budget $(BENCH_DIR)/beyond/qa-qwen15-48k-*.json \
+	--png $(BENCH_DIR)/beyond/qa-qwen15-48k-budget.png
 bench-beyond: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/beyond
@@ -256,6 +259,7 @@ bench-beyond: install
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-2048.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b $(BEYOND_METHODS) --length 49152 --sample 8 --budget 8192 \
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-8192.json --resume
+	$(beyond_plot)
 
 # The same input as `kvpot ask` reads it: the question known before reading (--per-question), so InfiniPot
 # distills with CaP-Q; one read per question, 9 per policy (about an hour at 2048 cells, 95 minutes at 8192,
@@ -270,6 +274,7 @@ bench-beyond-ask: install
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-8192.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --length 49152 --sample 8 --budget 32016 \
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-32016.json --resume
+	$(beyond_plot)
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
 # model's own head on every row (what the blocks replace), per model, interleaved in one process

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kvpot.bench.process import peak_rss_since_reset_mb, reset_peak_rss
 from kvpot.bench.qa_inputs import build_inputs, doc_tokens
 from kvpot.bench.qa_questions import SET_PATH, load_set, parse_set
 from kvpot.bench.qa_score import contains, exact, normalize
@@ -131,6 +132,8 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
         assert isinstance(r["answer"], str) and isinstance(r["correct"], bool)
     json.dumps(results)  # the JSON the command writes
     assert len({r["read_seconds"] for r in results}) == 1  # one read, both questions asked of it
+    if reset_peak_rss():  # the reading's own peak: at least the weights it read through (tied head: all of them)
+        assert all(r["peak_rss_mib"] >= 0.8 * smollm2_path.stat().st_size / 2**20 for r in results), results
     again: list[dict] = []
     assert run(plan, qs, done=results, on_case=again.append) == results and again == []
     # a case missing from the file is the only one run again
@@ -265,3 +268,46 @@ def test_table_keeps_reads_per_question_and_closed_book_apart():
     assert [(s["policy"], s["per_question"]) for s in lines] == [("infinipot", False), ("infinipot", True), (CLOSED, False)]
     assert [sum(r["correct"] for r in s["tuning"]) for s in lines] == [1, 2, 1]
     assert lines[0]["tok_s"] == 120.0 and lines[2]["tok_s"] is None
+
+
+def test_peak_rss_resets_to_what_the_process_holds_now():
+    """bench qa measures each reading in one process: the peak after a reset is the peak since it."""
+    import numpy as np
+
+    if not reset_peak_rss():
+        pytest.skip("this system cannot reset a process's peak RSS (/proc/self/clear_refs)")
+    before = peak_rss_since_reset_mb()
+    block = np.ones(64 * 2**20 // 8)  # 64 MiB, every page written
+    assert peak_rss_since_reset_mb() >= before + 60
+    del block
+    assert reset_peak_rss() and peak_rss_since_reset_mb() < before + 32
+
+
+def test_budget_lines_count_a_shared_reading_once():
+    """kvpot.bench.qa_budget: one line per method as it read, one point per budget; `-P default` resolved to
+    a policy joins that policy's line, a reading two specs share counts once, and a reading per question
+    is a reading each."""
+    from kvpot.bench.qa import CLOSED
+    from kvpot.bench.qa_budget import points, table
+
+    def case(policy, resolved, budget, qid, correct, per_question=False, secs=100.0, peak=None, task="qa"):
+        return {"model": "m", "policy": policy, "resolved_policy": resolved, "budget": budget, "length": 49152,
+                "input": 0, "id": qid, "task": task, "correct": correct, "per_question": per_question,
+                "tokens": 10_000, "read_seconds": secs, "peak_rss_mib": peak}
+
+    cases = [case("infinipot", "infinipot", 2048, "a", True, peak=900.0),
+             case("infinipot", "infinipot", 2048, "k", False, task="multikey", peak=900.0),
+             case("default", "infinipot", 2048, "a", True, peak=900.0),  # the same reading, named twice
+             case("default", "infinipot", 8192, "a", False, secs=200.0),
+             case("infinipot", "infinipot", 2048, "a", True, per_question=True, secs=50.0, peak=950.0),
+             case("infinipot", "infinipot", 2048, "b", False, per_question=True, secs=150.0, peak=1000.0),
+             case(CLOSED, CLOSED, 7, "a", False, secs=0.1)]
+    lines = points(cases)[("m", 49152)]
+    assert set(lines) == {CLOSED, "infinipot", "infinipot, question first"}
+    assert lines["infinipot"][2048] == {"right": 1, "asked": 1, "multikey": 0, "multikey_asked": 1,
+                                        "tok_s": 100.0, "peak_rss_mib": 900.0, "reads": 1}
+    assert lines["infinipot"][8192]["tok_s"] == 50.0 and lines["infinipot"][8192]["peak_rss_mib"] is None
+    first = lines["infinipot, question first"][2048]
+    assert (first["reads"], first["right"], first["asked"], first["tok_s"], first["peak_rss_mib"]) == (2, 1, 2, 100.0, 1000.0)
+    assert lines[CLOSED][7]["tok_s"] is None
+    assert "| m | 49,152 | infinipot | 8,192 | 0/1 | 0/0 | 50 | - |" in table(points(cases)).splitlines()

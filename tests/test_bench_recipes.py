@@ -21,7 +21,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpot.bench import curve, locret_hidden, locret_trace, needle_trace, nuc_head, store_cost, texts
+from kvpot.bench import curve, locret_hidden, locret_trace, needle_trace, nuc_head, qa_budget, store_cost, texts
 from kvpot.bench.qa import CLOSED as QA_CLOSED
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 TARGETS = sorted(set(re.findall(r"^(bench-[\w-]+):", (REPO / "Makefile").read_text(), re.M)))
 PY_RECIPES = {"kvpot.bench.curve": curve, "kvpot.bench.needle_trace": needle_trace,
               "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost,
-              "kvpot.bench.nuc_head": nuc_head, "kvpot.bench.locret_trace": locret_trace}
+              "kvpot.bench.nuc_head": nuc_head, "kvpot.bench.locret_trace": locret_trace,
+              "kvpot.bench.qa_budget": qa_budget}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
 runner = CliRunner()

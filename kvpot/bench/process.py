@@ -35,3 +35,29 @@ def rss_mb() -> float | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return None
+
+
+def reset_peak_rss() -> bool:
+    """Set this process's peak resident memory (VmHWM) back to what it holds now, so that a later
+    peak_rss_since_reset_mb() is the peak of what ran in between: one process can then measure each of
+    several readings in turn. Linux 4.0 and later (also Android): writing 5 to /proc/self/clear_refs
+    resets only that figure. False where it cannot (macOS, an older kernel, no /proc)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_reset_mb() -> float | None:
+    """The peak resident memory since the last reset_peak_rss() (VmHWM, /proc/self/status), in MiB;
+    None where /proc does not tell it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -138,6 +138,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path):
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
                readings: dict[tuple, dict[str, dict]], frame: str):
+    from kvpot.bench.process import peak_rss_since_reset_mb, reset_peak_rss
     from kvpot.ingest import collect_sources
     from kvpot.session.session import Session
 
@@ -163,6 +164,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
         return
     reads = [[a] for a in todo] if plan.per_question and not full else [todo]
     for asks in reads:
+        measured = reset_peak_rss()  # this reading's peak: the model's load and the read, weights included
         with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once
             if len(asks) == 1 and plan.per_question:
                 s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
@@ -170,7 +172,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
             st = s.stats()
             read = {"resolved_policy": resolved if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
                     "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
-                    "compactions": st["compactions"]}
+                    "compactions": st["compactions"],
+                    "peak_rss_mib": _rounded(peak_rss_since_reset_mb() if measured else None)}
             for i, a in enumerate(asks):
                 if i:
                     s.reset_conversation()
@@ -180,6 +183,10 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                        "correct": contains(answer, list(a.refs), a.question),
                        "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False,
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _rounded(mib: float | None) -> float | None:
+    return None if mib is None else round(mib, 1)
 
 
 def _ask_fields(a) -> dict:

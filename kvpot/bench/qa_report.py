@@ -35,13 +35,16 @@ def summary(results: list[dict]) -> list[dict]:
                     "tuning": [r for r in qa if not r["heldout"]], "heldout": [r for r in qa if r["heldout"]],
                     "multikey": [r for r in ran if r["task"] == "multikey"],
                     "tok_s": sum(r["tokens"] for r in reads) / secs if secs else None,
+                    # the largest of its readings' peaks (recorded since bench qa measures each reading)
+                    "peak_rss_mib": max((r["peak_rss_mib"] for r in ran if r.get("peak_rss_mib")), default=None),
                     "skipped": len(rows) - len(ran)})
     return out
 
 
 def qa_table(results: list[dict]) -> Table:
     t = Table(title="answer quality on real documents (kvpot bench qa): share answered correctly")
-    for col in ("model", "policy", "length", "not held out", "held out", "all", "exact", "multi-key", "read tok/s"):
+    for col in ("model", "policy", "length", "not held out", "held out", "all", "exact", "multi-key", "read tok/s",
+                "peak RSS MiB"):
         t.add_column(col, justify="left" if col in ("model", "policy") else "right")
     for s in summary(results):
         qa = s["tuning"] + s["heldout"]
@@ -51,5 +54,6 @@ def qa_table(results: list[dict]) -> Table:
         if s["skipped"]:
             policy += f", {s['skipped']} skipped"
         t.add_row(s["model"], policy, f"{s['length']:,}", _share(s["tuning"]), _share(s["heldout"]), _share(qa),
-                  _share(qa, "exact"), _share(s["multikey"]), f"{s['tok_s']:.0f}" if s["tok_s"] else "-")
+                  _share(qa, "exact"), _share(s["multikey"]), f"{s['tok_s']:.0f}" if s["tok_s"] else "-",
+                  f"{s['peak_rss_mib']:,.0f}" if s["peak_rss_mib"] else "-")
     return t
