@@ -263,7 +263,8 @@ bench-beyond: install
 
 # The same input as `kvpot ask` reads it: the question known before reading (--per-question), so InfiniPot
 # distills with CaP-Q; one read per question, 9 per policy (about an hour at 2048 cells, 95 minutes at 8192,
-# 3.5 hours at 32,016: the largest pot a 24 GiB machine holds for this input, the former default). The other
+# 3.5 hours at 32,016: the largest pot a 24 GiB machine holds for this input, the former default; 16,384
+# between them). The other
 # methods do not read differently for a known question: bench-beyond is theirs
 bench-beyond-ask: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
@@ -272,6 +273,8 @@ bench-beyond-ask: install
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-2048.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --length 49152 --sample 8 --budget 8192 \
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-8192.json --resume
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --length 49152 --sample 8 --budget 16384 \
+		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-16384.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --length 49152 --sample 8 --budget 32016 \
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-32016.json --resume
 	$(beyond_plot)
