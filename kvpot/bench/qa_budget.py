@@ -98,6 +98,9 @@ def plot(pts: dict, png: Path) -> None:
             style = dict(marker="o", color=colors[n % len(colors)], label=f"{where}: {m}")
             n += 1
             ax_acc.plot(xs, [p["right"] / p["asked"] for p in by_budget.values()], **style)
+            for x, p in by_budget.items():  # the counts: a line still running has fewer questions asked
+                ax_acc.annotate(f"{p['right']}/{p['asked']}", (x, p["right"] / p["asked"]), fontsize=6,
+                                xytext=(4, 3), textcoords="offset points", color=style["color"])
             speed = [(x, p["tok_s"]) for x, p in by_budget.items() if p["tok_s"]]
             if speed:
                 ax_speed.plot(*zip(*speed), **style)
@@ -111,7 +114,7 @@ def plot(pts: dict, png: Path) -> None:
         ax.set_xlabel("budget (cells in the pot)")
     ax_acc.set_ylim(-0.05, 1.05)
     ax_acc.set_ylabel("share of questions answered")
-    ax_acc.set_title("questions answered (dashed: closed book)", fontsize=9)
+    ax_acc.set_title("questions answered, right/asked beside each point (dashed: closed book)", fontsize=9)
     ax_speed.set_ylabel("tokens read per second")
     ax_speed.set_title("reading speed", fontsize=9)
     ax_rss.set_ylabel("MiB")
