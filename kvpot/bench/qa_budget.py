@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kvpot.bench.qa import CLOSED
+from kvpot.bench.qa_report import readings
 
 
 def method(r: dict) -> str:
@@ -51,8 +52,7 @@ def points(cases: list[dict]) -> dict:
 def _point(rows: list[dict]) -> dict:
     qa = [r for r in rows if r["task"] == "qa"]
     mk = [r for r in rows if r["task"] == "multikey"]
-    # a reading is an input, or an input and a question where each question was read for
-    reads = {(r["input"], r["id"] if r.get("per_question") else None): r for r in rows}.values()
+    reads = readings(rows)
     secs = sum(r["read_seconds"] for r in reads)
     peaks = [r["peak_rss_mib"] for r in reads if r.get("peak_rss_mib")]
     return {"right": sum(r["correct"] for r in qa), "asked": len(qa),

@@ -12,6 +12,12 @@ def _share(rows: list[dict], key: str = "correct") -> str:
         if rows else "-"
 
 
+def readings(rows: list[dict]) -> list[dict]:
+    """One case per reading: an input, or an input and a question where each question was read for
+    (--per-question); every case of a reading carries its tokens, seconds and peak."""
+    return list({(r["input"], r["id"] if r.get("per_question") else None): r for r in rows}.values())
+
+
 def summary(results: list[dict]) -> list[dict]:
     """One line per (model, policy, length, read per question or not), in the order the cases were run."""
     def key(r: dict) -> tuple:
@@ -27,7 +33,7 @@ def summary(results: list[dict]) -> list[dict]:
         rows = [r for r in results if key(r) == k]
         ran = [r for r in rows if "skipped" not in r]
         qa = [r for r in ran if r["task"] == "qa"]
-        reads = {r["input"]: r for r in ran}.values()  # one read per input (shared by its questions)
+        reads = readings(ran)
         # closed book reads one line, not the input: no reading speed to show
         secs = sum(r["read_seconds"] for r in reads) if policy != CLOSED else 0
         out.append({"model": model, "policy": policy, "length": length, "per_question": per_question,
