@@ -311,3 +311,15 @@ def test_budget_lines_count_a_shared_reading_once():
     assert (first["reads"], first["right"], first["asked"], first["tok_s"], first["peak_rss_mib"]) == (2, 1, 2, 100.0, 1000.0)
     assert lines[CLOSED][7]["tok_s"] is None
     assert "| m | 49,152 | infinipot | 8,192 | 0/1 | 0/0 | 50 | - |" in table(points(cases)).splitlines()
+
+
+def test_budget_plot_refuses_what_is_not_bench_qa_json_in_one_line(tmp_path, capsys):
+    from kvpot.bench.qa_budget import main
+
+    bad = tmp_path / "bad.json"
+    for text in ("{}", "not json", '[{"answer": "x"}]'):
+        bad.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            main([str(bad), "--png", str(tmp_path / "p.png")])
+        assert e.value.code == 2 and str(bad) in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()

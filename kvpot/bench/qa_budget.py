@@ -28,9 +28,17 @@ def method(r: dict) -> str:
 
 
 def load(files: list[Path]) -> list[dict]:
+    """The cases of every file, skipped ones left out; ValueError names a file that is not bench qa's JSON."""
     cases: list[dict] = []
     for f in files:
-        cases += [r for r in json.loads(f.read_text()) if "skipped" not in r]
+        try:
+            rows = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{f}: cannot read it as JSON ({e})") from None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and ("resolved_policy" in r or "skipped" in r)
+                                                 for r in rows):
+            raise ValueError(f"{f}: not the JSON `kvpot bench qa --json` writes (a list of cases)")
+        cases += [r for r in rows if "skipped" not in r]
     return cases
 
 
@@ -135,8 +143,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parser().parse_args(argv)
-    pts = points(load(a.files))
+    ap = parser()
+    a = ap.parse_args(argv)
+    try:
+        pts = points(load(a.files))
+    except ValueError as e:
+        ap.error(str(e))  # one line and exit status 2
     print(table(pts))
     plot(pts, a.png)
 
