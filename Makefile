@@ -47,7 +47,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
 	bench-beyond bench-beyond-ask bench-qa-long
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
@@ -286,6 +286,14 @@ bench-nuc-head: pull-test-models
 	mkdir -p $(BENCH_DIR)/nuc
 	$(BENCH_PY) -m kvpot.bench.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b -m qwen2.5-coder-1.5b --rounds 5 \
 		--json $(BENCH_DIR)/nuc/head-share.json
+
+# Whether NuC could run the output head on the first N vocabulary ids only: how many of the cells NuC
+# takes from each 2048-cell pot a shortlist would still take, per model and text (8,192 tokens, stock
+# llama.cpp with every row's logits; minutes per model)
+bench-nuc-shortlist: pull-test-models
+	mkdir -p $(BENCH_DIR)/nuc
+	$(BENCH_PY) -m kvpot.bench.nuc_shortlist -m gemma3-270m -m qwen2.5-coder-0.5b --text manual --text code \
+		--json $(BENCH_DIR)/nuc/shortlist.json
 
 # How often `--sources` names the needle's passage first (issue 33): the passkey grid at 8K and 32K,
 # 2048 cells, every method beside full attention; source@1 per policy in the table

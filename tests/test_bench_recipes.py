@@ -17,11 +17,22 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpot.bench import curve, locret_hidden, locret_trace, needle_trace, nuc_head, qa_budget, store_cost, texts
+from kvpot.bench import (
+    curve,
+    locret_hidden,
+    locret_trace,
+    needle_trace,
+    nuc_head,
+    nuc_shortlist,
+    qa_budget,
+    store_cost,
+    texts,
+)
 from kvpot.bench.qa import CLOSED as QA_CLOSED
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
@@ -33,7 +44,8 @@ TARGETS = sorted(set(re.findall(r"^(bench-[\w-]+):", (REPO / "Makefile").read_te
 PY_RECIPES = {"kvpot.bench.curve": curve, "kvpot.bench.needle_trace": needle_trace,
               "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost,
               "kvpot.bench.nuc_head": nuc_head, "kvpot.bench.locret_trace": locret_trace,
-              "kvpot.bench.qa_budget": qa_budget}
+              "kvpot.bench.qa_budget": qa_budget,
+              "kvpot.bench.nuc_shortlist": nuc_shortlist}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
 runner = CliRunner()
@@ -242,3 +254,34 @@ def test_nuc_head_times_each_mode_on_a_small_chunk(tmp_path, smollm2_path):
     med = row["median"]
     assert row["nuc_share"] == (med[nuc_head.MODES[1]] - med[nuc_head.MODES[0]]) / med[nuc_head.MODES[1]]
     assert row["blocks_vs_model_head"] == med[nuc_head.MODES[1]] / med[nuc_head.MODES[2]]
+
+
+def test_nuc_shortlist_logprob_against_the_set_it_sums():
+    """The shortlist's log p is the target's logit less the log-sum-exp over ids [0, N) and the target,
+    checked against that set written out; with N = the vocabulary it is log_softmax."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 4, (6, 50)).astype(np.float32)
+    tgt = np.array([0, 3, 9, 10, 33, 49])
+    for n in (1, 10, 25, 50):
+        got = nuc_shortlist.shortlist_logprob(z, tgt, n)
+        for r, t in enumerate(tgt):
+            ids = sorted(set(range(n)) | {int(t)})
+            want = float(z[r, t]) - np.logaddexp.reduce(z[r, ids].astype(np.float64))
+            assert got[r] == pytest.approx(want, abs=1e-9)
+    full = z.astype(np.float64) - np.logaddexp.reduce(z.astype(np.float64), axis=1, keepdims=True)
+    np.testing.assert_allclose(nuc_shortlist.shortlist_logprob(z, tgt, 50), full[np.arange(6), tgt], atol=1e-9)
+
+
+def test_nuc_shortlist_on_a_small_read(tmp_path, smollm2_path):
+    """kvpot.bench.nuc_shortlist on SmolLM2 over 384 tokens of the manual: the whole vocabulary keeps every
+    cell NuC takes and moves no log p; a 4,096-id shortlist moves some and keeps a share within [0, 1]."""
+    out = tmp_path / "shortlist.json"
+    nuc_shortlist.main(["-m", "smollm2-135m", "--text", "manual", "--tokens", "384", "--budget", "128",
+                        "--chunk", "128", "--shortlist", "4096", "--shortlist", "1000000", "--json", str(out)])
+    (r,) = json.loads(out.read_text())
+    assert r["t"] == 32 and r["windows"] == 5
+    short, whole = r["rows"]
+    assert whole["shortlist"] == r["n_vocab"] and whole["head_share"] == 1.0
+    assert whole["nuc_kept_min"] == 1.0 and whole["dlogp_p95"] == 0.0 and whole["targets_outside"] == 0.0
+    assert short["shortlist"] == 4096 and 0 < short["targets_outside"] < 1 and short["dlogp_median"] > 0
+    assert 0 <= short["nuc_kept_min"] <= short["nuc_kept_mean"] <= 1
