@@ -139,3 +139,8 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     free = 512 * 2**20 + facts.file_bytes + (1 << 20) * 64
     small = plan(False, DeviceMemory(free, "RAM"))
     assert 256 <= small.settings.budget < 1024 and "all the device holds" in small.note
+    # measured only as `kvpot ask` reads (the 0.5B Qwen model): chat keeps the largest pot
+    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=None,
+                                                       beyond_window_pot_asked=1536))
+    assert plan(False).settings.budget == largest
+    assert plan(False, question_first=True).settings.budget == 1536
