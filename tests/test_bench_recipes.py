@@ -285,3 +285,11 @@ def test_nuc_shortlist_on_a_small_read(tmp_path, smollm2_path):
     assert whole["nuc_kept_min"] == 1.0 and whole["dlogp_p95"] == 0.0 and whole["targets_outside"] == 0.0
     assert short["shortlist"] == 4096 and 0 < short["targets_outside"] < 1 and short["dlogp_median"] > 0
     assert 0 <= short["nuc_kept_min"] <= short["nuc_kept_mean"] <= 1
+
+
+def test_nuc_shortlist_refuses_bad_input_in_one_line(capsys):
+    """An unknown model or a window larger than the text read ends in one line, before any model loads."""
+    with pytest.raises(SystemExit, match="unknown model 'no-such-model'"):
+        nuc_shortlist.main(["-m", "no-such-model"])
+    with pytest.raises(SystemExit, match="--budget must be within"):
+        nuc_shortlist.main(["--tokens", "512", "--budget", "2048"])

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.bench.texts import SMALL_FILE, manual_text, stdlib_code
+from kvpot.errors import KvpotError
 from kvpot.models.resolve import resolve_model
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 
@@ -104,11 +105,16 @@ def measure(name: str, text: str, tokens: int, budget: int, nuc_ratio: float, sh
 
 def main(argv: list[str] | None = None) -> None:
     a = parser().parse_args(argv)
+    if not 4 <= a.budget <= a.tokens or min(a.shortlist or SHORTLISTS) < 1 or a.chunk < 1:
+        raise SystemExit("nuc_shortlist: --budget must be within [4, --tokens], --shortlist and --chunk at least 1")
     out = []
     for name in a.model or ["gemma3-270m"]:
         for text in a.text or ["manual"]:
-            r = measure(name, text, a.tokens, a.budget, a.nuc_ratio, a.shortlist or list(SHORTLISTS),
-                        a.chunk, a.threads)
+            try:
+                r = measure(name, text, a.tokens, a.budget, a.nuc_ratio, a.shortlist or list(SHORTLISTS),
+                            a.chunk, a.threads)
+            except KvpotError as e:
+                raise SystemExit(f"nuc_shortlist: {e}") from None
             out.append(r)
             for row in r["rows"]:
                 print(f"{name:20s} {text:6s} N={row['shortlist']:6d} ({row['head_share']:.3f} of the head): "
