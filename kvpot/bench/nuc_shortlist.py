@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
 
 def shortlist_logprob(logits: np.ndarray, targets: np.ndarray, n: int) -> np.ndarray:
     """log p of each row's target with the normalizer over ids [0, n) and the target: [rows, V] -> [rows]."""
-    z = logits.astype(np.float64)
+    z = np.asarray(logits, dtype=np.float64)  # no copy when the caller converted once for every N
     rows = np.arange(len(targets))
     zt = z[rows, targets]
     head = z[:, :n]
@@ -78,7 +78,7 @@ def measure(name: str, text: str, tokens: int, budget: int, nuc_ratio: float, sh
             for p0 in range(0, tokens, chunk):
                 n_rows = min(chunk, tokens - p0)
                 ctx.decode(toks[p0:p0 + n_rows].tolist(), p0, logits="all")
-                z = np.stack([ctx.logits_row(i) for i in range(n_rows)])
+                z = np.stack([ctx.logits_row(i) for i in range(n_rows)]).astype(np.float64)
                 tgt = toks[p0 + 1:p0 + n_rows + 1]
                 exact.append(shortlist_logprob(z, tgt, V))
                 for n in ns:
