@@ -16,6 +16,7 @@ from kvpot.ingest.sources import STDIN, stdin_is_piped
 from kvpot.models.choose import default_model
 from kvpot.models.registry import KNOWN
 from kvpot.safe_write import resolve_target
+from kvpot.session.beyond_window import measured_sizes
 from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
@@ -55,9 +56,9 @@ MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved 
               "else the most capable downloaded model this device holds, said on stderr)")
 POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in `infinipot:pot=4096,keep=2048`; "
                "by default full attention (stock llama.cpp's computation) when the input fits the device and the "
-               "model's trained context, else infinipot at the largest budget the device holds (for a model "
-               "measured past the window, the budget that answered best there: for qwen2.5-coder-1.5b 8,192 cells "
-               "for ask, which knows the question before reading, and 2,048 for chat)")
+               "model's trained context, else infinipot at the largest budget the device holds, or, for a model "
+               "measured past the window, the budget that answered best there (ask knows the question before "
+               f"reading, chat does not): {measured_sizes()}")
 
 # the options ask and chat share (Typer reads type and help from these annotations)
 # str, not Path: Path("") would read as "." and an empty path could not be told apart
@@ -175,7 +176,7 @@ def ask(
 ) -> None:
     """Read files of any length, then answer one question about them.
 
-    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (8,192 cells for qwen2.5-coder-1.5b: docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
+    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (see --policy and docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
     """
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading

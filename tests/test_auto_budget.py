@@ -144,3 +144,22 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
                                                        beyond_window_pot_asked=1536))
     assert plan(False).settings.budget == largest
     assert plan(False, question_first=True).settings.budget == 1536
+
+
+def test_help_names_the_measured_pots_the_registry_holds(monkeypatch):
+    """`kvpot ask --help` names each measured model's pots as the registry has them, so a size changed there
+    is said in the help too; a model with none is not named."""
+    from dataclasses import replace
+
+    from kvpot.models.registry import KNOWN
+    from kvpot.session.beyond_window import measured_sizes
+
+    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
+                                                       beyond_window_pot_asked=1536))
+    monkeypatch.setitem(KNOWN, "gemma3-270m", replace(KNOWN["gemma3-270m"], beyond_window_pot=None,
+                                                      beyond_window_pot_asked=3072))
+    said = measured_sizes().split("; ")
+    assert "smollm2-135m 1,536 cells for ask and 1,024 cells for chat" in said
+    assert "gemma3-270m 3,072 cells for ask" in said
+    measured = [k for k in KNOWN.values() if k.beyond_window_pot or k.beyond_window_pot_asked]
+    assert len(said) == len(measured)

@@ -39,6 +39,20 @@ def measured_pot(facts: ModelFacts, question_first: bool = False) -> int | None:
     return next((pot(k) for k in candidates if k.sha256 == sha), None)
 
 
+def measured_sizes() -> str:
+    """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 8,192 cells for ask and 2,048
+    for chat; ..."), written from the registry so the help says what the code does."""
+    from kvpot.models.registry import KNOWN
+
+    said = []
+    for k in KNOWN.values():
+        parts = [f"{pot:,} cells for {cmd}" for cmd, pot in (("ask", k.beyond_window_pot_asked),
+                                                              ("chat", k.beyond_window_pot)) if pot]
+        if parts:
+            said.append(f"{k.name} {' and '.join(parts)}")
+    return "; ".join(said)
+
+
 def default_pot(largest: int, measured: int, question_first: bool = False) -> tuple[int, str]:
     """The default path's pot for a device that holds `largest` cells of pot and a model measured best at
     `measured`, and why, for stderr."""
