@@ -79,6 +79,19 @@ def _remove_own_store(path: str) -> None:
         pass
 
 
+def _store_prefix(path: str, length: int, what: str):
+    """The first `length` bytes of a block store, 1 MiB at a time (the store outgrows memory on long
+    reads); a store shorter than that is refused, naming what it should hold (`what`)."""
+    with open(path, "rb") as f:
+        left = length
+        while left > 0:
+            piece = f.read(min(left, 1 << 20))
+            if not piece:
+                raise KvpotError(f"block store {path} is shorter than {what}")
+            yield piece
+            left -= len(piece)
+
+
 def default_split(budget: int, chunk: int) -> dict[str, int]:
     """The parameters `fit` fills in, scaled from the public configuration for kvpot's budgets (the
     small test models run at 1-4K cells): initial tokens 1/32 of the budget (4..128), blocks of 128
@@ -515,14 +528,9 @@ class InfLLM(Policy):
         length = 64 + self._store_blocks * info.n_layer * info.record_bytes
         dst = new_store_path()
         try:
-            with open(self._store_path, "rb") as fin, open(dst, "xb") as fout:
-                left = length
-                while left > 0:
-                    piece = fin.read(min(left, 1 << 20))
-                    if not piece:
-                        raise KvpotError(f"block store {self._store_path} is shorter than the saved context's blocks")
+            with open(dst, "xb") as fout:
+                for piece in _store_prefix(self._store_path, length, "the saved context's blocks"):
                     fout.write(piece)
-                    left -= len(piece)
             store = BlockStore(dst, max_cached=self._p("max_cached_block"))
         except OSError as e:
             _remove_own_store(str(dst))
@@ -615,14 +623,9 @@ class InfLLM(Policy):
             self._blocks.sync()
             info = self._blocks.info()
             h = hashlib.sha256()
-            with open(self._store_path, "rb") as f:
-                left = 64 + self._store_blocks * info.n_layer * info.record_bytes
-                while left > 0:
-                    piece = f.read(min(left, 1 << 20))
-                    if not piece:
-                        raise KvpotError(f"block store {self._store_path} is shorter than the blocks written to it")
-                    h.update(piece)
-                    left -= len(piece)
+            length = 64 + self._store_blocks * info.n_layer * info.record_bytes
+            for piece in _store_prefix(self._store_path, length, "the blocks written to it"):
+                h.update(piece)
             self._store_hash = h.hexdigest()
         return self._store_hash or ""
 
