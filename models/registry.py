@@ -137,10 +137,8 @@ QWEN25_CODER_05B = KnownModel(
     adapters={"locret": "qwen2.5-coder-0.5b.locret.gguf", "edgeinfinite": "qwen2.5-coder-0.5b.edgeinfinite.gguf"},
     size_bytes=491_400_064,
     rank=3,
-    # read as `kvpot ask` reads, 2,048 cells answered 3/8 at 48K (3/6 not held out) where the largest pot
-    # read as chat reads answered 2/8 (1/6) at a third of the speed; read as chat reads, the largest answered
-    # more than 2,048 cells (2/8 against 1/8), so chat keeps it
-    beyond_window_pot_asked=2048,
+    # past the window it keeps the largest pot: question first at 48K it answered 4/8 against 3/8 at 2,048
+    # cells, and read as chat reads 2/8 against 1/8 (docs/benchmarks.md, Beyond the window)
     expect=("good short answers in full sentences (the demo's hidden code at 2,048 cells); under half the 1.5B "
             "model's memory"),
 )
