@@ -39,7 +39,7 @@ def measured_pot(facts: ModelFacts, question_first: bool = False) -> int | None:
 
 
 def measured_sizes() -> str:
-    """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 8,192 cells for ask and 2,048
+    """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 8,192 cells for ask and 2,048 cells
     for chat; ..."), written from the registry so the help says what the code does."""
     from kvpot.models.registry import KNOWN
 
