@@ -45,7 +45,8 @@ def parse_budget(raw: str | None) -> int | str | None:
         raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
 
 
-def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens) -> tuple[RunSettings, Policy]:
+def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
+                 flash_attn=None) -> tuple[RunSettings, Policy]:
     """The options merged over the config file and the model's registry defaults, checked, with the
     policy they name: built once, here, and the one the session runs. A bad spec is refused before the
     model loads, and so is a budget the policy cannot honour (fitted to it, naming where the budget
@@ -54,7 +55,7 @@ def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens)
     check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
     known = KNOWN.get(model)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
-           "max_tokens": max_tokens}
+           "max_tokens": max_tokens, "flash_attn": flash_attn}
     return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, cli)
 
 

@@ -83,6 +83,12 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", metavar="N", show_de
 PromptFormatOpt = Annotated[str, typer.Option(
     "--prompt-format", metavar="auto|chat|completion", show_default="the model's, else auto",
     help="auto: the model's chat template if it has one; chat; or completion (plain text)")]
+# llama.cpp's -fa/--flash-attn takes on|off|auto; kvpot's on is what auto resolves to on a CPU
+FlashAttnOpt = Annotated[str, typer.Option(
+    "--flash-attn", "-fa", metavar="on|off", show_default=RunSettings.flash_attn,
+    help="flash attention: on holds no score matrix over the context's cells, so the same memory holds two to "
+         "five times the cells (its speed differs by model and CPU: docs/benchmarks.md); a saved context "
+         "reopens as it was read")]
 NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
                                           help=N_PREDICT_HELP)]
 # folder inputs: any number of --glob and --exclude patterns (each one given adds to the others)
@@ -160,6 +166,7 @@ def ask(
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
+    flash_attn: FlashAttnOpt = None,
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
@@ -189,7 +196,8 @@ def ask(
         inputs = [STDIN]  # `cat notes.txt | kvpot ask "QUESTION"`: the pipe is the document, as in llm
     if not question.strip():
         raise KvpotError("the question is empty")
-    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
+    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
+                flash_attn=flash_attn)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
                        "pass the files to read before the question, or - to read stdin (or --context PATH)",
                        exclude=exclude, verbose=verbose, **opts) as session:
@@ -308,6 +316,7 @@ def chat(
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
+    flash_attn: FlashAttnOpt = None,
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
@@ -334,7 +343,8 @@ def chat(
     inputs = inputs or []
     if "-" in inputs:
         raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
-    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens)
+    opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
+                flash_attn=flash_attn)
     session = _open_session(inputs, None, context, save_context, rpc, model, glob,
                             "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose, **opts)
     # /ask reads the same files with the same options and model (a registry name, else its path)

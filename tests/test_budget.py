@@ -185,3 +185,19 @@ def test_budget_auto_plans_with_the_memory_of_the_devices_holding_the_layers(mon
     assert ram.where == "RAM" and ram.free_bytes != CPU.free_bytes  # the OS's figure, not the CPU device's
     monkeypatch.setenv(MEMORY_ENV, str(3 << 30))  # the user's figure wins over any probe
     assert device_memory(gpus).free_bytes == 3 << 30
+
+
+def test_flash_attention_plans_no_scores_over_the_cells():
+    """With flash attention (ask's default) a step's attention over the cells is only the f16 mask's
+    column (chunk x 2 bytes a cell), not the scores and their softmax in every head (2 x heads x chunk
+    x 4 bytes): written out for SmolLM2's shape, the plan without a trained-context cap holds that much
+    more."""
+    facts = smol_like(n_ctx_train=10**7)
+    mem = DeviceMemory(GiB, "RAM")
+    without = plan_cells(facts, mem, 512, 1).cells
+    with_fa = plan_cells(facts, mem, 512, 1, flash_attn=True).cells
+    kv_cell = 30 * 3 * (64 + 64) * 2
+    usable_without = without * (kv_cell + 2 * 9 * 512 * 4)  # what the plan spent on cells, within one cell
+    assert with_fa == pytest.approx(usable_without / (kv_cell + 512 * 2), abs=usable_without / without / kv_cell + 1)
+    assert with_fa > 2 * without  # SmolLM2: 22.5 KiB of KV a cell against 36 KiB of scores
+    assert "at 23.5 KiB per cell" in plan_cells(facts, mem, 512, 1, flash_attn=True).reason

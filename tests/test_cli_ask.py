@@ -45,6 +45,39 @@ def test_ask_on_a_saved_context_answers_the_same(saved, doc):
     assert res.stdout == first
 
 
+def test_a_context_saved_before_flash_attention_was_a_setting_reopens_without_it(doc, tmp_path):
+    """Contexts saved before kvpot read with flash attention hold V transposed (llama.cpp's layout
+    without it) and no flash_attn setting: they must reopen as they were read, and answer the same. One
+    read with --flash-attn off, its header rewritten as such a kvpot wrote it, reopens; the same file
+    saved with flash attention on answers after reopening as it did before saving."""
+    from kvpot.session.context_file import read_context, write_context
+
+    path, question, _ = doc
+    answers = {}
+    for fa in ("off", "on"):
+        ctx = tmp_path / f"fa-{fa}.kvctx"
+        res = runner.invoke(app, ["ask", str(path), question, "--save-context", str(ctx), "--flash-attn", fa, *FAST])
+        assert res.exit_code == 0, res.output
+        saved = read_context(ctx)
+        assert saved.header["settings"]["flash_attn"] == fa
+        answers[fa] = res.stdout
+        if fa == "off":
+            del saved.header["settings"]["flash_attn"]
+            write_context(ctx, saved)
+            assert "flash_attn" not in ctx.read_bytes()[:4096].decode("latin-1")
+        again = runner.invoke(app, ["ask", "--context", str(ctx), question])
+        assert again.exit_code == 0, again.output
+        assert again.stdout == res.stdout
+    assert answers["on"].strip() and answers["off"].strip()
+
+
+def test_a_bad_flash_attention_value_is_one_line(doc):
+    path, question, _ = doc
+    res = runner.invoke(app, ["ask", str(path), question, "--flash-attn", "auto", *FAST])
+    assert res.exit_code == 1
+    assert_one_line_error(res.stderr, "--flash-attn must be one of on, off, got 'auto'")
+
+
 def test_a_long_question_shows_progress(doc):
     """A question longer than the free cells is read through the pot like a document, and says so."""
     path, question, _ = doc

@@ -9,6 +9,10 @@ from dataclasses import asdict
 from kvpot.bench.niah import read_and_ask
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
+from kvpot.session.settings import RunSettings
+
+# the grids read as `kvpot ask` does with its defaults
+FLASH_ATTN = RunSettings.flash_attn == "on"
 
 # cells a full-attention case holds past the haystack's nominal length: the tokenizer's overshoot
 # (a haystack may come out a few tokens longer than asked), the question and the answer
@@ -30,7 +34,8 @@ def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: li
             if not todo:
                 continue
             cells = n + FULL_ROOM if spec.strip() == "full" else budget
-            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads))
+            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads,
+                                                                  flash_attn=FLASH_ATTN))
             try:
                 for depth, seed in todo:
                     r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task, sources=sources))
@@ -47,7 +52,7 @@ def case_key(r: dict) -> tuple:
 
 def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: int, threads: int) -> dict:
     eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
-                                                              measure_nll=True))
+                                                              flash_attn=FLASH_ATTN, measure_nll=True))
     try:
         t0 = time.perf_counter()
         eng.feed(tokens)

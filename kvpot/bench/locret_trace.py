@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 
+from kvpot.bench.grid import FLASH_ATTN
 from kvpot.bench.haystack import make_prose_haystack
 from kvpot.bench.needle_trace import needle_digits
 from kvpot.engine import Engine, EngineConfig
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
     policy = make_policy(a.policy)
     if policy.name != "locret":
         raise SystemExit(f"locret_trace traces Locret, not {policy.name}")
-    eng = Engine(str(facts.path), policy, EngineConfig(budget=a.budget, chunk=a.chunk, n_threads=a.threads))
+    eng = Engine(str(facts.path), policy, EngineConfig(budget=a.budget, chunk=a.chunk, n_threads=a.threads,
+                                                                   flash_attn=FLASH_ATTN))
     hay = make_prose_haystack(lambda t: len(eng.model.tokenize(t)), a.length, a.depth, a.seed, n_keys=1)
     doc = eng.model.tokenize(hay.text)
     first = len(eng.model.bos())  # the stream position of the document's first token

@@ -17,6 +17,7 @@ import json
 
 import numpy as np
 
+from kvpot.bench.grid import FLASH_ATTN
 from kvpot.bench.haystack import make_prose_haystack
 from kvpot.bench.niah import TASKS
 from kvpot.engine import Engine, EngineConfig
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
 
     facts, _ = resolve_model(a.model)
     policy = make_policy(a.policy)
-    eng = Engine(str(facts.path), policy, EngineConfig(budget=a.budget, chunk=a.chunk, n_threads=a.threads))
+    eng = Engine(str(facts.path), policy, EngineConfig(budget=a.budget, chunk=a.chunk, n_threads=a.threads,
+                                                                   flash_attn=FLASH_ATTN))
     hay = make_prose_haystack(lambda t: len(eng.model.tokenize(t)), a.length, a.depth, a.seed, n_keys=TASKS[a.task])
     doc = eng.model.tokenize(hay.text)
     digits_doc = needle_digits(eng.model, hay.text, hay.needles[0].text, hay.key)

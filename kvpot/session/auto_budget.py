@@ -9,11 +9,13 @@ load time (the CPU's repacked layouts) do not keep their mapped pages: kvpot giv
 as the loader copies weights out of them (kvpot_load_progress_release) and those of the copied weights
 again once loading ends (LlamaModel.release_copied), so nothing is counted twice, while loading or after.
 
-What a context of n cells costs, besides the weights (llama.cpp, no flash attention):
+What a context of n cells costs, besides the weights (llama.cpp):
   KV:        per global layer n cells x KV heads x (key + value width) x 2 bytes (f16);
              per sliding-window layer at most window + chunk cells, however long the input
-  attention: the chunk's scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one
-             layer at a time (the graph allocator reuses them across layers)
+  attention: with flash attention (kvpot's default, as llama.cpp's own on a CPU) the chunk's mask over
+             the cells, chunk x n x 2 bytes (f16): the scores never exist whole. Without it the chunk's
+             scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one layer at a time (the
+             graph allocator reuses them across layers), which outgrows the KV itself
   logits:    rows x vocabulary x 4 bytes in the graph, plus one row copied out to llama.cpp;
              every row of a chunk when a policy needs each token's log-probability (NuC), which
              adds one soft-max block of ceil(rows / 16) rows (ggml_ext/kvpot-logprobs.cpp)
@@ -33,6 +35,7 @@ from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
 
 KV_BYTES = 2                 # f16 cache cells
+F16 = 2
 F32 = 4
 # left free: a quarter of what is free now (other programs, estimate error), and at least 512 MiB
 MARGIN_SHARE = 0.25
@@ -110,16 +113,22 @@ def logit_rows_held(logit_rows: int) -> int:
     return block + 2
 
 
-def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> ContextCost:
+def scores_bytes_per_cell(facts: ModelFacts, chunk: int, flash_attn: bool) -> int:
+    """What one more cell adds to a step's attention buffers: the f16 mask's column with flash
+    attention, else the scores and their softmax in every head."""
+    return chunk * F16 if flash_attn else 2 * facts.n_head * chunk * F32
+
+
+def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False) -> ContextCost:
     return ContextCost(kv=kv_bytes(facts, cells, chunk),
-                       scores=2 * facts.n_head * chunk * cells * F32,
+                       scores=scores_bytes_per_cell(facts, chunk, flash_attn) * cells,
                        logits=logit_rows_held(logit_rows) * facts.n_vocab * F32,
                        activations=chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
 
 
-def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int) -> int:
+def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False) -> int:
     """The chunk's compute buffer and logits for a context of `cells` cells."""
-    return context_cost(facts, cells, chunk, logit_rows).compute
+    return context_cost(facts, cells, chunk, logit_rows, flash_attn).compute
 
 
 def margin_bytes(free: int) -> int:
@@ -127,17 +136,18 @@ def margin_bytes(free: int) -> int:
 
 
 def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int,
-               keeps_copy: bool = False) -> DevicePlan:
+               keeps_copy: bool = False, flash_attn: bool = False) -> DevicePlan:
     """Cells of the largest context that fits: free memory less the margin, the weights (where
     they share the device), the fixed costs (sliding-window caches, logits, activations), divided
     by what each cell costs (global-layer KV + the chunk's attention scores over it); capped at
     the model's trained context, the longest span its positions were trained for. `keeps_copy`: the
-    session keeps a copy of the cells read (chat's /reset), which costs their KV once more."""
+    session keeps a copy of the cells read (chat's /reset), which costs their KV once more;
+    `flash_attn`: the context runs flash attention, whose step holds no scores over the cells."""
     copies = 2 if keeps_copy else 1
-    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows)
+    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows, flash_attn)
     weights = facts.file_bytes if mem.holds_weights else 0
     margin = margin_bytes(mem.free_bytes)
-    per_cell = copies * global_kv_bytes_per_cell(facts) + 2 * facts.n_head * chunk * F32
+    per_cell = copies * global_kv_bytes_per_cell(facts) + scores_bytes_per_cell(facts, chunk, flash_attn)
     usable = mem.free_bytes - margin - weights - fixed
     fits = usable // per_cell if usable > 0 else 0
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731

@@ -116,11 +116,11 @@ def check_adapters(policy_spec: str, model_path) -> None:
 
 # -- memory ---------------------------------------------------------------------------------------
 
-def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int) -> ContextCost:
+def memory_need(facts: ModelFacts, n_ctx: int, n_batch: int, flash_attn: bool = False) -> ContextCost:
     """What a context of n_ctx cells read in n_batch-token steps takes besides the weights: the same
     cost model `--budget auto` plans with (kvpot.session.auto_budget), every row of a step given logits
     (the most a policy asks for: NuC scores each token)."""
-    return context_cost(facts, n_ctx, n_batch, logit_rows=n_batch)
+    return context_cost(facts, n_ctx, n_batch, logit_rows=n_batch, flash_attn=flash_attn)
 
 
 def available_memory() -> int | None:
@@ -145,11 +145,12 @@ def check_settings_fit(facts: ModelFacts, settings, policy: Policy | None = None
     if policy is None:
         policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
     n_ctx = policy.cache_cells(settings.budget, settings.chunk) + reserve
-    check_memory(facts, n_ctx, settings.chunk, settings.budget, settings.chunk, settings.max_tokens)
+    check_memory(facts, n_ctx, settings.chunk, settings.budget, settings.chunk, settings.max_tokens,
+                 flash_attn=settings.flash_attn == "on")
 
 
 def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk: int,
-                 max_tokens: int = 0, available: int | None = None) -> None:
+                 max_tokens: int = 0, available: int | None = None, flash_attn: bool = False) -> None:
     """Refuse a context that cannot fit the memory left, naming the option that makes it big."""
     if n_ctx > MAX_CELLS:
         raise KvpotError(f"a context of {n_ctx:,} cells is larger than llama.cpp can address; "
@@ -157,7 +158,7 @@ def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk
     avail = available_memory() if available is None else available
     if avail is None:
         return
-    need = memory_need(facts, n_ctx, min(n_batch, n_ctx))  # llama.cpp caps n_batch at n_ctx
+    need = memory_need(facts, n_ctx, min(n_batch, n_ctx), flash_attn)  # llama.cpp caps n_batch at n_ctx
     if need.total <= avail:
         return
     # what grows with the context's cells (KV, and the scores of a step over them) names the option that

@@ -212,7 +212,7 @@ def check_saved(saved: SavedContext, path: Path | str = "saved context") -> None
 
 
 def _check_header(h: dict) -> None:
-    from kvpot.session.settings import KEYS, describe, setting_problem
+    from kvpot.session.settings import KEYS, SAVED_BEFORE, describe, setting_problem
 
     schema = {k: v for k, v in _HEADER_SCHEMA.items() if k != "engine"}  # the engine's part is parsed apart
     _check_shape(h, schema | {"format": str, "kvpot_version": str, "prompt_format": str}, "")
@@ -221,6 +221,8 @@ def _check_header(h: dict) -> None:
     if not _SHA256.match(h["model"]["sha256"]) or not isinstance(h["model"].get("architecture"), str):
         raise ValueError("header field model holds no sha256 digest or architecture")
     settings = h["settings"]
+    for key, value in SAVED_BEFORE.items():  # a context saved before the setting existed was read so
+        settings.setdefault(key, value)
     if set(settings) != set(KEYS):
         raise ValueError(f"header field settings has keys {sorted(settings)[:8]}, not {list(KEYS)}")
     for key in KEYS:

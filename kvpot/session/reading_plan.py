@@ -101,7 +101,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
         mem = memory or device_budget.device_memory()
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1,
-                                        keeps_copy=keeps_copy)
+                                        keeps_copy=keeps_copy, flash_attn=settings.flash_attn == "on")
         limit, why = plan.cells, plan.reason
     n_ctx_train = facts.n_ctx_train or limit
     # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that

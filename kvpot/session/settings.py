@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
+FLASH_ATTN_CHOICES = ("on", "off")
+# settings added after contexts were first saved, with the value those older contexts were read with
+SAVED_BEFORE = {"flash_attn": "off"}
 
 
 # the command-line option that sets each key where it is not --KEY (llama.cpp's name where it has the same option)
@@ -46,6 +49,8 @@ class RunSettings:
     threads: int = 0            # 0: every core
     prompt: str = "auto"        # auto | chat | completion
     max_tokens: int = 256       # longest answer
+    flash_attn: str = "on"      # on | off (llama.cpp's -fa): on, as llama.cpp's own default resolves on a CPU,
+                                # holds no chunk x cells score matrix, so `--budget auto` plans 2-5x the cells
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
@@ -119,6 +124,8 @@ def setting_problem(key: str, value) -> str | None:
         return f"must be 1 to {MAX_THREADS} (0: every core), got {value}"
     if key in ("budget", "chunk", "max_tokens") and value > MAX_CELLS:
         return f"{value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)"
+    if key == "flash_attn" and value not in FLASH_ATTN_CHOICES:
+        return f"must be one of {', '.join(FLASH_ATTN_CHOICES)}, got {describe(value)}"
     if key == "prompt" and value not in PROMPT_CHOICES:
         return f"must be one of {', '.join(PROMPT_CHOICES)}, got {describe(value)}"
     if key == "policy":
