@@ -83,12 +83,13 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", metavar="N", show_de
 PromptFormatOpt = Annotated[str, typer.Option(
     "--prompt-format", metavar="auto|chat|completion", show_default="the model's, else auto",
     help="auto: the model's chat template if it has one; chat; or completion (plain text)")]
-# llama.cpp's -fa/--flash-attn takes on|off|auto; kvpot's on is what auto resolves to on a CPU
+# llama.cpp's -fa/--flash-attn takes on|off|auto; its auto asks whether the backend runs it, kvpot's whether
+# the device's memory needs it
 FlashAttnOpt = Annotated[str, typer.Option(
-    "--flash-attn", "-fa", metavar="on|off", show_default=RunSettings.flash_attn,
+    "--flash-attn", "-fa", metavar="auto|on|off", show_default=RunSettings.flash_attn,
     help="flash attention: on holds no score matrix over the context's cells, so the same memory holds two to "
-         "five times the cells (its speed differs by model and CPU: docs/benchmarks.md); a saved context "
-         "reopens as it was read")]
+         "five times the cells, but reads a large context slower on a CPU; auto: on only where the device "
+         "cannot hold the model's window without it. A saved context reopens as it was read")]
 NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
                                           help=N_PREDICT_HELP)]
 # folder inputs: any number of --glob and --exclude patterns (each one given adds to the others)

@@ -36,9 +36,10 @@ def throughput(
                                      show_default="the longest input that fits the model's context",
                                      help="stock prefill length"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    flash_attn: bool = typer.Option(RunSettings.flash_attn == "on", "--flash-attn/--no-flash-attn",
-                                    help="flash attention for both sides (on: as `kvpot ask` reads, and as "
-                                         "llama.cpp's own default resolves on a CPU)"),
+    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn",
+                                    help="flash attention for both sides (off: as `kvpot ask` reads where the "
+                                         "device holds the model's window; llama.cpp's own -fa auto turns it on "
+                                         "for a CPU)"),
     decode: int = typer.Option(32, "--decode", min=0,
                                help="after each read, a short question and this many greedy answer tokens, "
                                     "timed (0: no decoding)"),

@@ -50,7 +50,9 @@ def cells_held(model: KnownModel, mem: DeviceMemory) -> int:
     logprobs = not full and make_policy(settings.policy).before_chunk(settings.chunk).logprobs
     try:
         plan = plan_cells(read_model_facts(cached_path(model)), mem, settings.chunk,
-                          logit_rows=settings.chunk if logprobs else 1, flash_attn=settings.flash_attn == "on")
+                          logit_rows=settings.chunk if logprobs else 1,
+                          # flash attention's plan unless it is off: `auto` turns it on wherever it holds more
+                          flash_attn=settings.flash_attn != "off")
     except KvpotError:  # not even a minimal pot fits
         return 0
     return plan.cells

@@ -21,7 +21,6 @@ from kvpot.session.session import answer_reserve
 from kvpot.session.settings import RunSettings
 
 runner = CliRunner()
-FA = RunSettings.flash_attn == "on"  # how `kvpot ask` reads by default
 OPTS = ["--model", "smollm2-135m", "--chunk", "256", "-n", "10", "--prompt-format", "completion", "--threads", "2"]
 
 
@@ -33,13 +32,13 @@ def small_doc(tmp_path_factory, smollm2_path):
     return path, text, question
 
 
-def stock_answer(model_path, text: str, question: str, n: int) -> str:
-    """Stock llama.cpp, in this process: the whole prompt in one context (no kvpot call), greedy."""
+def stock_answer(model_path, text: str, question: str, n: int, flash_attn: bool) -> str:
+    """Stock llama.cpp, in this process: the whole prompt in one context (no kvpot call), greedy, with
+    flash attention as kvpot's `auto` chose it for the device the test pretends to have."""
     model = LlamaModel(str(model_path))
     toks = model.bos() + model.tokenize(text) + model.tokenize("\n\n" + question_suffix(question))
-    # flash attention: llama.cpp's default (auto) turns it on for the CPU, and kvpot reads with it by default
     ctx = LlamaContext(model, ContextParams(n_ctx=len(toks) + n + 16, n_batch=256, n_threads=2,
-                                            flash_attn=FA))
+                                            flash_attn=flash_attn))
     for s in range(0, len(toks), 256):
         ctx.decode(toks[s:s + 256], s, logits="last")
     out, pos = b"", len(toks)
@@ -63,20 +62,21 @@ def test_an_input_that_fits_is_read_with_full_attention_as_stock(small_doc, smol
     res = runner.invoke(app, ["ask", str(path), question, *OPTS])
     assert res.exit_code == 0, res.output
     assert "full attention, as stock llama.cpp" in res.stderr
-    assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10)
+    # 8 GiB holds SmolLM2's whole 8K window without flash attention: `auto` reads without it
+    assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10, flash_attn=False)
 
 
 def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path, monkeypatch):
     facts = read_model_facts(smollm2_path)
     # memory for about 1200 cells: the document (~1K tokens) with the answering room does not fit
-    # a cell's KV in 30 layers, and what a 256-token step adds over it: the f16 mask's column with flash
-    # attention (ask's default), else the scores and their softmax in 9 heads
-    per_cell = 30 * 3 * 128 * 2 + (256 * 2 if FA else 2 * 9 * 256 * 4)
+    # a cell's KV in 30 layers, and what a 256-token step adds over it with flash attention, which `auto`
+    # turns on for a device that cannot hold the model's window without it: the f16 mask's column
+    per_cell = 30 * 3 * 128 * 2 + 256 * 2
     free = 512 * 2**20 + facts.file_bytes + logit_rows_held(256) * facts.n_vocab * 4 + 256 * (4 * 576 + 2 * 1536) * 4 + 1200 * per_cell
     # (under 2 GiB free the margin is its 512 MiB floor)
     monkeypatch.setenv(MEMORY_ENV, str(free))
     settings = RunSettings(chunk=256, max_tokens=10)
-    plan = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256, flash_attn=FA)
+    plan = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256, flash_attn=True)
     want = pot_cells(plan.cells, facts.n_ctx_train, answer_reserve(settings), 256)
     path, _, question = small_doc
     res = runner.invoke(app, ["ask", str(path), question, *OPTS])
@@ -120,7 +120,7 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     settings = RunSettings(chunk=256, max_tokens=10)
     reserve = answer_reserve(settings)
     roomy = DeviceMemory(24 << 30, "RAM")
-    largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256, flash_attn=FA).cells, facts.n_ctx_train, reserve, 256)
+    largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256).cells, facts.n_ctx_train, reserve, 256)
 
     def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, question_first: bool = False):
         return plan_reading(replace(settings, policy=spec), facts, collect_sources([str(path)]), policy_chosen=chosen,
@@ -141,8 +141,8 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     assert plan(True).settings.budget == largest  # --policy infinipot named: the largest pot
     assert plan(False, spec="infinipot:nuc_ratio=0").settings.budget == largest  # another spec from a config
     # a device that holds less than the measured pot: all it holds
-    # (~18 MiB of step buffers, then ~1,000 cells at 23 KiB with flash attention, ~480 at 59 KiB without)
-    free = 512 * 2**20 + facts.file_bytes + (1 << 20) * (42 if FA else 46)
+    # (~18 MiB of step buffers, then ~1,000 cells at 23 KiB: flash attention, as `auto` turns it on here)
+    free = 512 * 2**20 + facts.file_bytes + (1 << 20) * 42
     small = plan(False, DeviceMemory(free, "RAM"))
     assert 256 <= small.settings.budget < 1024 and "all the device holds" in small.note
     # measured only as `kvpot ask` reads (the 0.5B Qwen model): chat keeps the largest pot

@@ -28,15 +28,14 @@ from kvpot.session.session import answer_reserve
 from kvpot.session.settings import RunSettings
 
 CHUNK = 256  # OPTS' --chunk
-FA = RunSettings.flash_attn == "on"
 
 
 def free_bytes_for(facts, cells: int) -> int:
     """Free memory in which the device plan holds exactly `cells` (margin at its floor, under 2 GiB)."""
-    # a step's attention over each cell: the f16 mask's column with flash attention (ask's default), else
-    # the scores and their softmax in every head
-    per_cell = global_kv_bytes_per_cell(facts) + (CHUNK * 2 if FA else 2 * facts.n_head * CHUNK * 4)
-    fixed = window_kv_bytes(facts, CHUNK) + compute_bytes(facts, 0, CHUNK, CHUNK, FA)  # InfiniPot's NuC: every row
+    # a step's attention over each cell with flash attention, which `auto` turns on for a device that cannot
+    # hold the model's window without it: the f16 mask's column
+    per_cell = global_kv_bytes_per_cell(facts) + CHUNK * 2
+    fixed = window_kv_bytes(facts, CHUNK) + compute_bytes(facts, 0, CHUNK, CHUNK, True)  # InfiniPot's NuC: every row
     return MARGIN_MIN + facts.file_bytes + fixed + cells * per_cell
 
 
@@ -50,7 +49,7 @@ def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(via, tmp_pa
     reserve = answer_reserve(RunSettings(chunk=CHUNK, max_tokens=10))
     cells = doc + reserve  # room for the document and the answer, not for another chunk
     free = free_bytes_for(facts, cells)
-    assert free < 2 << 30 and plan_cells(facts, DeviceMemory(free, MEMORY_ENV), CHUNK, CHUNK, flash_attn=FA).cells == cells
+    assert free < 2 << 30 and plan_cells(facts, DeviceMemory(free, MEMORY_ENV), CHUNK, CHUNK, flash_attn=True).cells == cells
     monkeypatch.setenv(MEMORY_ENV, str(free))
     # stdin has no size: it is read ahead to its end (it is within the limit) and counted as the file is
     res = (runner.invoke(app, ["ask", str(path), question, *OPTS]) if via == "file" else
@@ -58,7 +57,7 @@ def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(via, tmp_pa
     assert res.exit_code == 0, res.output
     assert f"the input's {doc:,} tokens fit the {cells:,} cells" in res.stderr
     assert "full attention, as stock llama.cpp" in res.stderr
-    assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10)
+    assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10, flash_attn=True)
 
 
 runner = CliRunner()

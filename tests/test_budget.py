@@ -201,3 +201,25 @@ def test_flash_attention_plans_no_scores_over_the_cells():
     assert with_fa == pytest.approx(usable_without / (kv_cell + 512 * 2), abs=usable_without / without / kv_cell + 1)
     assert with_fa > 2 * without  # SmolLM2: 22.5 KiB of KV a cell against 36 KiB of scores
     assert "at 23.5 KiB per cell" in plan_cells(facts, mem, 512, 1, flash_attn=True).reason
+
+
+def test_auto_flash_attention_only_where_the_window_does_not_fit_without_it():
+    """`flash_attn = auto`: off where the device holds the model's whole trained context without it (it
+    reads large contexts slower on a CPU), on where it does not (it holds two to five times the cells),
+    on where not even a minimal pot fits without it; "on" and "off" are kept as asked."""
+    from kvpot.session.reading_plan import resolve_flash_attn
+    from kvpot.session.settings import RunSettings
+
+    facts = smol_like()
+    settings = RunSettings(chunk=512)
+    assert settings.flash_attn == "auto"
+    roomy, small, tiny = (DeviceMemory(n, "RAM") for n in (24 * GiB, GiB, 700 * MiB))
+    assert plan_cells(facts, roomy, 512, 512).cells == facts.n_ctx_train
+    assert plan_cells(facts, small, 512, 512).cells < facts.n_ctx_train
+    assert resolve_flash_attn(settings, facts, roomy, True, False).flash_attn == "off"
+    assert resolve_flash_attn(settings, facts, small, True, False).flash_attn == "on"
+    assert resolve_flash_attn(settings, facts, tiny, True, False).flash_attn == "on"
+    for asked in ("on", "off"):
+        s = RunSettings(chunk=512, flash_attn=asked)
+        assert resolve_flash_attn(s, facts, roomy, True, False).flash_attn == asked
+        assert resolve_flash_attn(s, facts, small, True, False).flash_attn == asked

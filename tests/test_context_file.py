@@ -112,7 +112,7 @@ def test_a_header_from_before_flash_attention_reads_as_read_without_it(tmp_path)
     assert read_context(path).header["settings"]["flash_attn"] == "off"
     saved.header["settings"]["flash_attn"] = "maybe"
     write_context(path, saved)
-    with pytest.raises(KvpotError, match="settings.flash_attn must be one of on, off, got 'maybe'"):
+    with pytest.raises(KvpotError, match="settings.flash_attn must be one of auto, on, off, got 'maybe'"):
         read_context(path)
 
 

@@ -9,10 +9,9 @@ from dataclasses import asdict
 from kvpot.bench.niah import read_and_ask
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
-from kvpot.session.settings import RunSettings
 
-# the grids read as `kvpot ask` does with its defaults
-FLASH_ATTN = RunSettings.flash_attn == "on"
+# the grids read as `kvpot ask` does on a device that holds the model's window (flash_attn = auto: off)
+FLASH_ATTN = False
 
 # cells a full-attention case holds past the haystack's nominal length: the tokenizer's overshoot
 # (a haystack may come out a few tokens longer than asked), the question and the answer

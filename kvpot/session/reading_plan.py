@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import Policy, make_policy
@@ -80,6 +81,22 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
         vocab.close()
 
 
+def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_budget.DeviceMemory,
+                       wants_logprobs: bool, keeps_copy: bool) -> RunSettings:
+    """`flash_attn = auto`: on only where the device cannot hold the model's whole trained context
+    without it. Flash attention keeps no chunk x cells score matrix (the same memory holds two to five
+    times the cells) but, on the CPUs measured, reads a large context slower (docs/benchmarks.md, "Flash
+    attention"), so a device with room reads without it and a small one gets the cells."""
+    if settings.flash_attn != "auto":
+        return settings
+    rows = settings.chunk if wants_logprobs else 1
+    try:
+        held = device_budget.plan_cells(facts, mem, settings.chunk, logit_rows=rows, keeps_copy=keeps_copy).cells
+    except KvpotError:  # not even a minimal pot fits without it
+        held = 0
+    return replace(settings, flash_attn="on" if held < (facts.n_ctx_train or held + 1) else "off")
+
+
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
                  notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
@@ -91,15 +108,17 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     copy of the state after reading (Session's `resettable`), which the memory plan counts; `question_first`:
     the question is known before reading (`kvpot ask`), for the pot measured best that way past the window."""
     full = reads_in_full(settings.policy)
+    chunk = settings.chunk
+    steps = None if full else policy if policy is not None else make_policy(settings.policy)
+    wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
+    if settings.flash_attn == "auto" or settings.budget == AUTO:
+        mem = memory or device_budget.device_memory()
+        settings = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, None, policy)
-    chunk = settings.chunk
     if settings.budget != AUTO:  # --policy full --budget N: a context of N cells, as asked
         limit, why = settings.budget, f"--budget {settings.budget}"
     else:
-        steps = None if full else policy if policy is not None else make_policy(settings.policy)
-        wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
-        mem = memory or device_budget.device_memory()
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1,
                                         keeps_copy=keeps_copy, flash_attn=settings.flash_attn == "on")
         limit, why = plan.cells, plan.reason

@@ -69,7 +69,7 @@ class Session:
             policy = make_policy(self.policy_spec)
         self.engine = Engine(str(facts.path), policy, EngineConfig(
             budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,
-            n_ctx=n_ctx, flash_attn=settings.flash_attn == "on"))
+            n_ctx=n_ctx, flash_attn=settings.flash_attn == "on"))  # "auto" is resolved by the reading plan
         self.format = choose_format(self.engine.model, settings.prompt)
         self.sources: list[dict] = []
         self.source_set: SourceSet | None = None  # what read() read (None for a reopened context)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
-FLASH_ATTN_CHOICES = ("on", "off")
+FLASH_ATTN_CHOICES = ("auto", "on", "off")
 # settings added after contexts were first saved, with the value those older contexts were read with
 SAVED_BEFORE = {"flash_attn": "off"}
 
@@ -49,8 +49,10 @@ class RunSettings:
     threads: int = 0            # 0: every core
     prompt: str = "auto"        # auto | chat | completion
     max_tokens: int = 256       # longest answer
-    flash_attn: str = "on"      # on | off (llama.cpp's -fa): on, as llama.cpp's own default resolves on a CPU,
-                                # holds no chunk x cells score matrix, so `--budget auto` plans 2-5x the cells
+    flash_attn: str = "auto"    # auto | on | off (llama.cpp's -fa): on holds no chunk x cells score matrix, so
+                                # the same memory holds 2-5x the cells, but reads large contexts slower on a CPU;
+                                # auto: on only where the device cannot hold the model's window without it
+                                # (reading_plan.resolve_flash_attn, before the session starts)
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
