@@ -12,7 +12,7 @@ again once loading ends (LlamaModel.release_copied), so nothing is counted twice
 What a context of n cells costs, besides the weights (llama.cpp):
   KV:        per global layer n cells x KV heads x (key + value width) x 2 bytes (f16);
              per sliding-window layer at most window + chunk cells, however long the input
-  attention: with flash attention (kvpot's default, as llama.cpp's own on a CPU) the chunk's mask over
+  attention: with flash attention (`--flash-attn on`, or auto on a device that needs it) the mask over
              the cells, chunk x n x 2 bytes (f16): the scores never exist whole. Without it the chunk's
              scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one layer at a time (the
              graph allocator reuses them across layers), which outgrows the KV itself
