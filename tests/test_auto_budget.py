@@ -62,6 +62,7 @@ def test_an_input_that_fits_is_read_with_full_attention_as_stock(small_doc, smol
     res = runner.invoke(app, ["ask", str(path), question, *OPTS])
     assert res.exit_code == 0, res.output
     assert "full attention, as stock llama.cpp" in res.stderr
+    assert "flash attention on" not in res.stderr
     # 8 GiB holds SmolLM2's whole 8K window without flash attention: `auto` reads without it
     assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10, flash_attn=False)
 
@@ -83,6 +84,8 @@ def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path,
     assert res.exit_code == 0, res.output
     assert f"the pot takes {want:,} cells" in res.stderr
     assert f"with infinipot, budget {want:,} cells" in res.stderr  # InfiniPot's |M| (Policy.fit)
+    without = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256).cells
+    assert f"flash attention on (auto: without it this device holds {without:,} cells, under the model's 8,192" in res.stderr
 
 
 def test_policy_full_refuses_before_reading_with_the_numbers(tmp_path, smollm2_path):

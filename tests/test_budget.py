@@ -216,10 +216,15 @@ def test_auto_flash_attention_only_where_the_window_does_not_fit_without_it():
     roomy, small, tiny = (DeviceMemory(n, "RAM") for n in (24 * GiB, GiB, 700 * MiB))
     assert plan_cells(facts, roomy, 512, 512).cells == facts.n_ctx_train
     assert plan_cells(facts, small, 512, 512).cells < facts.n_ctx_train
-    assert resolve_flash_attn(settings, facts, roomy, True, False).flash_attn == "off"
-    assert resolve_flash_attn(settings, facts, small, True, False).flash_attn == "on"
-    assert resolve_flash_attn(settings, facts, tiny, True, False).flash_attn == "on"
+    off, why_off = resolve_flash_attn(settings, facts, roomy, True, False)
+    assert off.flash_attn == "off" and why_off is None
+    on, why_on = resolve_flash_attn(settings, facts, small, True, False)
+    held = plan_cells(facts, small, 512, 512).cells
+    assert on.flash_attn == "on"
+    assert why_on == (f"flash attention on (auto: without it this device holds {held:,} cells, "
+                      f"under the model's {facts.n_ctx_train:,}-token window)")
+    assert resolve_flash_attn(settings, facts, tiny, True, False)[0].flash_attn == "on"
     for asked in ("on", "off"):
         s = RunSettings(chunk=512, flash_attn=asked)
-        assert resolve_flash_attn(s, facts, roomy, True, False).flash_attn == asked
-        assert resolve_flash_attn(s, facts, small, True, False).flash_attn == asked
+        assert resolve_flash_attn(s, facts, roomy, True, False) == (s, None)
+        assert resolve_flash_attn(s, facts, small, True, False) == (s, None)

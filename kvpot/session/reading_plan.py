@@ -33,7 +33,7 @@ MAX_BYTES_PER_TOKEN = 16
 @dataclass(frozen=True)
 class ReadingPlan:
     settings: RunSettings    # with a number for the budget (full attention: the input's tokens)
-    note: str | None         # what was decided and why, for stderr (None: the user's own budget)
+    note: str | None         # what was decided and why, for stderr (None: the user's own budget, as given)
     # the policy to run: the one plan_reading was given, or full attention's when the plan chose it
     # instead of the settings' (None: none was given and the settings' spec stands)
     policy: Policy | None = None
@@ -82,19 +82,25 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
 
 
 def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_budget.DeviceMemory,
-                       wants_logprobs: bool, keeps_copy: bool) -> RunSettings:
+                       wants_logprobs: bool, keeps_copy: bool) -> tuple[RunSettings, str | None]:
     """`flash_attn = auto`: on only where the device cannot hold the model's whole trained context
     without it. Flash attention keeps no chunk x cells score matrix (the same memory holds two to five
     times the cells) but, on the CPUs measured, reads a large context slower (docs/benchmarks.md, "Flash
-    attention"), so a device with room reads without it and a small one gets the cells."""
+    attention"), so a device with room reads without it and a small one gets the cells. Returns the
+    settings and, where auto turned it on, why (for the plan's line on stderr)."""
     if settings.flash_attn != "auto":
-        return settings
+        return settings, None
     rows = settings.chunk if wants_logprobs else 1
     try:
         held = device_budget.plan_cells(facts, mem, settings.chunk, logit_rows=rows, keeps_copy=keeps_copy).cells
     except KvpotError:  # not even a minimal pot fits without it
         held = 0
-    return replace(settings, flash_attn="on" if held < (facts.n_ctx_train or held + 1) else "off")
+    window = facts.n_ctx_train or held + 1
+    if held >= window:
+        return replace(settings, flash_attn="off"), None
+    return replace(settings, flash_attn="on"), (
+        f"flash attention on (auto: without it this device holds {held:,} cells, "
+        f"under the model's {window:,}-token window)")
 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
@@ -111,14 +117,29 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     chunk = settings.chunk
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
     wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
+    flash_note, mem = None, memory
     if settings.flash_attn == "auto" or settings.budget == AUTO:
         mem = memory or device_budget.device_memory()
-        settings = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
+        settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
     if settings.budget != AUTO and not full:
-        return ReadingPlan(settings, None, policy)
+        return ReadingPlan(settings, flash_note, policy)
+    plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
+                        question_first, full, wants_logprobs)
+    if flash_note:
+        return replace(plan, note=f"{plan.note}; {flash_note}" if plan.note else flash_note)
+    return plan
+
+
+def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool, reserve: int,
+                 mem: device_budget.DeviceMemory | None, notice: Callable[[str], None], policy: Policy | None,
+                 keeps_copy: bool, question_first: bool, full: bool, wants_logprobs: bool) -> ReadingPlan:
+    """plan_reading's budget, flash attention already resolved: `--budget auto`, or `--policy full`'s
+    context for a budget the user named."""
+    chunk = settings.chunk
     if settings.budget != AUTO:  # --policy full --budget N: a context of N cells, as asked
         limit, why = settings.budget, f"--budget {settings.budget}"
     else:
+        assert mem is not None  # plan_reading reads the device whenever the budget is auto
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1,
                                         keeps_copy=keeps_copy, flash_attn=settings.flash_attn == "on")
         limit, why = plan.cells, plan.reason
