@@ -40,6 +40,8 @@ def report(session: Session, said: Answered, answer_seconds: float, context: str
         "model": session.model_name,
         "policy": session.policy_spec,
         "budget": session.settings.budget,
+        # the question was put before the document too (--question-before); a reopened context: as it was read
+        "question_before": session.settings.question_before == "on",
         "context": context,
         "inputs": {"read": [s["name"] for s in session.sources],
                    "skipped": [{"path": p, "why": why} for p, why in (read.left_out if read else [])],

@@ -5,7 +5,7 @@ session itself (kvpot.session.session) knows nothing about terminals."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.markup import escape
@@ -46,7 +46,7 @@ def parse_budget(raw: str | None) -> int | str | None:
 
 
 def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
-                 flash_attn=None) -> tuple[RunSettings, Policy]:
+                 flash_attn=None, question_before=None) -> tuple[RunSettings, Policy]:
     """The options merged over the config file and the model's registry defaults, checked, with the
     policy they name: built once, here, and the one the session runs. A bad spec is refused before the
     model loads, and so is a budget the policy cannot honour (fitted to it, naming where the budget
@@ -55,7 +55,7 @@ def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
     check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
     known = KNOWN.get(model)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
-           "max_tokens": max_tokens, "flash_attn": flash_attn}
+           "max_tokens": max_tokens, "flash_attn": flash_attn, "question_before": question_before}
     return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, cli)
 
 
@@ -118,6 +118,9 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     and the question set when it is known (CaP-Q). `resettable`: keep a copy of the read state for
     /reset (default: when no question is given; chat's /ask gives one and keeps the copy)."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
+    if save_to is not None and settings.question_before == AUTO:
+        # a saved context answers other questions later: its document is read without this one before it
+        settings = replace(settings, question_before="off")
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 
@@ -138,7 +141,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
-                        question_first=question is not None)
+                        question_first=question is not None, question=question)
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with

@@ -90,6 +90,12 @@ FlashAttnOpt = Annotated[str, typer.Option(
     help="flash attention: on holds no score matrix over the context's cells, so the same memory holds two to "
          "five times the cells, but reads a large context slower on a CPU; auto: on only where the device "
          "cannot hold the model's window without it. A saved context reopens as it was read")]
+QuestionBeforeOpt = Annotated[str, typer.Option(
+    "--question-before", metavar="auto|on|off", show_default=RunSettings.question_before,
+    help="put the question before the document as well as after it, so the document is read knowing what is "
+         "asked (query-aware contextualization, Liu et al. 2023); auto: on where it was measured to help, an "
+         "input read with full attention through the model's chat template, and off with --save-context (a "
+         "saved context answers other questions later)")]
 NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
                                           help=N_PREDICT_HELP)]
 # folder inputs: any number of --glob and --exclude patterns (each one given adds to the others)
@@ -127,7 +133,7 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     session reads (an input, the model, an adapter, a block store)."""
     _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
                                 "--prompt-format": opts["prompt"], "--glob": glob or None,
-                                "--exclude": exclude or None})
+                                "--exclude": exclude or None, "--question-before": opts.get("question_before")})
     if save_context is not None:
         resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
     if context is not None:
@@ -168,6 +174,7 @@ def ask(
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
+    question_before: QuestionBeforeOpt = None,
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
@@ -198,7 +205,7 @@ def ask(
     if not question.strip():
         raise KvpotError("the question is empty")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
-                flash_attn=flash_attn)
+                flash_attn=flash_attn, question_before=question_before)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
                        "pass the files to read before the question, or - to read stdin (or --context PATH)",
                        exclude=exclude, verbose=verbose, **opts) as session:

@@ -148,6 +148,9 @@ def qa(
                                            "known first (CaP-Q, as `kvpot ask`); default: one read per input"),
     multikey: bool = typer.Option(True, "--multikey/--no-multikey",
                                   help="also hide four access codes in each input and ask for one"),
+    only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
+                                   help="ask only these questions (repeatable; ids as in the JSON, multikey-N for input "
+                                        "N's access code); the inputs stay the ones the whole set builds"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                   help="write every case here as JSON (rewritten after each case)"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
@@ -194,7 +197,8 @@ def qa(
             record(r)
         for m in models:
             plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
-                        threads=threads, budget=budget, per_question=per_question, multikey=multikey)
+                        threads=threads, budget=budget, per_question=per_question, multikey=multikey,
+                        only=tuple(only or ()))
             run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update)
     err.print(qa_table(results))
     if json_out:

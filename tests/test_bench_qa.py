@@ -11,6 +11,7 @@ from kvpot.bench.qa_inputs import build_inputs, doc_tokens
 from kvpot.bench.qa_questions import SET_PATH, load_set, parse_set
 from kvpot.bench.qa_score import contains, exact, normalize
 from kvpot.bench.qa_sources import find_passage, passage_pattern, strip_roff
+from kvpot.errors import KvpotError
 
 
 def words(text: str) -> int:  # a tokenizer stand-in: depth arithmetic is the builder's, not the model's
@@ -141,6 +142,26 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     out = run(plan, qs, done=results[:1], on_case=rerun.append)
     assert [r["id"] for r in rerun] == [results[1]["id"]]
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
+
+
+def test_question_first_with_full_attention_reads_per_question_with_it_before(smol, smollm2_path):
+    """`--per-question` reads as `kvpot ask` reads: with full attention through the chat template too, one
+    read per question, each with its question before the document (its tokens on top of the plain read's);
+    `--only` asks the questions named, of the inputs the whole set builds, and refuses an id none holds."""
+    from kvpot.bench.qa import Plan, run
+    from kvpot.session.prompting import question_before
+
+    qs = load_set().questions[:2]
+    plain = run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False), qs)
+    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
+                per_question=True, only=(qs[1].id,))
+    first = run(plan, qs)
+    assert [r["id"] for r in first] == [qs[1].id] and first[0]["question_before"] is True
+    extra = sum(len(smol.tokenize(seg.text)) for seg in question_before(qs[1].question))
+    assert first[0]["tokens"] == plain[0]["tokens"] + extra
+    assert all(r["question_before"] is False for r in plain)
+    with pytest.raises(KvpotError, match="--only: no question nope in these inputs"):
+        run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False, only=("nope",)), qs)
 
 
 def test_a_case_asked_with_another_prompt_is_asked_again(smol, smollm2_path):

@@ -22,7 +22,7 @@ def _saved() -> SavedContext:
               "nll_count": 0, "_carry_lp": 0.5, "_bos_done": True, "step": 2, "policy": policy}
     state = EngineState(seq=bytes(rng.integers(0, 256, 999, dtype=np.uint8)), pot=pot, values=values, arrays=arrays)
     settings = {"policy": "imdc:pruner=snapkv", "budget": 16, "chunk": 16, "threads": 1, "prompt": "auto", "max_tokens": 4,
-                "flash_attn": "on"}
+                "flash_attn": "on", "question_before": "off"}
     header = {"format": "kvpot saved context", "kvpot_version": "0", "runtime": {"abi": 4, "llama_commit": "abc"},
               "model": {"name": "m", "path": "/m.gguf", "sha256": "ab" * 32, "architecture": "llama"},
               "policy": "imdc:pruner=snapkv", "settings": settings, "n_ctx": 256, "prompt_format": "completion", "tokens_read": 42,
@@ -103,16 +103,18 @@ def test_a_header_without_the_fields_reopening_needs_is_refused(tmp_path):
         read_context(path)
 
 
-def test_a_header_from_before_flash_attention_reads_as_read_without_it(tmp_path):
-    """Contexts saved before the flash_attn setting existed were read without flash attention."""
+@pytest.mark.parametrize("key", ["flash_attn", "question_before"])
+def test_a_header_from_before_a_setting_reads_as_read_without_it(tmp_path, key):
+    """Contexts saved before flash_attn and question_before existed were read without flash attention and
+    without the question before the document; a value no kvpot writes is refused, naming the key."""
     saved = _saved()
-    del saved.header["settings"]["flash_attn"]
+    saved.header["settings"].pop(key, None)
     path = tmp_path / "old.kvctx"
     write_context(path, saved)
-    assert read_context(path).header["settings"]["flash_attn"] == "off"
-    saved.header["settings"]["flash_attn"] = "maybe"
+    assert read_context(path).header["settings"][key] == "off"
+    saved.header["settings"][key] = "maybe"
     write_context(path, saved)
-    with pytest.raises(KvpotError, match="settings.flash_attn must be one of auto, on, off, got 'maybe'"):
+    with pytest.raises(KvpotError, match=f"settings.{key} must be one of auto, on, off, got 'maybe'"):
         read_context(path)
 
 

@@ -29,6 +29,20 @@ def test_the_first_turn_is_the_template_rendering_of_the_document_and_a_labelled
     assert got == want
 
 
+def test_the_question_before_the_document_is_inside_the_same_user_turn(chat):
+    """--question-before: the first user message is the question, the document, the question again, as
+    the template renders that one message; the question is text, never parsed for control tokens."""
+    fmt, model, template = chat
+    got = _text(fmt.document_open(Q1)) + DOC + _text(fmt.first_question(Q1))
+    message = "Question: " + Q1.strip() + "\n\nDocument:\n" + DOC + "\n\nQuestion: " + Q1.strip()
+    assert got == model.apply_template(template, [("user", message)], True)
+    assert [s.special for s in fmt.document_open(Q1)] == [True, False]
+    assert fmt.document_open(None) == fmt.document_open()
+    plain = CompletionFormat()
+    assert _text(plain.document_open(Q1)) + DOC + _text(plain.first_question(Q1)) == \
+        "Question: " + Q1.strip() + "\n\nDocument:\n" + DOC + "\n\nQuestion: " + Q1.strip() + "\nAnswer:"
+
+
 def test_a_follow_up_is_a_new_user_turn_after_the_answer(chat):
     fmt, model, template = chat
     got = (_text(fmt.document_open()) + DOC + _text(fmt.first_question(Q1)) + A1 + _text(fmt.follow_up(Q2)))

@@ -6,7 +6,8 @@ Each input is read once per policy and its questions are asked in turn, the conv
 them (Session.reset_conversation: back to the state right after reading). With full attention that is
 exactly what reading the input again per question gives. A pot policy then reads without knowing the
 question, so InfiniPot's catalyst (CaP-Q) is not used, as in `kvpot chat`; `per_question` reads the input
-again for each question with the question set first, as `kvpot ask` does (CaP-Q on; one read per question).
+again for each question with the question set first, as `kvpot ask` does (CaP-Q on, and the question put
+before the document where ask puts it, Session.puts_question_before; one read per question, full attention's too).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Plan:
     per_question: bool = False
     multikey: bool = True
     group: int | None = None   # questions per input (None: qa_inputs.per_input)
+    only: tuple[str, ...] = ()  # ask only these question ids (the inputs are still built from the whole set)
 
 
 def case_key(r: dict) -> tuple:
@@ -85,6 +87,11 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                                   group=plan.group, multikey=plan.multikey) for n in plan.lengths}
     finally:
         vocab.close()
+    asked = {a.id for n in plan.lengths for joined in inputs[n] for a in joined.asks}
+    unknown = sorted(set(plan.only) - asked)
+    if unknown:
+        raise KvpotError(f"--only: no question {', '.join(unknown)} in these inputs (ids as in the JSON; "
+                         f"multikey-N for input N's access code)")
     # cases asked with another prompt (an older kvpot's) are asked again, not mixed in
     results = [r for r in done if r.get("model") != name or r.get("frame") == frame]
     if len(results) < len(done):
@@ -98,8 +105,8 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
         for spec in plan.policies:
             for n in plan.lengths:
                 for joined in inputs[n]:
-                    todo = [a for a in joined.asks
-                            if (name, spec, n, plan.seed, a.id, plan.per_question) not in have]
+                    todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
+                            and (name, spec, n, plan.seed, a.id, plan.per_question) not in have]
                     if not todo:
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
@@ -120,8 +127,9 @@ def _settings_prompt(known) -> str:
     return resolve_settings(known.name if known else None, known.defaults if known else {}, {}).prompt
 
 
-def _settings(plan: Plan, facts, known, spec: str, path: Path):
-    """The settings `kvpot ask` would read this input with, and whether they are full attention."""
+def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | None = None):
+    """The settings `kvpot ask` would read this input with (`question`: the one asked, known before
+    reading), and whether they are full attention."""
     from kvpot.ingest import collect_sources
     from kvpot.session.reading_plan import plan_reading
     from kvpot.session.session import answer_reserve
@@ -132,7 +140,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path):
            "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
     settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
-                            question_first=plan.per_question).settings
+                            question_first=plan.per_question, question=question).settings
     return settings, settings.policy.partition(":")[0].strip().lower() == "full"
 
 
@@ -162,8 +170,12 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     todo = [a for a in todo if a.id not in same]
     if not todo:
         return
-    reads = [[a] for a in todo] if plan.per_question and not full else [todo]
+    # question first (as `kvpot ask` reads): one read per question, full attention's too, as it may put the
+    # question before the document (Session.puts_question_before); else one read asked every question in turn
+    reads = [[a] for a in todo] if plan.per_question else [todo]
     for asks in reads:
+        if plan.per_question and full:  # the question may be counted in the input (question_before)
+            settings, full = _settings(plan, facts, known, spec, path, asks[0].question)
         measured = reset_peak_rss()  # this reading's peak: the model's load and the read, weights included
         with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once
             if len(asks) == 1 and plan.per_question:
@@ -172,7 +184,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
             st = s.stats()
             read = {"resolved_policy": resolved if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
                     "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
-                    "compactions": st["compactions"],
+                    "compactions": st["compactions"], "question_before": s.settings.question_before == "on",
                     "peak_rss_mib": _rounded(peak_rss_since_reset_mb() if measured else None)}
             for i, a in enumerate(asks):
                 if i:

@@ -23,14 +23,22 @@ def question_suffix(question: str) -> str:
     return f"Question: {question.strip()}\nAnswer:"
 
 
+def question_before(question: str | None) -> list[Segment]:
+    """The question put before the document too (RunSettings.question_before), so each token of the
+    document is read knowing what is asked: Liu et al. 2023 ("Lost in the Middle", query-aware
+    contextualization) found it lifts key-value retrieval; the question is still asked after it."""
+    return [Segment(f"Question: {question.strip()}\n\nDocument:\n")] if question else []
+
+
 class CompletionFormat:
     """Plain completion: the document, then "Question: ...\\nAnswer:" (for base models)."""
 
     name = "completion"
     stop = ("\nQuestion:", "\nAnswer:")   # a base model goes on to invent the next exchange
 
-    def document_open(self) -> list[Segment]:
-        return []
+    def document_open(self, question: str | None = None) -> list[Segment]:
+        """What comes before the document; `question`: put before it too (question_before)."""
+        return question_before(question)
 
     def first_question(self, question: str) -> list[Segment]:
         return [Segment("\n\n" + question_suffix(question))]
@@ -60,8 +68,8 @@ class ChatFormat:
         self._between = two.split(_A1)[1].split(_U2)[0]      # end of answer .. start of next user turn
         self._close_user2 = two.split(_U2)[1]
 
-    def document_open(self) -> list[Segment]:
-        return [Segment(self._open, True)]
+    def document_open(self, question: str | None = None) -> list[Segment]:
+        return [Segment(self._open, True), *question_before(question)]
 
     def first_question(self, question: str) -> list[Segment]:
         # labelled: after a document that stops mid-file, a bare question reads as more of the

@@ -39,11 +39,12 @@ class ReadingPlan:
     policy: Policy | None = None
 
 
-def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) -> int | None:
-    """Tokens the session will read (BOS, the prompt format's opening, the sources), exactly; None
-    when unknown (stdin). Past `limit` it stops counting and returns a number above the limit (a
-    lower bound of the input's tokens)."""
-    counted = count_input(facts, prompt, sources, limit)
+def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
+                 question: str | None = None) -> int | None:
+    """Tokens the session will read (BOS, the prompt format's opening, `question` where it is put
+    before the document, the sources), exactly; None when unknown (stdin). Past `limit` it stops
+    counting and returns a number above the limit (a lower bound of the input's tokens)."""
+    counted = count_input(facts, prompt, sources, limit, question)
     return None if counted is None else counted.tokens
 
 
@@ -53,7 +54,8 @@ class TokenCount:
     complete: bool   # every token was counted
 
 
-def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) -> TokenCount | None:
+def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
+                question: str | None = None) -> TokenCount | None:
     """count_tokens, saying whether the count is the input's whole length or stopped past `limit`
     (the input has more tokens than it says)."""
     if sources.total_bytes is None:
@@ -68,7 +70,7 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int) 
     vocab = LlamaModel(str(facts.path), vocab_only=True)
     try:
         n = len(vocab.bos())
-        n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open())
+        n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open(question))
         tok = IncrementalTokenizer(vocab.tokenize)
         pieces = tok.stream(sources.counter().pieces())  # a copy: its own counters
         for toks in pieces:
@@ -106,13 +108,14 @@ def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_bud
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
                  notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
-                 keeps_copy: bool = False, question_first: bool = False) -> ReadingPlan:
+                 keeps_copy: bool = False, question_first: bool = False, question: str | None = None) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
     replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
     when reading a stream ahead waits; `policy`: the session's, built from `settings.policy` and not
     yet fitted (the plan asks what its steps need, and hands it on); `keeps_copy`: the session keeps a
     copy of the state after reading (Session's `resettable`), which the memory plan counts; `question_first`:
-    the question is known before reading (`kvpot ask`), for the pot measured best that way past the window."""
+    the question is known before reading (`kvpot ask`), for the pot measured best that way past the window;
+    `question`: its text, counted where the session may put it before the document (question_before)."""
     full = reads_in_full(settings.policy)
     chunk = settings.chunk
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
@@ -123,8 +126,11 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, flash_note, policy)
+    # counted wherever the session might put it before the document (Session.puts_question_before decides
+    # once the format is known): a few tokens too many where it does not, never too few where it does
+    before = question if settings.question_before != "off" else None
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
-                        question_first, full, wants_logprobs)
+                        question_first, full, wants_logprobs, before)
     if flash_note:
         return replace(plan, note=f"{plan.note}; {flash_note}" if plan.note else flash_note)
     return plan
@@ -132,7 +138,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
 
 def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool, reserve: int,
                  mem: device_budget.DeviceMemory | None, notice: Callable[[str], None], policy: Policy | None,
-                 keeps_copy: bool, question_first: bool, full: bool, wants_logprobs: bool) -> ReadingPlan:
+                 keeps_copy: bool, question_first: bool, full: bool, wants_logprobs: bool,
+                 question: str | None) -> ReadingPlan:
     """plan_reading's budget, flash attention already resolved: `--budget auto`, or `--policy full`'s
     context for a budget the user named."""
     chunk = settings.chunk
@@ -147,7 +154,7 @@ def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that
     # ends within it is counted (and read whole, as a file of that size would be), not sent to the pot
     sources.read_ahead(min(limit, n_ctx_train) * MAX_BYTES_PER_TOKEN, notice=notice)
-    counted = count_input(facts, settings.prompt, sources, min(limit, n_ctx_train))
+    counted = count_input(facts, settings.prompt, sources, min(limit, n_ctx_train), question)
     tokens = None if counted is None else counted.tokens
     if full:
         exact = counted is None or counted.complete

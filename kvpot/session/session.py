@@ -27,7 +27,7 @@ from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
-from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
+from kvpot.session.settings import AUTO, RunSettings, option_name, reads_in_full, setting_problem
 from kvpot.session.sources import SourceMap
 from kvpot.wording import plural
 
@@ -80,6 +80,7 @@ class Session:
         self.read_seconds = 0.0
         self.resettable = resettable
         self._after_reading: EngineState | None = None
+        self._question: str | None = None  # set_question's, put before the document where puts_question_before()
 
     def close(self) -> None:
         self.engine.close()
@@ -100,8 +101,19 @@ class Session:
     # -- reading ---------------------------------------------------------------------------------
 
     def set_question(self, question: str) -> None:
-        """The question, known before reading, becomes InfiniPot's catalyst (CaP-Q)."""
+        """The question, known before reading, becomes InfiniPot's catalyst (CaP-Q), and is put before
+        the document too where puts_question_before() says so."""
         self.engine.set_question(question)
+        self._question = question
+
+    def puts_question_before(self) -> bool:
+        """settings.question_before: "on", or "auto" where it was measured to help (docs/benchmarks.md,
+        "The question before the document"): full attention through the model's chat template, in a
+        session that answers once (`kvpot ask`: a chat's document serves every later question, and a pot's
+        choices were measured without it)."""
+        asked = self.settings.question_before
+        return asked == "on" or (asked == AUTO and reads_in_full(self.policy_spec) and self.format.name == "chat"
+                                 and not self.resettable)
 
     def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None) -> None:
         """Stream the sources into the pot. A ReadingStopped from on_progress ends reading early;
@@ -116,9 +128,13 @@ class Session:
         # the stream position of the first token pieces() yields (the engine puts the BOS before it)
         at = eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos()))
 
+        before = self._question if self._question and self.puts_question_before() else None
+        # what the document was read with, as a saved context's header records it
+        self.settings = replace(self.settings, question_before="on" if before else "off")
+
         def pieces() -> Iterator[list[int]]:
             nonlocal at
-            for seg in self.format.document_open():
+            for seg in self.format.document_open(before):
                 toks = eng.model.tokenize(seg.text, special=seg.special)
                 at += len(toks)
                 yield toks

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
-FLASH_ATTN_CHOICES = ("auto", "on", "off")
+ON_OFF_AUTO = ("auto", "on", "off")
+CHOICES = {"flash_attn": ON_OFF_AUTO, "question_before": ON_OFF_AUTO, "prompt": PROMPT_CHOICES}
 # settings added after contexts were first saved, with the value those older contexts were read with
-SAVED_BEFORE = {"flash_attn": "off"}
+SAVED_BEFORE = {"flash_attn": "off", "question_before": "off"}
 
 
 # the command-line option that sets each key where it is not --KEY (llama.cpp's name where it has the same option)
@@ -53,6 +54,9 @@ class RunSettings:
                                 # the same memory holds 2-5x the cells, but reads large contexts slower on a CPU;
                                 # auto: on only where the device cannot hold the model's window without it
                                 # (reading_plan.resolve_flash_attn, before the session starts)
+    question_before: str = "auto"  # auto | on | off (`ask`): the question also before the document, so the
+                                # document is read knowing what is asked (Liu et al. 2023, "Lost in the Middle",
+                                # query-aware contextualization); auto: on where it was measured (Session.set_question)
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
@@ -126,10 +130,8 @@ def setting_problem(key: str, value) -> str | None:
         return f"must be 1 to {MAX_THREADS} (0: every core), got {value}"
     if key in ("budget", "chunk", "max_tokens") and value > MAX_CELLS:
         return f"{value:,} is larger than llama.cpp can address ({MAX_CELLS:,} cells)"
-    if key == "flash_attn" and value not in FLASH_ATTN_CHOICES:
-        return f"must be one of {', '.join(FLASH_ATTN_CHOICES)}, got {describe(value)}"
-    if key == "prompt" and value not in PROMPT_CHOICES:
-        return f"must be one of {', '.join(PROMPT_CHOICES)}, got {describe(value)}"
+    if key in CHOICES and value not in CHOICES[key]:
+        return f"must be one of {', '.join(CHOICES[key])}, got {describe(value)}"
     if key == "policy":
         # a spec is checked by building it (each policy checks its parameters as it is made) and the
         # object dropped: a stored value (the config file's tables, a saved context's header) is checked
