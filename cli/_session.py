@@ -5,7 +5,7 @@ session itself (kvpot.session.session) knows nothing about terminals."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.markup import escape
@@ -118,9 +118,6 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     and the question set when it is known (CaP-Q). `resettable`: keep a copy of the read state for
     /reset (default: when no question is given; chat's /ask gives one and keeps the copy)."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
-    if save_to is not None and settings.question_before == AUTO:
-        # a saved context answers other questions later: its document is read without this one before it
-        settings = replace(settings, question_before="off")
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 

@@ -148,6 +148,9 @@ def qa(
                                            "known first (CaP-Q, as `kvpot ask`); default: one read per input"),
     multikey: bool = typer.Option(True, "--multikey/--no-multikey",
                                   help="also hide four access codes in each input and ask for one"),
+    question_before: bool = typer.Option(False, "--question-before",
+                                         help="with --per-question: the question before the document too, as "
+                                              "`kvpot ask --question-before on` (full attention read per question too)"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
                                    help="ask only these questions (repeatable; ids as in the JSON, multikey-N for input "
                                         "N's access code); the inputs stay the ones the whole set builds"),
@@ -164,6 +167,8 @@ def qa(
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_report import qa_table
 
+    if question_before and not per_question:
+        raise KvpotError("--question-before needs --per-question (the question must be known before reading)")
     for spec in policy:
         if spec not in (DEFAULT, CLOSED):
             try:
@@ -198,7 +203,7 @@ def qa(
         for m in models:
             plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                         threads=threads, budget=budget, per_question=per_question, multikey=multikey,
-                        only=tuple(only or ()))
+                        only=tuple(only or ()), question_before=question_before)
             run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update)
     err.print(qa_table(results))
     if json_out:

@@ -144,17 +144,17 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
 
 
-def test_question_first_with_full_attention_reads_per_question_with_it_before(smol, smollm2_path):
-    """`--per-question` reads as `kvpot ask` reads: with full attention through the chat template too, one
-    read per question, each with its question before the document (its tokens on top of the plain read's);
-    `--only` asks the questions named, of the inputs the whole set builds, and refuses an id none holds."""
+def test_question_before_reads_full_attention_per_question_with_it_before(smol, smollm2_path):
+    """`--per-question --question-before` reads as `kvpot ask --question-before on`: full attention too is
+    read once per question, each with its question before the document (its tokens on top of the plain
+    read's); `--only` asks the questions named, of the inputs the whole set builds, and refuses an id none holds."""
     from kvpot.bench.qa import Plan, run
     from kvpot.session.prompting import question_before
 
     qs = load_set().questions[:2]
     plain = run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False), qs)
     plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
-                per_question=True, only=(qs[1].id,))
+                per_question=True, only=(qs[1].id,), question_before=True)
     first = run(plan, qs)
     assert [r["id"] for r in first] == [qs[1].id] and first[0]["question_before"] is True
     extra = sum(len(smol.tokenize(seg.text)) for seg in question_before(qs[1].question))

@@ -68,8 +68,7 @@ def short_doc(tmp_path_factory):
 
 def test_run_matches_llama_cpp(smollm2_path, short_doc):
     """`kvpot run` (full attention, the default) answers as stock llama_cpp.Llama does, greedy, on the
-    tokens the session reads: the prompt format's opening, the question (--question-before auto puts it
-    before the document through a chat template, with full attention), the document, the question."""
+    tokens the session reads: the prompt format's opening, the document, the question."""
     from llama_cpp import Llama
 
     from kvpot.runtime.llama import LlamaModel
@@ -82,7 +81,7 @@ def test_run_matches_llama_cpp(smollm2_path, short_doc):
     vocab = LlamaModel(str(smollm2_path), vocab_only=True)
     try:
         fmt = choose_format(vocab, "auto")
-        segments = [*fmt.document_open(question), Segment(document, special=False), *fmt.first_question(question)]
+        segments = [*fmt.document_open(), Segment(document, special=False), *fmt.first_question(question)]
         tokens = vocab.bos() + [t for seg in segments for t in vocab.tokenize(seg.text, special=seg.special)]
     finally:
         vocab.close()

@@ -6,8 +6,9 @@ Each input is read once per policy and its questions are asked in turn, the conv
 them (Session.reset_conversation: back to the state right after reading). With full attention that is
 exactly what reading the input again per question gives. A pot policy then reads without knowing the
 question, so InfiniPot's catalyst (CaP-Q) is not used, as in `kvpot chat`; `per_question` reads the input
-again for each question with the question set first, as `kvpot ask` does (CaP-Q on, and the question put
-before the document where ask puts it, Session.puts_question_before; one read per question, full attention's too).
+again for each question with the question set first, as `kvpot ask` does (CaP-Q on; one read per question), and
+`question_before` puts it before the document too (as `kvpot ask --question-before on`; full attention is then read
+once per question as well).
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ class Plan:
     multikey: bool = True
     group: int | None = None   # questions per input (None: qa_inputs.per_input)
     only: tuple[str, ...] = ()  # ask only these question ids (the inputs are still built from the whole set)
+    question_before: bool = False  # with per_question: the question before the document too (--question-before on)
 
 
 def case_key(r: dict) -> tuple:
-    return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)))
+    return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)),
+            bool(r.get("question_before", False)))
 
 
 def reading_key(r: dict) -> tuple:
@@ -106,7 +109,7 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
             for n in plan.lengths:
                 for joined in inputs[n]:
                     todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
-                            and (name, spec, n, plan.seed, a.id, plan.per_question) not in have]
+                            and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec)) not in have]
                     if not todo:
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
@@ -118,6 +121,11 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                         results.append(r)
                         on_case(r)
     return results
+
+
+def _before(plan: Plan, spec: str) -> bool:
+    """Whether this spec's cases read with the question before the document (closed book reads no document)."""
+    return plan.question_before and plan.per_question and spec != CLOSED
 
 
 def _settings_prompt(known) -> str:
@@ -137,6 +145,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
 
     chosen = spec != DEFAULT
     cli = {"threads": plan.threads, "max_tokens": MAX_TOKENS, "policy": spec if chosen else None,
+           "question_before": "on" if _before(plan, spec) else "off",
            "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
     settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
@@ -170,11 +179,12 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     todo = [a for a in todo if a.id not in same]
     if not todo:
         return
-    # question first (as `kvpot ask` reads): one read per question, full attention's too, as it may put the
-    # question before the document (Session.puts_question_before); else one read asked every question in turn
-    reads = [[a] for a in todo] if plan.per_question else [todo]
+    # question first (as `kvpot ask` reads): one read per question for a pot, and for full attention too when
+    # the question goes before the document; else one read asked every question in turn
+    before = _before(plan, spec)
+    reads = [[a] for a in todo] if plan.per_question and (before or not full) else [todo]
     for asks in reads:
-        if plan.per_question and full:  # the question may be counted in the input (question_before)
+        if before and full:  # the question is counted in the input, as ask counts it
             settings, full = _settings(plan, facts, known, spec, path, asks[0].question)
         measured = reset_peak_rss()  # this reading's peak: the model's load and the read, weights included
         with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once

@@ -126,9 +126,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, flash_note, policy)
-    # counted wherever the session might put it before the document (Session.puts_question_before decides
-    # once the format is known): a few tokens too many where it does not, never too few where it does
-    before = question if settings.question_before != "off" else None
+    # counted where the session puts it before the document (Session.puts_question_before)
+    before = question if settings.question_before == "on" else None
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
                         question_first, full, wants_logprobs, before)
     if flash_note:

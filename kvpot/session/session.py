@@ -27,7 +27,7 @@ from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
-from kvpot.session.settings import AUTO, RunSettings, option_name, reads_in_full, setting_problem
+from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
 from kvpot.session.sources import SourceMap
 from kvpot.wording import plural
 
@@ -107,13 +107,8 @@ class Session:
         self._question = question
 
     def puts_question_before(self) -> bool:
-        """settings.question_before: "on", or "auto" where it was measured to help (docs/benchmarks.md,
-        "The question before the document"): full attention through the model's chat template, in a
-        session that answers once (`kvpot ask`: a chat's document serves every later question, and a pot's
-        choices were measured without it)."""
-        asked = self.settings.question_before
-        return asked == "on" or (asked == AUTO and reads_in_full(self.policy_spec) and self.format.name == "chat"
-                                 and not self.resettable)
+        """settings.question_before (docs/benchmarks.md, "The question before the document")."""
+        return self.settings.question_before == "on"
 
     def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None) -> None:
         """Stream the sources into the pot. A ReadingStopped from on_progress ends reading early;

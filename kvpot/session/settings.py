@@ -27,7 +27,7 @@ AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
 ON_OFF_AUTO = ("auto", "on", "off")
-CHOICES = {"flash_attn": ON_OFF_AUTO, "question_before": ON_OFF_AUTO, "prompt": PROMPT_CHOICES}
+CHOICES = {"flash_attn": ON_OFF_AUTO, "question_before": ("on", "off"), "prompt": PROMPT_CHOICES}
 # settings added after contexts were first saved, with the value those older contexts were read with
 SAVED_BEFORE = {"flash_attn": "off", "question_before": "off"}
 
@@ -54,9 +54,10 @@ class RunSettings:
                                 # the same memory holds 2-5x the cells, but reads large contexts slower on a CPU;
                                 # auto: on only where the device cannot hold the model's window without it
                                 # (reading_plan.resolve_flash_attn, before the session starts)
-    question_before: str = "auto"  # auto | on | off (`ask`): the question also before the document, so the
-                                # document is read knowing what is asked (Liu et al. 2023, "Lost in the Middle",
-                                # query-aware contextualization); auto: on where it was measured (Session.set_question)
+    question_before: str = "off"  # on | off: a question known before reading (`ask`) also goes before the document,
+                                # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
+                                # Middle", query-aware contextualization); off by default: on the 1.5B model's 8K
+                                # multi-key cases it fixed as many answers as it broke (docs/benchmarks.md)
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
