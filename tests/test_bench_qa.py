@@ -152,14 +152,17 @@ def test_question_before_reads_full_attention_per_question_with_it_before(smol, 
     from kvpot.session.prompting import question_before
 
     qs = load_set().questions[:2]
-    plain = run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False), qs)
+    # question first without it: full attention reads the input once and asks both questions of it
+    plain = run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
+                     per_question=True), qs)
+    assert len({r["read_seconds"] for r in plain}) == 1 and all(r["question_before"] is False for r in plain)
     plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
                 per_question=True, only=(qs[1].id,), question_before=True)
-    first = run(plan, qs)
-    assert [r["id"] for r in first] == [qs[1].id] and first[0]["question_before"] is True
+    out = run(plan, qs, done=plain)  # the same file: its plain reading is not this one, so nothing is copied
+    first = [r for r in out if r["question_before"]]
+    assert [r["id"] for r in first] == [qs[1].id] and "same_reading_as" not in first[0]
     extra = sum(len(smol.tokenize(seg.text)) for seg in question_before(qs[1].question))
     assert first[0]["tokens"] == plain[0]["tokens"] + extra
-    assert all(r["question_before"] is False for r in plain)
     with pytest.raises(KvpotError, match="--only: no question nope in these inputs"):
         run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False, only=("nope",)), qs)
 

@@ -63,7 +63,7 @@ def reading_key(r: dict) -> tuple:
     the same policy and budget for the same input (`-P default` is full attention wherever the input
     fits, as `-P full` is) read and answer identically (greedy), so the second one's cases are copies."""
     return (r["model"], r["length"], r["seed"], r["input"], bool(r.get("per_question", False)),
-            r["resolved_policy"], r["budget"])
+            bool(r.get("question_before", False)), r["resolved_policy"], r["budget"])
 
 
 def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
@@ -160,7 +160,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     from kvpot.session.session import Session
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
-            "per_question": plan.per_question, "frame": frame}
+            "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
     closed = spec == CLOSED
     if closed:  # the same questions and frame, no input: one tiny read per input (a few tokens)
         path = path.with_name("no-document.txt")
