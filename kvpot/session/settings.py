@@ -57,7 +57,7 @@ class RunSettings:
     question_before: str = "off"  # on | off: a question known before reading (`ask`) also goes before the document,
                                 # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
                                 # Middle", query-aware contextualization); off by default: on the 1.5B model's 8K
-                                # multi-key cases it fixed as many answers as it broke (docs/benchmarks.md)
+                                # multi-key cases it fixed 3 answers and broke 5 (docs/benchmarks.md)
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
