@@ -1,12 +1,17 @@
 """Ctrl-C as a flag: long work checks it at safe points (between chunks, between answer tokens)
 instead of being torn apart mid-update. A second Ctrl-C while the first is pending stops at once.
-SIGTERM and SIGHUP end the command at once, but as an exit that runs the cleanup (exit_cleanly_on_signals)."""
+SIGTERM and SIGHUP end the command at once, but as an exit that runs the cleanup (exit_cleanly_on_signals).
+
+"At once" includes a document chunk's decode in progress: kvpot.runtime.abort stops it after the graph
+node the signal arrived in, and llama.cpp takes the chunk back, so reading ends with the chunks before it."""
 
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+
+from kvpot.runtime import abort
 
 
 class Interrupts:
@@ -21,6 +26,7 @@ class Interrupts:
 
     def __enter__(self) -> Interrupts:
         self.hit = False
+        abort.drain()  # a signal handled before this phase must not stop its first decode
         # a SIGINT the process ignores stays ignored (a job started with `&` from a script, or under
         # `nohup ... &`: its reader chose not to be stopped by an interrupt meant for the shell)
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
@@ -44,6 +50,7 @@ def exit_cleanly_on_signals() -> None:
     cleanup above. A signal the process ignores stays ignored (`nohup` leaves SIGHUP ignored)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    abort.watch_signals()
 
     def handler(signum, frame):
         # one line, then the usual unwinding; a second signal during cleanup is the same exit again

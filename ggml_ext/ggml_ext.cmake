@@ -27,6 +27,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-crash.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-log.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-mapped.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-abort.cpp
 )
 
 target_sources(llama PRIVATE ${KVPOT_EXT_SOURCES} ${CMAKE_CURRENT_LIST_DIR}/kvpot.h)

@@ -354,6 +354,14 @@ KVPOT_API int32_t kvpot_distance_set(struct llama_context * ctx, int32_t cell0, 
                               // KV head, no [n_kv x n_rows] matrix
 KVPOT_API int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
 
+// a signal stops a decode in progress (ggml_ext/kvpot-abort.cpp): fd is the read end of the pipe given
+// to Python's signal.set_wakeup_fd (-1: watch nothing); a decode of a context armed with
+// kvpot_abort_arm(ctx, true) stops after the graph node during which something became readable there,
+// and llama_decode returns 2 with the ubatch's cells removed. The caller empties the pipe. Both return 0
+// (KVPOT_ERR_ARG for a null context). CPU backend only: other backends run their graph to its end.
+KVPOT_API int32_t kvpot_abort_watch(int32_t fd);
+KVPOT_API int32_t kvpot_abort_arm(struct llama_context * ctx, bool on);
+
 #ifdef __cplusplus
 }
 #endif

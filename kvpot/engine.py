@@ -16,6 +16,7 @@ from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep, keep_ends
 from kvpot.recall_cells import RecallCells
+from kvpot.runtime import abort
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot, PotStats
 from kvpot.session.engine_state import EngineState, SeqInFile, decode_tree, encode_tree
@@ -157,12 +158,14 @@ class Engine:
         self.feed_stream([tokens], expected=len(tokens), on_chunk=on_chunk)
 
     def feed_stream(self, pieces: Iterable[Sequence[int]], expected: int | None = None,
-                    on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
+                    on_chunk: Callable[[FeedEvent], None] | None = None, abortable: bool = False) -> None:
         """Read token lists as they arrive (e.g. from the incremental tokenizer) in the policy's chunks.
 
         `expected`: tokens about to be read, when known or estimated (IMDC plans its chunks by it).
         At most two chunks plus one piece are held in memory. An exception raised by `on_chunk`
-        stops reading with the engine in a consistent state (everything before it was read)."""
+        stops reading with the engine in a consistent state (everything before it was read), and so
+        does abort.Interrupted when `abortable` and a signal stops a chunk's decode (the chunks before
+        it read, nothing of it)."""
         buf: list[int] = []
         if not self._bos_done:
             buf = self.model.bos()
@@ -186,7 +189,12 @@ class Engine:
             del buf[:len(piece)]
             nxt = buf[0] if buf else -1
             next_size = min(nominal_next, len(buf)) if ended else nominal_next
-            compacted, peak = self._feed_chunk(piece, nxt, next_size)
+            try:
+                compacted, peak = self._feed_chunk(piece, nxt, next_size, abortable)
+            except abort.Interrupted:
+                if self.tokens_seen == 0:  # the BOS went back with the chunk: a later read starts with it
+                    self._bos_done = False
+                raise
             self.step += 1
             if on_chunk:
                 on_chunk(FeedEvent(self.tokens_seen, self.n_cells, peak, compacted, self.pot.stats()))
@@ -209,15 +217,18 @@ class Engine:
                 f"of {self.ctx.n_ctx} cells; choose an evicting policy or a larger context")
         return room
 
-    def _decode(self, tokens: list[int], pos0: int, logits: str) -> None:
+    def _decode(self, tokens: list[int], pos0: int, logits: str, abortable: bool = False) -> None:
         """Decode in pieces of at most n_batch (a step may be longer, e.g. IMDC's first chunks, and
-        llama.cpp may have taken a smaller n_batch than the chunk when the context is small)."""
+        llama.cpp may have taken a smaller n_batch than the chunk when the context is small).
+        abortable: a signal may stop it (abort.Interrupted, nothing of it left behind); only a step
+        of one piece, as llama.cpp takes back the aborted piece alone."""
         nb = self.ctx.n_batch
+        abortable = abortable and len(tokens) <= nb
         for s in range(0, len(tokens), nb):
-            self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits)
+            self.ctx.decode(tokens[s:s + nb], pos0 + s, logits=logits, abortable=abortable)
             self.recall_cells.book(self.positions)
 
-    def _feed_chunk(self, piece: list[int], next_token: int, next_size: int) -> tuple[bool, int]:
+    def _feed_chunk(self, piece: list[int], next_token: int, next_size: int, abortable: bool = False) -> tuple[bool, int]:
         n = len(piece)
         req: TapRequest = self.policy.before_chunk(n)
         if self.config.measure_nll and not req.logprobs:
@@ -237,7 +248,7 @@ class Engine:
         try:
             n_old = self.n_cells
             # log-probs are computed for every row inside the graph; only the last row's logits leave it
-            self._decode(piece, pos0, "last")
+            self._decode(piece, pos0, "last", abortable)
             head_scores = self._take_head_scores(n) if req.head_scores else None
             scores = self.pot.tap_get(n_old + n) if req.tap_last else None
             logprobs = None

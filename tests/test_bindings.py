@@ -44,3 +44,13 @@ def test_other_abi_is_refused(monkeypatch):
     monkeypatch.setattr(library, "ABI_VERSION", kvpot.ABI_VERSION + 1)
     with pytest.raises(RuntimeMissing, match=f"ABI {kvpot.ABI_VERSION} but this kvpot needs ABI {kvpot.ABI_VERSION + 1}"):
         library.check_library(library.load())
+
+
+def test_a_build_older_than_the_package_is_refused_by_name(monkeypatch):
+    """Functions are added without a new ABI number (saved contexts stay readable), so a library from
+    before one was added passes the ABI check and must be refused by what it lacks."""
+    from kvpot.runtime import api
+
+    monkeypatch.setattr(api, "SIGNATURES", [*api.SIGNATURES, ("kvpot_added_later", ctypes.c_int32, [])])
+    with pytest.raises(RuntimeMissing, match=r"older than this package \(no kvpot_added_later\); rebuild"):
+        library.check_library(library.load())

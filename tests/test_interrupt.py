@@ -1,6 +1,7 @@
-"""Ctrl-C while `kvpot ask` reads, in a real process: the reading stops at the next chunk and says how
-far it got (exit 130, no traceback); a process that ignores SIGINT (started with `&` from a script, or
-under nohup) is not stopped by one."""
+"""Ctrl-C while `kvpot ask` reads, in a real process: the reading stops in the chunk being decoded
+(kvpot.runtime.abort; tests/test_abort_decode.py checks that the chunk leaves nothing behind) and says
+how far it got (exit 130, no traceback); SIGTERM ends it as the signal would (exit 143) after one line;
+a process that ignores SIGINT (started with `&` from a script, or under nohup) is not stopped by one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def doc(tmp_path_factory, smollm2_path):
     return path, question
 
 
-def _ask_and_interrupt(doc, ignore: bool) -> tuple[int, str]:
+def _ask_and_interrupt(doc, ignore: bool, sig: int = signal.SIGINT) -> tuple[int, str]:
     path, question = doc
     cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", "ask", str(path), question, *ARGS]
 
@@ -38,7 +39,7 @@ def _ask_and_interrupt(doc, ignore: bool) -> tuple[int, str]:
         lines.append(line)
         if line.startswith("reading "):
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, rest = proc.communicate(timeout=600)
     return proc.returncode, "".join(lines) + rest
 
@@ -57,3 +58,10 @@ def test_an_ignored_sigint_lets_the_reading_finish(doc):
     assert rc in (0, 5), stderr  # 5: the model answered nothing (said on stderr)
     assert "stopped" not in stderr and "interrupted" not in stderr
     assert any(ln.startswith("read ") and " tokens in " in ln for ln in stderr.splitlines()), stderr
+
+
+def test_sigterm_while_reading_ends_with_one_line(doc):
+    rc, stderr = _ask_and_interrupt(doc, ignore=False, sig=signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    assert "kvpot: stopped by SIGTERM" in stderr

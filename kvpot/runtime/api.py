@@ -195,6 +195,10 @@ SIGNATURES: list[tuple[str, object, list]] = [
     ("kvpot_distance_set", ctypes.c_int32, [c_ctx_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
     # int32_t kvpot_tap_mode(struct llama_context * ctx, int32_t mode);
     ("kvpot_tap_mode", ctypes.c_int32, [c_ctx_p, ctypes.c_int32]),
+    # int32_t kvpot_abort_watch(int32_t fd);
+    ("kvpot_abort_watch", ctypes.c_int32, [ctypes.c_int32]),
+    # int32_t kvpot_abort_arm(struct llama_context * ctx, bool on);
+    ("kvpot_abort_arm", ctypes.c_int32, [c_ctx_p, ctypes.c_bool]),
 ]
 
 

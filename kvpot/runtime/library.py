@@ -25,12 +25,16 @@ class RuntimeInfo:
 
 def check_library(lib: ctypes.CDLL) -> None:
     """Refuse a libllama without the kvpot_* API or with another ABI number."""
-    try:
-        api.declare(lib)
-    except AttributeError:
-        raise RuntimeMissing(
-            f"{getattr(lib, '_name', 'libllama')} is a stock llama.cpp without the kvpot API; {HOW_TO_BUILD}"
-        ) from None
+    name = getattr(lib, "_name", "libllama")
+    if not hasattr(lib, "kvpot_abi_version"):
+        raise RuntimeMissing(f"{name} is a stock llama.cpp without the kvpot API; {HOW_TO_BUILD}")
+    # functions are added without a new ABI number (saved contexts stay readable): a build from before
+    # one was added lacks it
+    missing = [fn for fn, _, _ in api.SIGNATURES if not hasattr(lib, fn)]
+    if missing:
+        raise RuntimeMissing(f"{name} is a kvpot build older than this package (no {', '.join(missing)}); "
+                             f"rebuild: {HOW_TO_BUILD}")
+    api.declare(lib)
     abi = lib.kvpot_abi_version()
     if abi != ABI_VERSION:
         raise RuntimeMissing(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.runtime import abort
 from kvpot.runtime.library import load as load_runtime
 from kvpot.runtime.owned import Owned
 
@@ -181,8 +182,11 @@ class LlamaContext(Owned):
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._batch_cap = self.n_batch
 
-    def decode(self, tokens: list[int] | np.ndarray, pos0: int, logits: str = "last") -> None:
-        """Decode tokens at positions pos0.. in sequence 0; logits: 'last', 'all' or 'none'."""
+    def decode(self, tokens: list[int] | np.ndarray, pos0: int, logits: str = "last", abortable: bool = False) -> None:
+        """Decode tokens at positions pos0.. in sequence 0; logits: 'last', 'all' or 'none'.
+
+        abortable: a signal may stop it (kvpot.runtime.abort): it then raises abort.Interrupted with
+        the batch's cells removed (llama.cpp's own rollback of an aborted ubatch), the context as before."""
         n = len(tokens)
         if n == 0:
             return
@@ -196,7 +200,15 @@ class LlamaContext(Owned):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
-        rc = self._L.llama_decode(self.ptr, b)
+        if abortable:
+            with abort.armed(load_runtime(), self.ptr):
+                rc = self._L.llama_decode(self.ptr, b)
+        else:
+            rc = self._L.llama_decode(self.ptr, b)
+        if rc == 2 and abortable:
+            got = abort.drain()
+            raise abort.Interrupted(f"stopped by signal {', '.join(map(str, got)) or '?'} while decoding "
+                                    f"{n} tokens at position {pos0}")
         if rc == 1:  # llama.cpp found no free cells for the batch (a cache, e.g. the sliding window's, is full)
             raise KvpotError(f"the context of {self.n_ctx} cells has no room for {n} more tokens at position {pos0}; "
                              "raise --budget or ask a shorter question")

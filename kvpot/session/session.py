@@ -20,7 +20,7 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
 from kvpot.policies import Policy, make_policy
-from kvpot.runtime import library
+from kvpot.runtime import abort, library
 from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
@@ -112,7 +112,9 @@ class Session:
 
     def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None) -> None:
         """Stream the sources into the pot. A ReadingStopped from on_progress ends reading early;
-        it propagates after the session is left consistent (keep it with `finish_reading`)."""
+        it propagates after the session is left consistent (keep it with `finish_reading`). A signal
+        that stops a chunk's decode (the CLI watches signals: kvpot.runtime.abort) ends it the same
+        way, without that chunk, as a ReadingStopped."""
         eng = self.engine
         self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
         self.source_set = sources
@@ -153,7 +155,9 @@ class Session:
         t0 = time.perf_counter()
         try:
             expected = int(total_bytes / BYTES_PER_TOKEN_GUESS) if total_bytes else None
-            eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk)
+            eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk, abortable=True)
+        except abort.Interrupted as e:
+            raise ReadingStopped(str(e)) from None
         finally:
             self.read_seconds += time.perf_counter() - t0
             self.doc_tokens = eng.tokens_seen - start_tokens

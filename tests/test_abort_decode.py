@@ -1,0 +1,148 @@
+"""A signal that arrives during a document chunk's decode stops it mid-graph (kvpot.runtime.abort,
+ggml_ext/kvpot-abort.cpp), and the chunk leaves nothing behind: reading on from where it stopped ends
+in the same pot, and the same answer logits, as a reading never stopped (computed in the same test).
+
+The signal is staged deterministically: a cb_eval oracle writes a byte to the watched pipe, as Python's
+C signal handler does, when layer 3's attention input is computed, so the abort lands in the middle of
+the graph, after layers 0-3 wrote their keys and values into the chunk's cells."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import numpy as np
+import pytest
+from potlib import TensorCatcher
+
+from kvpot.bench.logbook import logbook
+from kvpot.engine import Engine, EngineConfig
+from kvpot.policies import make_policy
+from kvpot.runtime import abort
+
+BUDGET, CHUNK = 256, 64
+STOP_AT_STEP = 9  # past several compactions of a 256-cell pot
+MARK = "attn_norm-3"
+
+
+class SignalInGraph:
+    """cb_eval: while `armed`, write SIGINT's number to the watched pipe when MARK is computed."""
+
+    def __init__(self):
+        import llama_cpp
+
+        self.armed = False
+        self.fired = 0
+        self.names = TensorCatcher(set())  # for its ggml_get_name binding
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, t, ask, user_data):
+        name = self.names.ggml.ggml_get_name(t).decode()
+        if ask:
+            return name == MARK
+        if name == MARK and self.armed:
+            self.armed = False
+            self.fired += 1
+            os.write(abort._pipe[1], bytes([signal.SIGINT]))
+        return True
+
+
+@pytest.fixture
+def watching():
+    assert abort.watch_signals()
+    yield
+    abort.stop_watching()
+
+
+def _engine(path: str, spec: str, oracle: SignalInGraph, monkeypatch) -> Engine:
+    import kvpot.engine
+
+    monkeypatch.setattr(kvpot.engine, "LlamaContext",
+                        functools.partial(kvpot.engine.LlamaContext, cb_eval=oracle.callback))
+    return Engine(path, make_policy(spec), EngineConfig(budget=BUDGET, chunk=CHUNK, n_threads=2))
+
+
+def _state(eng: Engine) -> tuple[np.ndarray, np.ndarray]:
+    return eng.positions.copy(), eng.pot.cell_positions(eng.n_cells)
+
+
+@pytest.mark.parametrize("model,spec", [("smollm2_path", "infinipot"), ("smollm2_path", "snapkv"),
+                                        ("gemma_path", "streaming")])
+def test_a_signal_mid_chunk_takes_the_chunk_back(request, model, spec, watching, monkeypatch):
+    path = str(request.getfixturevalue(model))
+    text, question, _ = logbook(n_entries=40, seed=5)
+
+    oracle = SignalInGraph()
+    ref = _engine(path, spec, oracle, monkeypatch)
+    tokens = ref.model.tokenize(text)
+    n_bos = len(ref.model.bos())
+    ref.feed_stream([tokens], abortable=True)  # nothing written to the pipe: never stopped
+    assert oracle.fired == 0 and ref.step > STOP_AT_STEP + 3 and ref.pot.stats().n_compactions >= 3
+    ref_state = _state(ref)
+    ref_logits = ref.prompt(ref.model.tokenize(question))
+    ref.close()
+
+    oracle = SignalInGraph()
+    eng = _engine(path, spec, oracle, monkeypatch)
+    before = {}
+
+    def on_chunk(ev):
+        if eng.step == STOP_AT_STEP:
+            before.update(tokens=eng.tokens_seen, cells=eng.n_cells, state=_state(eng),
+                          compactions=eng.pot.stats().n_compactions)
+            oracle.armed = True  # the next chunk's decode gets the signal in its graph
+
+    with pytest.raises(abort.Interrupted):
+        eng.feed_stream([tokens], abortable=True, on_chunk=on_chunk)
+    assert oracle.fired == 1
+    assert abort.drain() == []  # the decode's own signal was taken out of the pipe
+    # the stopped chunk left nothing: the pot, its cells and the counters are those of the chunk before
+    assert eng.tokens_seen == before["tokens"] and eng.n_cells == before["cells"]
+    assert eng.pot.stats().n_compactions == before["compactions"]
+    assert eng.pot.stats().n_cells_used == eng.n_cells
+    for got, want in zip(_state(eng), before["state"]):
+        np.testing.assert_array_equal(got, want)
+
+    # reading on from the first token the stopped chunk held ends where the unstopped reading ended
+    eng.feed_stream([tokens[eng.tokens_seen - n_bos:]], abortable=True)
+    assert oracle.fired == 1
+    for got, want in zip(_state(eng), ref_state):
+        np.testing.assert_array_equal(got, want)
+    logits = eng.prompt(eng.model.tokenize(question))
+    assert int(np.argmax(logits)) == int(np.argmax(ref_logits))
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    eng.close()
+
+
+def test_a_signal_before_the_first_chunk_puts_the_bos_back(smollm2_path, watching, monkeypatch):
+    oracle = SignalInGraph()
+    eng = _engine(str(smollm2_path), "streaming", oracle, monkeypatch)
+    tokens = eng.model.tokenize("one two three four five six seven eight nine ten " * 20)
+    oracle.armed = True
+    with pytest.raises(abort.Interrupted):
+        eng.feed_stream([tokens], abortable=True)
+    assert eng.tokens_seen == 0 and eng.n_cells == 0 and eng.pot.stats().n_cells_used == 0
+    eng.feed_stream([tokens], abortable=True)
+    assert eng.tokens_seen == len(tokens) + len(eng.model.bos())
+    eng.close()
+
+
+def test_without_watching_or_arming_a_decode_runs_whole(smollm2_path, monkeypatch):
+    """A library user's process (no watch_signals) and a decode not marked abortable (the answer, the
+    question) ignore the pipe: the byte stays for the next phase's drain."""
+    oracle = SignalInGraph()
+    eng = _engine(str(smollm2_path), "streaming", oracle, monkeypatch)
+    tokens = eng.model.tokenize("alpha beta gamma delta " * 40)
+    assert abort._pipe is None
+    eng.feed_stream([tokens], abortable=True)  # not watching: the oracle has no pipe to write to
+    assert abort.watch_signals()
+    try:
+        oracle.armed = True
+        eng.feed_stream([tokens])  # watching, but not abortable
+        assert oracle.fired == 1
+        assert eng.tokens_seen == 2 * len(tokens) + len(eng.model.bos())
+        assert abort.drain() == [signal.SIGINT]
+    finally:
+        abort.stop_watching()
+    eng.close()
