@@ -20,6 +20,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import make_policy
 from kvpot.runtime import abort
+from kvpot.runtime.llama import LlamaContext
 
 BUDGET, CHUNK = 256, 64
 STOP_AT_STEP = 9  # past several compactions of a 256-cell pot
@@ -55,26 +56,32 @@ def watching():
     abort.stop_watching()
 
 
-def _engine(path: str, spec: str, oracle: SignalInGraph, monkeypatch) -> Engine:
+def _engine(path: str, spec: str, oracle: SignalInGraph, monkeypatch, budget: int = BUDGET,
+            chunk: int = CHUNK) -> Engine:
     import kvpot.engine
 
-    monkeypatch.setattr(kvpot.engine, "LlamaContext",
-                        functools.partial(kvpot.engine.LlamaContext, cb_eval=oracle.callback))
-    return Engine(path, make_policy(spec), EngineConfig(budget=BUDGET, chunk=CHUNK, n_threads=2))
+    monkeypatch.setattr(kvpot.engine, "LlamaContext", functools.partial(LlamaContext, cb_eval=oracle.callback))
+    return Engine(path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=2))
 
 
 def _state(eng: Engine) -> tuple[np.ndarray, np.ndarray]:
     return eng.positions.copy(), eng.pot.cell_positions(eng.n_cells)
 
 
-@pytest.mark.parametrize("model,spec", [("smollm2_path", "infinipot"), ("smollm2_path", "snapkv"),
-                                        ("gemma_path", "streaming")])
-def test_a_signal_mid_chunk_takes_the_chunk_back(request, model, spec, watching, monkeypatch):
+@pytest.mark.parametrize("model,spec,budget,chunk", [
+    ("smollm2_path", "infinipot", BUDGET, CHUNK),      # NuC's log-probs and CaP's taps in the graph
+    ("smollm2_path", "snapkv", BUDGET, CHUNK),         # taps on the chunk's last rows
+    ("smollm2_path", "locret", BUDGET, CHUNK),         # the shipped retaining heads score in the graph
+    ("smollm2_path", "edgeinfinite", BUDGET, CHUNK),   # the shipped gate reads the folded memory
+    ("smollm2_path", "infllm", 512, 128),              # block lookups and the query capture
+    ("gemma_path", "streaming", BUDGET, CHUNK),        # the sliding-window layers' cache rolls back too
+])
+def test_a_signal_mid_chunk_takes_the_chunk_back(request, model, spec, budget, chunk, watching, monkeypatch):
     path = str(request.getfixturevalue(model))
-    text, question, _ = logbook(n_entries=40, seed=5)
+    text, question, _ = logbook(n_entries=40 if chunk == CHUNK else 80, seed=5)
 
     oracle = SignalInGraph()
-    ref = _engine(path, spec, oracle, monkeypatch)
+    ref = _engine(path, spec, oracle, monkeypatch, budget, chunk)
     tokens = ref.model.tokenize(text)
     n_bos = len(ref.model.bos())
     ref.feed_stream([tokens], abortable=True)  # nothing written to the pipe: never stopped
@@ -84,7 +91,7 @@ def test_a_signal_mid_chunk_takes_the_chunk_back(request, model, spec, watching,
     ref.close()
 
     oracle = SignalInGraph()
-    eng = _engine(path, spec, oracle, monkeypatch)
+    eng = _engine(path, spec, oracle, monkeypatch, budget, chunk)
     before = {}
 
     def on_chunk(ev):
