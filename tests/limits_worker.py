@@ -34,9 +34,9 @@ def run_one(facts, doc: str, combo: dict) -> dict:
         peak = 0
         decode = eng.ctx.decode
 
-        def watched(tokens, pos0, logits="last"):
+        def watched(tokens, pos0, logits="last", **kw):
             nonlocal peak
-            decode(tokens, pos0, logits=logits)
+            decode(tokens, pos0, logits=logits, **kw)
             peak = max(peak, eng.pot.stats().n_cells_used)
 
         eng.ctx.decode = watched
