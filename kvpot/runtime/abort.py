@@ -90,17 +90,17 @@ def _drain(fd: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def armed(lib, ctx_ptr) -> Iterator[bool]:
-    """Within: a signal stops ctx's decode (True), or nothing is watched (False)."""
+def armed(lib, ctx_ptr, on: bool = True) -> Iterator[None]:
+    """Within: a signal stops ctx's decode, when `on` and signals are watched."""
     global _told
-    if _pipe is None:
-        yield False
+    if not on or _pipe is None:
+        yield
         return
     if _told is not lib:
         lib.kvpot_abort_watch(_pipe[0])
         _told = lib
     lib.kvpot_abort_arm(ctx_ptr, True)
     try:
-        yield True
+        yield
     finally:
         lib.kvpot_abort_arm(ctx_ptr, False)

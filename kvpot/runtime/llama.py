@@ -200,10 +200,7 @@ class LlamaContext(Owned):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
-        if abortable:
-            with abort.armed(load_runtime(), self.ptr):
-                rc = self._L.llama_decode(self.ptr, b)
-        else:
+        with abort.armed(load_runtime(), self.ptr, on=abortable):
             rc = self._L.llama_decode(self.ptr, b)
         if rc == 2 and abortable:
             got = abort.drain()
