@@ -21,6 +21,12 @@ const char * const k_harmless[] = {
     // kvpot's tap and log-prob graphs are larger than the graph llama.cpp reserved its compute
     // buffer for; the scheduler grew the buffer, and the destructor reports the difference
     "does not match expectation of",
+    // a decode stopped by kvpot's abort callback (kvpot-abort.cpp), i.e. by a signal the user sent: graph
+    // status 1 is GGML_STATUS_ABORTED and llama_decode's 2 is that abort, the only way either arises; llama.cpp
+    // takes the ubatch back, and the CLI says how far the reading got
+    "ggml_backend_sched_graph_compute_async failed with error 1\n",
+    "failed to compute graph, compute status: 1\n",
+    "llama_decode: failed to decode, ret = 2\n",
 };
 
 std::mutex g_file_mutex;    // guards g_file against a concurrent kvpot_log_setup
