@@ -228,3 +228,40 @@ def test_auto_flash_attention_only_where_the_window_does_not_fit_without_it():
         s = RunSettings(chunk=512, flash_attn=asked)
         assert resolve_flash_attn(s, facts, roomy, True, False) == (s, None)
         assert resolve_flash_attn(s, facts, small, True, False) == (s, None)
+
+
+def test_auto_flash_attention_with_a_budget_asks_for_the_pot_only(tmp_path):
+    """With --budget N the reading's size is known: auto turns flash attention on only where the device cannot
+    hold, without it, the pot's context (its policy's cells while reading plus the answer's room), whatever the
+    model's window; the plan's context is the policy's own count (computed by the policy, not restated here)."""
+    from kvpot.ingest import collect_sources
+    from kvpot.policies import make_policy
+    from kvpot.session.reading_plan import plan_reading, resolve_flash_attn
+    from kvpot.session.settings import RunSettings
+
+    facts = smol_like(n_ctx_train=32768)
+    small = DeviceMemory(GiB, "RAM")
+    held = plan_cells(facts, small, 512, 512).cells
+    assert held < facts.n_ctx_train
+    settings = RunSettings(chunk=512)
+    assert resolve_flash_attn(settings, facts, small, True, False, context=held)[0].flash_attn == "off"
+    on, why = resolve_flash_attn(settings, facts, small, True, False, context=held + 1)
+    assert on.flash_attn == "on" and why.endswith(f"holds {held:,} cells, under the {held + 1:,} this reading needs)")
+    # a context past the window is the window's question
+    assert resolve_flash_attn(settings, facts, small, True, False, context=10**6)[1].endswith("32,768-token window)")
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("words " * 100)
+    reserve = 300
+
+    def plan(budget: int):
+        return plan_reading(RunSettings(chunk=512, policy="infinipot", budget=budget), facts,
+                            collect_sources([str(doc)]), policy_chosen=True, reserve=reserve, memory=small)
+
+    fits = held - reserve  # InfiniPot's pot holds its budget while reading (the chunk inside it)
+    p = make_policy("infinipot")
+    p.fit(fits, 512)
+    assert p.cache_cells(fits, 512) + reserve == held
+    assert plan(fits).settings.flash_attn == "off" and plan(fits).note is None
+    over = plan(fits + 1)
+    assert over.settings.flash_attn == "on" and f"under the {held + 1:,} this reading needs" in over.note

@@ -84,12 +84,13 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
 
 
 def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_budget.DeviceMemory,
-                       wants_logprobs: bool, keeps_copy: bool) -> tuple[RunSettings, str | None]:
-    """`flash_attn = auto`: on only where the device cannot hold the model's whole trained context
-    without it. Flash attention keeps no chunk x cells score matrix (the same memory holds two to five
-    times the cells) but, on the CPUs measured, reads a large context slower (docs/benchmarks.md, "Flash
-    attention"), so a device with room reads without it and a small one gets the cells. Returns the
-    settings and, where auto turned it on, why (for the plan's line on stderr)."""
+                       wants_logprobs: bool, keeps_copy: bool, context: int | None = None) -> tuple[RunSettings, str | None]:
+    """`flash_attn = auto`: on only where the device cannot hold, without it, the model's whole trained
+    context, or `context` cells where the reading's size is already known (a pot with --budget N: its
+    cells, the chunk and the answer's room). Flash attention keeps no chunk x cells score matrix (the same
+    memory holds two to five times the cells) but, on the CPUs measured, reads a large context slower
+    (docs/benchmarks.md, "Flash attention"), so a device with room reads without it and a small one gets
+    the cells. Returns the settings and, where auto turned it on, why (for the plan's line on stderr)."""
     if settings.flash_attn != "auto":
         return settings, None
     rows = settings.chunk if wants_logprobs else 1
@@ -98,11 +99,22 @@ def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_bud
     except KvpotError:  # not even a minimal pot fits without it
         held = 0
     window = facts.n_ctx_train or held + 1
-    if held >= window:
+    need = min(window, context) if context else window
+    if held >= need:
         return replace(settings, flash_attn="off"), None
+    under = f"under the {need:,} this reading needs" if need < window else f"under the model's {window:,}-token window"
     return replace(settings, flash_attn="on"), (
-        f"flash attention on (auto: without it this device holds {held:,} cells, "
-        f"under the model's {window:,}-token window)")
+        f"flash attention on (auto: without it this device holds {held:,} cells, {under})")
+
+
+def _pot_context(steps: Policy | None, budget, chunk: int, reserve: int) -> int | None:
+    """The cells a pot of --budget N allocates (what its policy holds while reading, plus the answer's
+    room), or None where the budget is still to be chosen or the reading is full attention. Fitting here is
+    the fit the session does anyway: a policy fits once for one budget and chunk."""
+    if steps is None or budget == AUTO:
+        return None
+    steps.fit(budget, chunk)
+    return steps.cache_cells(budget, chunk) + reserve
 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
@@ -123,7 +135,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     flash_note, mem = None, memory
     if settings.flash_attn == "auto" or settings.budget == AUTO:
         mem = memory or device_budget.device_memory()
-        settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy)
+        context = _pot_context(steps, settings.budget, chunk, reserve)
+        settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy, context)
     if settings.budget != AUTO and not full:
         return ReadingPlan(settings, flash_note, policy)
     # counted where the session puts it before the document (Session.puts_question_before)

@@ -52,7 +52,7 @@ class RunSettings:
     max_tokens: int = 256       # longest answer
     flash_attn: str = "auto"    # auto | on | off (llama.cpp's -fa): on holds no chunk x cells score matrix, so
                                 # the same memory holds 2-5x the cells, but reads large contexts slower on a CPU;
-                                # auto: on only where the device cannot hold the model's window without it
+                                # auto: on only where the device cannot hold the model's window (or a --budget N pot) without it
                                 # (reading_plan.resolve_flash_attn, before the session starts)
     question_before: str = "off"  # on | off: a question known before reading (`ask`) also goes before the document,
                                 # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
