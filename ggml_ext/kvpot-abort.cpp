@@ -9,7 +9,10 @@
 // read. llama_decode then removes the ubatch's cells from the memory and returns 2, and Python, whose
 // handler runs as the call returns, decides what the signal means and empties the descriptor.
 // The callback never calls into Python (no interpreter lock from a compute thread: see kvpot-log.cpp).
+// The model loader's progress callback asks the same descriptor (kvpot-mapped.cpp), so a signal also stops
+// a load in progress: llama.cpp then frees what it loaded and returns no model.
 #include "kvpot.h"
+#include "kvpot-abort.h"
 
 #include "llama.h"
 
@@ -23,9 +26,15 @@ namespace {
 
 std::atomic<int32_t> g_fd{-1};
 
-bool signal_waiting(void * /*data*/) {
+bool abort_callback(void * /*data*/) {
+    return kvpot_signal_waiting();
+}
+
+}  // namespace
+
+bool kvpot_signal_waiting() {
 #ifdef _WIN32
-    return false;  // no signal.set_wakeup_fd pipe to watch there: decodes run to their end
+    return false;  // no signal.set_wakeup_fd pipe to watch there: decodes and loads run to their end
 #else
     const int fd = g_fd.load(std::memory_order_relaxed);
     if (fd < 0) {
@@ -36,8 +45,6 @@ bool signal_waiting(void * /*data*/) {
 #endif
 }
 
-}  // namespace
-
 int32_t kvpot_abort_watch(int32_t fd) {
     g_fd.store(fd < 0 ? -1 : fd, std::memory_order_relaxed);
     return 0;
@@ -47,6 +54,6 @@ int32_t kvpot_abort_arm(struct llama_context * ctx, bool on) {
     if (ctx == nullptr) {
         return KVPOT_ERR_ARG;
     }
-    llama_set_abort_callback(ctx, on ? signal_waiting : nullptr, nullptr);
+    llama_set_abort_callback(ctx, on ? abort_callback : nullptr, nullptr);
     return 0;
 }

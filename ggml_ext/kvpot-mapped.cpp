@@ -13,7 +13,11 @@
 // (kvpot_load_progress_release), so that each copy does not sit beside its source until the end. The
 // second also drops the pages of weights read in place; they fault back from the page cache the first
 // time a graph reads them.
+//
+// The same progress callback stops the load when a signal is waiting (kvpot-abort.cpp): loading a 1 GB
+// model from a phone's storage takes long enough that a Ctrl-C should not wait for its end.
 #include "kvpot.h"
+#include "kvpot-abort.h"
 
 #include "llama-model.h"
 
@@ -139,6 +143,9 @@ int64_t kvpot_model_release_copied(const struct llama_model * model, const char 
 
 bool kvpot_load_progress_release(float progress, void * user_data) {
     (void) progress;
+    if (kvpot_signal_waiting()) {
+        return false;  // llama.cpp cancels the load
+    }
 #if KVPOT_CAN_RELEASE_WHILE_LOADING
     const char * path = (const char *) user_data;
     struct stat st;

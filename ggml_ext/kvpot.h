@@ -81,7 +81,8 @@ KVPOT_API int64_t kvpot_model_release_copied(const struct llama_model * model, c
 // copy is resident beside its source until kvpot_model_release_copied runs after loading, so loading
 // peaks at the file plus all its copies. Pages still read in place fault back in from the page cache
 // when first used (kvpot-mapped.cpp says why that changes nothing computed). Linux and Android (it
-// reads /proc/self/maps); elsewhere it does nothing. Never cancels loading: always returns true.
+// reads /proc/self/maps); elsewhere it releases nothing. Returns false, so llama.cpp cancels the load,
+// when a signal is waiting in the descriptor given to kvpot_abort_watch; else true.
 KVPOT_API bool kvpot_load_progress_release(float progress, void * user_data);
 
 //

@@ -153,3 +153,33 @@ def test_without_watching_or_arming_a_decode_runs_whole(smollm2_path, monkeypatc
     finally:
         abort.stop_watching()
     eng.close()
+
+
+def test_a_signal_while_loading_stops_the_load(smollm2_path, watching, monkeypatch):
+    """A signal that arrives while llama.cpp loads the model stops the load (the loader's progress callback asks
+    the same pipe): no model, and KeyboardInterrupt where the signal's own handler did not end the process. A
+    signal handled before the load does not stop it, and a process that does not watch signals loads whole."""
+    from kvpot.runtime.llama import LlamaModel
+
+    told = abort.tell
+
+    def tell_then_signal(lib):  # the signal arrives as the load starts, after the stale ones were drained
+        ok = told(lib)
+        os.write(abort._pipe[1], bytes([signal.SIGINT]))
+        return ok
+
+    monkeypatch.setattr(abort, "tell", tell_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        LlamaModel(str(smollm2_path))
+    assert not abort.pending()  # the byte was taken: the next phase starts clean
+    monkeypatch.setattr(abort, "tell", told)
+    os.write(abort._pipe[1], bytes([signal.SIGINT]))  # handled before loading: drained, the load runs
+    model = LlamaModel(str(smollm2_path))
+    assert model.n_vocab > 0
+    model.close()
+    abort.stop_watching()
+    try:  # not watching (a library user's process): nothing stops a load
+        model = LlamaModel(str(smollm2_path))
+        model.close()
+    finally:
+        assert abort.watch_signals()

@@ -89,16 +89,33 @@ def _drain(fd: int) -> list[int]:
         got += list(chunk)
 
 
-@contextlib.contextmanager
-def armed(lib, ctx_ptr, on: bool = True) -> Iterator[None]:
-    """Within: a signal stops ctx's decode, when `on` and signals are watched."""
+def tell(lib) -> bool:
+    """Give the library the pipe's read end, once; False where signals are not watched. A model load
+    (kvpot_load_progress_release) stops on a waiting signal from then on; a decode only when armed."""
     global _told
-    if not on or _pipe is None:
-        yield
-        return
+    if _pipe is None:
+        return False
     if _told is not lib:
         lib.kvpot_abort_watch(_pipe[0])
         _told = lib
+    return True
+
+
+def pending() -> bool:
+    """Something is waiting in the pipe (a signal arrived and no phase has drained it yet)."""
+    if _pipe is None:
+        return False
+    import select
+
+    return bool(select.select([_pipe[0]], [], [], 0)[0])
+
+
+@contextlib.contextmanager
+def armed(lib, ctx_ptr, on: bool = True) -> Iterator[None]:
+    """Within: a signal stops ctx's decode, when `on` and signals are watched."""
+    if not on or not tell(lib):
+        yield
+        return
     lib.kvpot_abort_arm(ctx_ptr, True)
     try:
         yield

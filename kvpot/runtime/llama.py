@@ -60,13 +60,23 @@ class LlamaModel(Owned):
         # servers' (kvpot ask --rpc); nothing changes without one. llama.cpp's default (-1) means "fit
         # automatically", which only its common library resolves; here it would leave every layer on the CPU
         params.n_gpu_layers = N_GPU_LAYERS_ALL
-        if release_while_loading and not vocab_only:
+        stoppable = release_while_loading and not vocab_only
+        if stoppable:
             # the path outlives the call: llama.cpp hands it back to the callback while it loads
             self._load_path = ctypes.create_string_buffer(str(path).encode())
             params.progress_callback = ctypes.cast(runtime.kvpot_load_progress_release, L.llama_progress_callback)
             params.progress_callback_user_data = ctypes.cast(self._load_path, ctypes.c_void_p)
+            # where the CLI watches signals, one that arrives while loading stops it (the same callback); one
+            # handled before (its Python handler has run) must not
+            abort.drain()
+            abort.tell(runtime)
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
+            if stoppable and abort.pending():
+                # a signal cancelled the load; its handler, which ran as the call returned, did not end the
+                # process (SIGTERM's does), so it was a Ctrl-C that only marks: loading stops all the same
+                abort.drain()
+                raise KeyboardInterrupt
             raise KvpotError(f"llama.cpp could not load the model {path}")
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
