@@ -107,14 +107,18 @@ def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_bud
         f"flash attention on (auto: without it this device holds {held:,} cells, {under})")
 
 
+CTX_PAD = 256  # llama.cpp rounds a context's cells up to a multiple of this (llama_context's constructor)
+
+
 def _pot_context(steps: Policy | None, budget, chunk: int, reserve: int) -> int | None:
     """The cells a pot of --budget N allocates (what its policy holds while reading, plus the answer's
-    room), or None where the budget is still to be chosen or the reading is full attention. Fitting here is
-    the fit the session does anyway: a policy fits once for one budget and chunk."""
+    room, rounded up to a multiple of 256 as llama.cpp sizes a context), or None where the budget is still
+    to be chosen or the reading is full attention. Fitting here is the fit the session does anyway: a policy
+    fits once for one budget and chunk."""
     if steps is None or budget == AUTO:
         return None
     steps.fit(budget, chunk)
-    return steps.cache_cells(budget, chunk) + reserve
+    return -(-(steps.cache_cells(budget, chunk) + reserve) // CTX_PAD) * CTX_PAD
 
 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
