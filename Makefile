@@ -292,6 +292,8 @@ bench-beyond-05b: install
 		-t 2 --json $(BENCH_DIR)/beyond/qa-qwen05-48k-2048.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-0.5b -P infinipot --per-question --length 49152 --sample 8 --budget 32016 \
 		-t 2 --json $(BENCH_DIR)/beyond/qa-qwen05-48k-32016.json --resume
+	$(KVPOT) bench qa -m qwen2.5-coder-0.5b -P infinipot --per-question --length 49152 --sample 8 --budget 8192 \
+		-t 2 --json $(BENCH_DIR)/beyond/qa-qwen05-48k-8192.json --resume
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
 # model's own head on every row (what the blocks replace), per model, interleaved in one process
