@@ -138,7 +138,7 @@ QWEN25_CODER_05B = KnownModel(
     size_bytes=491_400_064,
     rank=3,
     # past the window, question first (ask), 8,192 cells answered more of the 48K questions than the largest pot
-    # (5 of the first 7 against the largest's 4 of 8) at 1.4x its speed in 0.43x its memory; read as
+    # (6/8 against the largest's 4/8) at 1.4x its speed in 0.43x its memory; read as
     # chat reads it keeps the largest pot, 2/8 against 1/8 at 2,048 cells (docs/benchmarks.md, Beyond the window)
     beyond_window_pot_asked=8192,
     expect=("good short answers in full sentences (the demo's hidden code at 2,048 cells); under half the 1.5B "
