@@ -8,8 +8,8 @@ window"), Qwen2.5-Coder-1.5B read as `kvpot chat` reads (the question unknown wh
 with a 2,048-cell pot: a larger one kept more of what did not answer, read slower and held more memory. Read
 as `kvpot ask` reads (the question known first: InfiniPot distills with it as the catalyst, CaP-Q) it answered
 best with 8,192 cells, more than with 2,048 and more than it knows with no document. The 0.5B, question first,
-answered as many with 8,192 cells as with its largest pot, faster and in under half the memory, and more than
-with 2,048; read as chat reads it answered more with its largest pot (2/8 against 1/8 at 2,048 cells), so it
+answered more with 8,192 cells (6/8) than with its largest pot (4/8) or 2,048 (3/8), faster than the largest and
+in under half its memory; read as chat reads it answered more with its largest pot (2/8 against 1/8 at 2,048 cells), so it
 keeps the largest there. For the test models the
 accuracy-versus-budget curves found no smaller pot better, so they keep the largest, as does any model not
 measured there. A policy named with `--policy` keeps
