@@ -203,6 +203,12 @@ def check_saved(saved: SavedContext, path: Path | str = "saved context") -> None
         check_engine_values(st.values, st.arrays, n_ctx)
         if saved.header["tokens_read"] > st.values["tokens_seen"]:
             raise ValueError("tokens_read is more than the engine's tokens_seen")
+        if "read_point" in saved.header:
+            from kvpot.session.read_point import ReadPoint
+
+            point = ReadPoint.from_header(saved.header["read_point"])
+            if point.next_position != st.values["tokens_seen"] or saved.header["turns"]:
+                raise ValueError("read_point is not where the engine stopped reading")
         check_pot_bytes(st.pot, st.arrays["positions"], st.values["pos_next"])
         from kvpot.policies import make_policy
 

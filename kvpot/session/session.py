@@ -25,6 +25,7 @@ from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
+from kvpot.session.read_point import PieceLog, ReadPoint, resumable_sources, text_after
 from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
@@ -81,6 +82,8 @@ class Session:
         self.resettable = resettable
         self._after_reading: EngineState | None = None
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
+        # where a stopped read goes on (None: read to its end, or stopped where it cannot go on)
+        self.read_point: ReadPoint | None = None
 
     def close(self) -> None:
         self.engine.close()
@@ -110,36 +113,61 @@ class Session:
         """settings.question_before (docs/benchmarks.md, "The question before the document")."""
         return self.settings.question_before == "on"
 
-    def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None) -> None:
+    def read(self, sources: SourceSet, on_progress: Callable[[ReadProgress], None] = lambda p: None,
+             resume: ReadPoint | None = None) -> None:
         """Stream the sources into the pot. A ReadingStopped from on_progress ends reading early;
-        it propagates after the session is left consistent (keep it with `finish_reading`). A signal
-        that stops a chunk's decode (the CLI watches signals: kvpot.runtime.abort) ends it the same
-        way, without that chunk, as a ReadingStopped."""
+        it propagates after the session is left consistent (keep it with `finish_reading`), with
+        `read_point` set where the rest can be read later. A signal that stops a chunk's decode (the CLI
+        watches signals: kvpot.runtime.abort) ends it the same way, without that chunk, as a ReadingStopped.
+
+        `resume`: a reopened context's point (its `read_point`): the sources are the ones it was reading,
+        the text before the point is checked against what was read, and the tokens after it are read as
+        the stopped read would have read them, in the same chunks."""
         eng = self.engine
-        self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
+        if resume is None:
+            self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
+        elif eng.tokens_seen != resume.next_position:
+            raise KvpotError(f"the context's next position {eng.tokens_seen} is not its read point's "
+                             f"{resume.next_position}")
         self.source_set = sources
-        tok = IncrementalTokenizer(eng.model.tokenize)
         total_bytes = sources.total_bytes
-        start_tokens = eng.tokens_seen
+        start_tokens = eng.tokens_seen - (self.doc_tokens if resume is not None else 0)
+        names = resumable_sources(sources)
 
-        # the stream position of the first token pieces() yields (the engine puts the BOS before it)
-        at = eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos()))
-
-        before = self._question if self._question and self.puts_question_before() else None
-        # what the document was read with, as a saved context's header records it
-        self.settings = replace(self.settings, question_before="on" if before else "off")
+        if resume is None:
+            text, log = sources.pieces(), PieceLog(eng.model.tokenize)
+            # the stream position of the first token pieces() yields (the engine puts the BOS before it)
+            at = eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos()))
+            before = self._question if self._question and self.puts_question_before() else None
+            # what the document was read with, as a saved context's header records it
+            self.settings = replace(self.settings, question_before="on" if before else "off")
+            opening = self.format.document_open(before)
+            expected = int(total_bytes / BYTES_PER_TOKEN_GUESS) if total_bytes else None
+        else:
+            text, digest = text_after(sources, resume)
+            log = PieceLog(eng.model.tokenize, resume.char, digest)
+            at, opening = resume.pos, []
+            self.source_map.truncate(resume.pos, resume.char)
+            expected = None  # the policy keeps the length it was told when the read began (saved with it)
+        tok = IncrementalTokenizer(log.tokenize)
+        tok.chars = resume.char if resume is not None else 0  # the source map's character offsets
 
         def pieces() -> Iterator[list[int]]:
             nonlocal at
-            for seg in self.format.document_open(before):
+            for seg in opening:
                 toks = eng.model.tokenize(seg.text, special=seg.special)
                 at += len(toks)
                 yield toks
             done = tok.chars
-            for toks in tok.stream(sources.pieces()):
+            for toks in tok.stream(text):
+                log.piece_read(at, toks)
                 self.source_map.add(at, done, tok.chars - done, toks, eng.model.piece)
                 self.source_map.marks = sources.marks
-                at, done = at + len(toks), tok.chars
+                first, at, done = at, at + len(toks), tok.chars
+                if resume is not None and first == resume.pos:
+                    # the piece the read stopped in, tokenized again whole: its first tokens are in the pot
+                    resume.check_skipped(toks)
+                    toks = toks[resume.skip:]
                 yield toks
 
         def on_chunk(ev: FeedEvent) -> None:
@@ -154,10 +182,13 @@ class Session:
 
         t0 = time.perf_counter()
         try:
-            expected = int(total_bytes / BYTES_PER_TOKEN_GUESS) if total_bytes else None
             eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk, abortable=True)
-        except abort.Interrupted as e:
-            raise ReadingStopped(str(e)) from None
+            self.read_point = None  # read to its end
+        except (ReadingStopped, abort.Interrupted) as e:
+            self.read_point = None if names is None else log.point(eng.tokens_seen, names)
+            if isinstance(e, abort.Interrupted):
+                raise ReadingStopped(str(e)) from None
+            raise
         finally:
             self.read_seconds += time.perf_counter() - t0
             self.doc_tokens = eng.tokens_seen - start_tokens
@@ -268,6 +299,10 @@ class Session:
             "turns": self.turns,
             "source_map": self.source_map.to_header(),
         }
+        point = self.read_point
+        if point is not None and self.turns == 0 and point.next_position == self.engine.tokens_seen:
+            # a stopped read: where its rest begins (a read that failed after its point has none)
+            header["read_point"] = point.to_header()
         state = self.engine.export_state()
         # the file will reference the policy's disk data (InfLLM's store): mark it kept before the file exists,
         # so no moment has a saved context whose store a signal's cleanup would delete (a save that then
@@ -309,6 +344,8 @@ class Session:
         except KvpotError as e:
             s.close()
             raise KvpotError(f"{path} cannot be restored: {e}") from None
+        if "read_point" in h:  # checked with the file (context_file.check_saved)
+            s.read_point = ReadPoint.from_header(h["read_point"])
         s._after_reading = saved.state if s.turns == 0 and resettable else None
         return s
 

@@ -60,6 +60,13 @@ class SourceMap:
             self.char.append(char0 + int(cum[i]) * n_chars // total)
         self.end_pos, self.end_char = first_pos + len(tokens), char0 + n_chars
 
+    def truncate(self, pos: int, char: int) -> None:
+        """Forget the entries from stream position `pos` on (a stopped read mapped pieces it had tokenized
+        but not read); `char`: the character offset of the token at `pos`, where the map now ends."""
+        keep = bisect_right(self.pos, pos - 1)
+        del self.pos[keep:], self.char[keep:]
+        self.end_pos, self.end_char = pos, char
+
     def _token_chars(self, token: int, piece) -> int:
         n = self._chars_of.get(token)
         if n is None:
