@@ -15,14 +15,25 @@ from kvpot.runtime import abort
 
 
 class Interrupts:
-    def __init__(self):
+    def __init__(self, terminate: bool = False):
+        """`terminate`: SIGTERM and SIGHUP stop the phase as a first Ctrl-C does (`terminated` says which),
+        so that what it did can be kept before the process ends as the signal asks (a read that is saved
+        to go on later, under `timeout` or a phone's task killer); a second one ends it at once."""
         self.hit = False
+        self.terminated = 0
+        self.terminate = terminate
         self._old = None
+        self._old_term: dict[int, object] = {}
 
     def _handler(self, signum, frame):
         if self.hit:
             raise KeyboardInterrupt
         self.hit = True
+
+    def _term_handler(self, signum, frame):
+        if self.terminated:
+            raise Terminated(128 + signum)
+        self.terminated, self.hit = signum, True
 
     def __enter__(self) -> Interrupts:
         self.hit = False
@@ -31,12 +42,26 @@ class Interrupts:
         # `nohup ... &`: its reader chose not to be stopped by an interrupt meant for the shell)
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._old = signal.signal(signal.SIGINT, self._handler)
+        if self.terminate and threading.current_thread() is threading.main_thread():
+            for name in ("SIGTERM", "SIGHUP"):
+                sig = getattr(signal, name, None)
+                if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old_term[sig] = signal.signal(sig, self._term_handler)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
             self._old = None
+        for sig, old in self._old_term.items():
+            signal.signal(sig, old)
+        self._old_term = {}
+
+    def end_if_terminated(self) -> None:
+        """A SIGTERM or SIGHUP that stopped the phase ends the process now, as exit_cleanly_on_signals does."""
+        if self.terminated:
+            sys.stderr.write(f"kvpot: stopped by {signal.Signals(self.terminated).name}\n")
+            raise Terminated(128 + self.terminated)
 
 
 class Terminated(SystemExit):

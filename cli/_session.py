@@ -33,7 +33,7 @@ from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_polic
 
 from ._common import err, write_out
 from ._interrupt import Interrupts
-from .reading import QuestionProgress
+from .reading import QuestionProgress, read_with_progress
 
 
 def parse_budget(raw: str | None) -> int | str | None:
@@ -196,6 +196,26 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     return session
 
 
+def continue_reading(session: Session, context: Path | str, question: str | None, save_to: Path | str | None) -> None:
+    """Read the rest of the inputs a reopened context stopped in (`--continue`), with the question as the
+    catalyst when it is known, as `ask` reads; saved again when stopped, as a new read is."""
+    from kvpot.session.read_point import reopen_sources
+
+    point = session.read_point
+    if point is None:
+        raise KvpotError(f"{context} holds no stopped read to continue: it was read to its end"
+                         + (" and answered" if session.turns else ""))
+    notices = []
+    sources = reopen_sources(point, notice=notices.append)
+    if question:
+        session.set_question(question)
+        check_pot_room(session.engine, budget_option="the --budget the files are read with")
+    for msg in notices:
+        err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
+    read_with_progress(session, sources, save=None if save_to is None else lambda: save(session, save_to),
+                       resume=point)
+
+
 @dataclass(frozen=True)
 class Answered:
     text: str        # what was written to stdout (without the closing newline)
@@ -249,5 +269,10 @@ def save(session: Session, path: Path | str) -> bool:
     except KvpotError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return False
-    err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)")
+    err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)", soft_wrap=True)
+    point = session.read_point
+    if point is not None and session.turns == 0 and point.next_position == session.engine.tokens_seen:
+        err.print(f"it holds the first {session.doc_tokens:,} tokens read; `kvpot ask --context {path} --continue "
+                  f"QUESTION` (or `kvpot chat --context {path} --continue`) reads the rest of {point.names()}",
+                  soft_wrap=True, markup=False)
     return True

@@ -49,7 +49,7 @@ from ._sampling import (
     make_sampler,
     stops,
 )
-from ._session import new_session, reopen_session, save
+from ._session import continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
 
 MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved context's model, else $KVPOT_MODEL, "
@@ -67,7 +67,12 @@ POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in 
 ContextOpt = Annotated[str, typer.Option("--context", metavar="PATH", show_default="none: read the files",
                                          help="reopen a saved context instead of reading files")]
 SaveContextOpt = Annotated[str, typer.Option("--save-context", metavar="PATH", show_default="not saved",
-                                             help="save the compressed context here after reading")]
+                                             help="save the compressed context here after reading; a read "
+                                                  "stopped by Ctrl-C or SIGTERM is saved too, to go on later "
+                                                  "with --context PATH --continue")]
+ContinueOpt = Annotated[bool, typer.Option(
+    "--continue", help="with --context: read the rest of the files a stopped read was reading (from where it "
+                       "stopped, checked to be the same text), then answer; add --save-context to keep it")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", metavar="NAME|PATH", show_default="see above", help=MODEL_HELP)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if the input fits, else infinipot",
                                         help=POLICY_HELP)]
@@ -126,7 +131,7 @@ def _refuse_ignored(context: Path | None, **given) -> None:
 def _open_session(inputs: list[str], question: str | None, context: Path | None, save_context: Path | None,
                   rpc: str | None, model: str | None, glob: list[str] | None, missing: str,
                   exclude: list[str] | None = None, verbose: bool = False, resettable: bool | None = None,
-                  **opts) -> Session:
+                  go_on: bool = False, **opts) -> Session:
     """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
     What cannot work is said before a model loads: options a saved context fixes, both files and
     --context, no files, a --save-context path that cannot be written or that names a file the
@@ -134,14 +139,26 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     _refuse_ignored(context, **{"--policy": opts["policy"], "--budget": opts["budget"], "--chunk": opts["chunk"],
                                 "--prompt-format": opts["prompt"], "--glob": glob or None,
                                 "--exclude": exclude or None, "--question-before": opts.get("question_before")})
+    if go_on and context is None:
+        raise KvpotError("--continue goes with --context PATH: a context saved from a stopped read")
     if save_context is not None:
         resolve_target(save_context, "context")  # a path that cannot be saved to is said before reading
     if context is not None:
         if inputs:
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
-        return reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context,
-                              resettable=question is None)
+        session = reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context,
+                                 resettable=question is None)
+        try:
+            if go_on:
+                continue_reading(session, context, question, save_context)
+            elif session.read_point is not None:
+                err.print(f"{context} holds a read stopped after {session.doc_tokens:,} tokens; --continue reads "
+                          f"the rest of {session.read_point.names()}", soft_wrap=True, markup=False)
+        except BaseException:
+            session.close()
+            raise
+        return session
     if not inputs:
         raise KvpotError(missing)
     connect_rpc(rpc)
@@ -153,7 +170,7 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     for line in chosen:
         err.print(escape(line), soft_wrap=True)
     try:
-        read_with_progress(session, sources)
+        read_with_progress(session, sources, save=None if save_context is None else lambda: save(session, save_context))
     except BaseException:
         session.close()
         raise
@@ -165,6 +182,7 @@ def ask(
     args: list[str] = typer.Argument(..., metavar="[FILE]... QUESTION",
                                      help="files, directories or - (stdin) to read, then the question"),
     context: ContextOpt = None,
+    go_on: ContinueOpt = False,
     save_context: SaveContextOpt = None,
     model: ModelOpt = None,
     policy: PolicyOpt = None,
@@ -208,7 +226,7 @@ def ask(
                 flash_attn=flash_attn, question_before=question_before)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
                        "pass the files to read before the question, or - to read stdin (or --context PATH)",
-                       exclude=exclude, verbose=verbose, **opts) as session:
+                       exclude=exclude, verbose=verbose, go_on=go_on, **opts) as session:
         if context is not None:
             session.set_question(question)
             # a question too long for a catalyst that holds it: said before reading it
@@ -316,6 +334,7 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
 def chat(
     inputs: list[str] = typer.Argument(None, metavar="[FILE]...", help="files or directories to read"),
     context: ContextOpt = None,
+    go_on: ContinueOpt = False,
     save_context: SaveContextOpt = None,
     model: ModelOpt = None,
     policy: PolicyOpt = None,
@@ -354,7 +373,8 @@ def chat(
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
                 flash_attn=flash_attn)
     session = _open_session(inputs, None, context, save_context, rpc, model, glob,
-                            "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose, **opts)
+                            "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose,
+                            go_on=go_on, **opts)
     # /ask reads the same files with the same options and model (a registry name, else its path)
     reread = None if context is not None else Reread(
         inputs, glob or ["*"], exclude or [],

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from kvpot.ingest import SourceSet
+from kvpot.session.read_point import ReadPoint
 from kvpot.session.session import ReadingStopped, ReadProgress, Session
 from kvpot.wording import plural
 
@@ -44,30 +46,40 @@ def _describe(sources: SourceSet) -> str:
     return f"{what}, {size}"
 
 
-def read_with_progress(session: Session, sources: SourceSet) -> bool:
+def read_with_progress(session: Session, sources: SourceSet, save: Callable[[], object] | None = None,
+                       resume: ReadPoint | None = None) -> bool:
     """Read the sources; returns True when everything was read, False when the user stopped it
-    with Ctrl-C and chose to keep what was read. Raises KeyboardInterrupt when they chose not to."""
-    with Interrupts() as stop:  # before the first line: from then on a Ctrl-C stops at the next chunk
-        err.print(f"[bold]reading[/bold] {_describe(sources)} with {session.policy_spec}, budget "
+    with Ctrl-C and chose to keep what was read. Raises KeyboardInterrupt when they chose not to.
+    `save`: saves the context (--save-context); a read stopped by Ctrl-C, SIGTERM or SIGHUP is saved
+    before the process ends, to go on later (`--context PATH --continue`). `resume`: the point of a
+    reopened context where its stopped read goes on."""
+    # before the first line: from then on a Ctrl-C (and, with a save to make, SIGTERM) stops at the next chunk
+    with Interrupts(terminate=save is not None) as stop:
+        what = _describe(sources)
+        if resume is not None:
+            what = f"the rest of {what} from token {resume.next_position:,}"
+        err.print(f"[bold]reading[/bold] {what} with {session.policy_spec}, budget "
                   f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: {session.format.name}",
                   soft_wrap=True)
         try:
             if err.is_terminal:
-                _read_rich(session, sources, stop)
+                _read_rich(session, sources, stop, resume)
             else:
-                _read_plain(session, sources, stop)
+                _read_plain(session, sources, stop, resume)
         except ReadingStopped:
-            return _offer_to_keep(session)
+            return _offer_to_keep(session, stop, save)
     _summary(session, sources)
     return True
 
 
-def _read_rich(session: Session, sources: SourceSet, stop: Interrupts) -> None:
+def _read_rich(session: Session, sources: SourceSet, stop: Interrupts, resume: ReadPoint | None) -> None:
     columns = (TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.completed:,}/{task.fields[est]} tokens"),
                _Rate(), TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"),
                TextColumn("{task.fields[comp]}"), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("read", total=None, est="?", cells=0, cap=session.engine.ctx.n_ctx,
+        # a continued read starts where it stopped (the rate is then of what this read reads)
+        task = progress.add_task("read", total=None, completed=session.doc_tokens if resume is not None else 0,
+                                 est="?", cells=session.engine.n_cells, cap=session.engine.ctx.n_ctx,
                                  comp=plural(0, "compaction"))
 
         def on_progress(p: ReadProgress) -> None:
@@ -76,11 +88,12 @@ def _read_rich(session: Session, sources: SourceSet, stop: Interrupts) -> None:
             if stop.hit:
                 raise ReadingStopped
 
-        session.read(sources, on_progress)
+        session.read(sources, on_progress, resume=resume)
 
 
-def _read_plain(session: Session, sources: SourceSet, stop: Interrupts) -> None:
+def _read_plain(session: Session, sources: SourceSet, stop: Interrupts, resume: ReadPoint | None) -> None:
     t0 = last = time.perf_counter()
+    before = session.doc_tokens if resume is not None else 0  # a continued read's rate is of what it reads
 
     def on_progress(p: ReadProgress) -> None:
         nonlocal last
@@ -88,19 +101,21 @@ def _read_plain(session: Session, sources: SourceSet, stop: Interrupts) -> None:
         if now - last >= PLAIN_EVERY_S:
             last = now
             of = f" of ~{p.est_total:,}" if p.est_total else ""
-            err.print(f"read {p.tokens:,}{of} tokens, {p.tokens / (now - t0):,.0f} tok/s, pot {p.cells:,}/{p.capacity:,} "
-                      f"cells, {plural(p.compactions, 'compaction')}", soft_wrap=True)
+            err.print(f"read {p.tokens:,}{of} tokens, {(p.tokens - before) / (now - t0):,.0f} tok/s, pot "
+                      f"{p.cells:,}/{p.capacity:,} cells, {plural(p.compactions, 'compaction')}", soft_wrap=True)
         if stop.hit:
             raise ReadingStopped
 
-    session.read(sources, on_progress)
+    session.read(sources, on_progress, resume=resume)
 
 
 def _summary(session: Session, sources: SourceSet) -> None:
     st = session.stats()
     extra = f", {plural(sources.replaced, 'invalid UTF-8 sequence')} replaced" if sources.replaced else ""
     rate = f" ({st['read tok/s']:,} tok/s)" if "read tok/s" in st else ""
-    err.print(f"read {plural(st['document tokens'], 'token')} in {session.read_seconds:.1f}s{rate}; "
+    n = st["document tokens"]
+    what = plural(n, "token") if session.read_here == n else f"{session.read_here:,} more tokens ({n:,} in all)"
+    err.print(f"read {what} in {session.read_seconds:.1f}s{rate}; "
               f"pot {plural(st['tokens in pot'], 'cell')}, {plural(st['compactions'], 'compaction')}{extra}",
               soft_wrap=True)
 
@@ -147,9 +162,15 @@ class QuestionProgress:
             self._progress = None
 
 
-def _offer_to_keep(session: Session) -> bool:
+def _offer_to_keep(session: Session, stop: Interrupts, save: Callable[[], object] | None) -> bool:
     n = session.doc_tokens
     err.print(f"[yellow]stopped[/yellow] after {n:,} tokens")
+    if not n:
+        save = None  # nothing read: nothing to keep
+    if stop.terminated:
+        if save is not None:
+            save()
+        stop.end_if_terminated()
     if err.is_terminal:
         from rich.prompt import Confirm
 
@@ -160,6 +181,8 @@ def _offer_to_keep(session: Session) -> bool:
     else:
         keep = False
     if not keep:
+        if save is not None:
+            save()
         raise KeyboardInterrupt
     session.finish_reading()
     return False

@@ -94,11 +94,16 @@ def test_reading_summary_agrees_and_shows_no_none(capsys):
     from kvpot.cli import reading
 
     stats = {"document tokens": 1, "tokens in pot": 1, "compactions": 1}  # no read tok/s: a reopened context's
-    session = SimpleNamespace(stats=lambda: stats, read_seconds=0.0)
+    session = SimpleNamespace(stats=lambda: stats, read_seconds=0.0, read_here=1)
     reading._summary(session, SimpleNamespace(replaced=1))
     said = capsys.readouterr().err
     assert "1 compaction" in said and "1 compactions" not in said
     assert "None" not in said and "1 token " in said and "1 invalid UTF-8 sequence replaced" in said
+    # a continued read (--continue) says what it read and what the pot holds in all
+    stats.update({"document tokens": 5277, "read tok/s": 200.0})
+    reading._summary(SimpleNamespace(stats=lambda: stats, read_seconds=20.0, read_here=4085), SimpleNamespace(replaced=0))
+    said = capsys.readouterr().err
+    assert "read 4,085 more tokens (5,277 in all) in 20.0s (200.0 tok/s)" in said, said
 
 
 def test_a_partial_count_is_said_as_more_than():

@@ -123,3 +123,33 @@ def test_missing_folder_and_file(tmp_path):
         write_context(tmp_path / "no" / "c.kvctx", _saved())
     with pytest.raises(KvpotError, match="does not exist"):
         read_context(tmp_path / "none.kvctx")
+
+
+def _point(**changes) -> dict:
+    point = {"pos": 40, "skip": 2, "char": 100, "sha256": "0" * 64, "skip_sha256": "f" * 64,
+             "sources": [["a.txt", "/docs/a.txt"]]}
+    return dict(point, **changes)
+
+
+@pytest.mark.parametrize("point, needle", [
+    (_point(), None),
+    (_point(skip=3), "read_point is not where the engine stopped reading"),
+    (_point(pos=-1, skip=43), "read_point.pos is not a count"),
+    (_point(char=True), "read_point.char is not a count"),
+    (_point(sha256="xyz"), "read_point.sha256 is not a SHA-256 digest"),
+    (_point(sources=[["a.txt", "docs/a.txt"]]), "absolute paths"),
+    (_point(sources=[]), r"\[name, path\] pairs"),
+    (dict(_point(), extra=1), "must hold pos, skip"),
+], ids=["sound", "past-the-engine", "negative", "bool", "digest", "relative-path", "no-sources", "extra-field"])
+def test_a_read_point_is_checked_against_the_engine(tmp_path, point, needle):
+    """A stopped read's point (where --continue goes on) must name the engine's next token and hold a
+    digest and absolute paths: a hand-edited one is refused before any file is opened."""
+    saved = _saved()
+    saved.header["read_point"] = point
+    path = tmp_path / "c.kvctx"
+    write_context(path, saved)
+    if needle is None:
+        assert read_context(path).header["read_point"] == point
+    else:
+        with pytest.raises(KvpotError, match=f"malformed: .*{needle}"):
+            read_context(path)

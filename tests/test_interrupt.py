@@ -67,3 +67,49 @@ def test_sigterm_while_reading_ends_with_one_line(doc):
     assert "Traceback" not in stderr
     assert "kvpot: stopped by SIGTERM" in stderr
     assert "failed with error" not in stderr
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+
+
+def _stop_once_reading(args: list[str], sig: int) -> tuple[int, str]:
+    """Started, then stopped at its first progress line (some chunks read, more to come)."""
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("read "):
+            break
+    proc.send_signal(sig)
+    _, rest = proc.communicate(timeout=600)
+    return proc.returncode, "".join(lines) + rest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_read_is_saved_and_continues_to_the_whole_reads_answer(doc, tmp_path, sig):
+    """With --save-context, a read stopped by Ctrl-C or SIGTERM is saved before the process ends, and
+    `--context PATH --continue` reads the rest and answers as the uninterrupted read does."""
+    from kvpot.session.context_file import read_context
+
+    path, question = doc
+    ctx = tmp_path / "stopped.kvpot"
+    rc, stderr = _stop_once_reading(["ask", str(path), question, *ARGS, "--save-context", str(ctx)], sig)
+    assert rc == (130 if sig == signal.SIGINT else 128 + sig), stderr
+    assert "Traceback" not in stderr and f"context saved to {ctx}" in stderr
+    assert f"kvpot ask --context {ctx} --continue" in stderr
+    header = read_context(ctx).header
+    assert 0 < header["tokens_read"] == header["read_point"]["pos"] + header["read_point"]["skip"]
+    if sig != signal.SIGINT:
+        return  # the same saved read: continued once, below
+    whole = _run(["ask", str(path), question, *ARGS])
+    assert whole.returncode in (0, 5), whole.stderr
+    more = _run(["ask", "--context", str(ctx), "--continue", question, "-n", "4"])
+    assert more.returncode == whole.returncode, more.stderr
+    assert "more tokens (" in more.stderr, more.stderr
+    assert more.stdout == whole.stdout
+    again = _run(["ask", "--context", str(ctx), question, "-n", "4"])  # without --continue: said, not read
+    assert f"--continue reads the rest of {path}" in again.stderr and "more tokens" not in again.stderr

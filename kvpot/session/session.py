@@ -79,6 +79,7 @@ class Session:
         self.turns = 0
         self.conversation_dropped = 0  # cells the last turn dropped to fit (full attention, see ask)
         self.read_seconds = 0.0
+        self.read_here = 0  # document tokens this process read (a continued read's are not all of them)
         self.resettable = resettable
         self._after_reading: EngineState | None = None
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
@@ -180,7 +181,7 @@ class Session:
             on_progress(ReadProgress(self.doc_tokens, est, ev.cells, eng.ctx.n_ctx, ev.stats.n_compactions,
                                      sources.bytes_read, sources.replaced))
 
-        t0 = time.perf_counter()
+        t0, seen0 = time.perf_counter(), eng.tokens_seen
         try:
             eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk, abortable=True)
             self.read_point = None  # read to its end
@@ -191,6 +192,7 @@ class Session:
             raise
         finally:
             self.read_seconds += time.perf_counter() - t0
+            self.read_here += eng.tokens_seen - seen0
             self.doc_tokens = eng.tokens_seen - start_tokens
         if self.doc_tokens <= len(eng.model.bos()):
             raise KvpotError("the input holds no text")
@@ -277,7 +279,7 @@ class Session:
                 "pot capacity": st.n_cells_total, "pot MiB": round(st.bytes_used / 2**20, 1),
                 "compactions": st.n_compactions, "turns": self.turns}
         if self.read_seconds:  # a reopened context was read by another process: no rate to show
-            out["read tok/s"] = round(self.doc_tokens / self.read_seconds, 1)
+            out["read tok/s"] = round(self.read_here / self.read_seconds, 1)
         return out
 
     # -- saving ----------------------------------------------------------------------------------
