@@ -94,7 +94,8 @@ FlashAttnOpt = Annotated[str, typer.Option(
     "--flash-attn", "-fa", metavar="auto|on|off", show_default=RunSettings.flash_attn,
     help="flash attention: on holds no score matrix over the context's cells, so the same memory holds two to "
          "five times the cells, but reads a large context slower on a CPU; auto: on only where the device "
-         "cannot hold the model's window without it (with --budget N, the pot's context). A saved context reopens as it was read")]
+         "cannot hold, without it, the context of the reading chosen (the model's window, or the pot or the input read in "
+         "full once known). A saved context reopens as it was read")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
     "--question-before", metavar="on|off", show_default=RunSettings.question_before,
     help="on: put the question before the document as well as after it, so the document is read knowing what "

@@ -5,6 +5,8 @@ full` refuses an input that cannot fit before reading it."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest import assert_one_line_error
@@ -85,7 +87,10 @@ def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path,
     assert f"the pot takes {want:,} cells" in res.stderr
     assert f"with infinipot, budget {want:,} cells" in res.stderr  # InfiniPot's |M| (Policy.fit)
     without = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256).cells
-    assert f"flash attention on (auto: without it this device holds {without:,} cells, under the model's 8,192" in res.stderr
+    # weighed against the pot's own context (the one the session then allocates), not the model's window
+    context = re.search(r"\(context ([\d,]+)\)", res.stderr).group(1)
+    assert f"flash attention on (auto: without it this device holds {without:,} cells, under the {context} this " \
+           "reading needs" in res.stderr
 
 
 def test_policy_full_refuses_before_reading_with_the_numbers(tmp_path, smollm2_path):

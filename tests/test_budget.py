@@ -268,3 +268,38 @@ def test_auto_flash_attention_with_a_budget_asks_for_the_pot_only(tmp_path):
     assert plan(fits).settings.flash_attn == "off" and plan(fits).note is None
     over = plan(fits + 1)
     assert over.settings.flash_attn == "on" and f"under the {room + 256:,} this reading needs" in over.note
+
+
+def test_auto_flash_attention_asks_again_for_the_reading_the_budget_chose(smollm2_path, tmp_path):
+    """With the budget auto, flash attention is weighed against the model's window before the reading is
+    chosen; where the reading chosen needs less (an input that fits in full, the pot measured best past
+    the window), auto asks again for that reading's own context: off where the device holds it without
+    flash attention, on (saying how many cells it needs) where it does not."""
+    from kvpot.ingest import collect_sources
+    from kvpot.models.gguf_file import read_model_facts
+    from kvpot.session.reading_plan import plan_reading
+    from kvpot.session.settings import RunSettings
+
+    facts = read_model_facts(smollm2_path)
+    mem = DeviceMemory(800 * MiB, "RAM")
+    held = plan_cells(facts, mem, 512, 1).cells  # without flash attention: under the 8,192-token window
+    assert 512 < held < facts.n_ctx_train <= plan_cells(facts, mem, 512, 1, flash_attn=True).cells + 512
+    reserve = 256
+
+    def plan(words: int):
+        doc = tmp_path / f"doc{words}.txt"
+        doc.write_text("words " * words)
+        return plan_reading(RunSettings(chunk=512), facts, collect_sources([str(doc)]), policy_chosen=False,
+                            reserve=reserve, memory=mem, question_first=True)
+
+    short = plan(200)  # full attention over ~200 tokens: far under what the device holds without it
+    assert short.settings.policy == "full" and short.settings.flash_attn == "off", short.note
+    assert "flash attention" not in short.note
+    long = plan(held + 1000)  # full attention over more than it holds without: on, for this reading's cells
+    assert long.settings.policy == "full" and long.settings.flash_attn == "on", long.note
+    import re
+
+    said = re.search(r"holds ([\d,]+) cells, under the ([\d,]+) this reading needs", long.note)
+    assert said, long.note
+    held_said, needs = (int(g.replace(",", "")) for g in said.groups())
+    assert held_said <= held < needs < facts.n_ctx_train  # (the plan counts the logit rows InfiniPot's steps need)

@@ -137,6 +137,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
     wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
     flash_note, mem = None, memory
+    asked_auto = settings.flash_attn == "auto"
     if settings.flash_attn == "auto" or settings.budget == AUTO:
         mem = memory or device_budget.device_memory()
         context = _pot_context(steps, settings.budget, chunk, reserve)
@@ -147,6 +148,13 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     before = question if settings.question_before == "on" else None
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
                         question_first, full, wants_logprobs, before)
+    if flash_note and asked_auto:
+        # auto weighed the model's window before the budget was known; the reading chosen may need far less (the
+        # pot measured best past the window, an input that fits in full): ask again for its own context
+        context = _pot_context(plan.policy or make_policy(plan.settings.policy), plan.settings.budget, chunk, reserve)
+        again, flash_note = resolve_flash_attn(replace(plan.settings, flash_attn="auto"), facts, mem, wants_logprobs,
+                                               keeps_copy, context)
+        plan = replace(plan, settings=again)
     if flash_note:
         return replace(plan, note=f"{plan.note}; {flash_note}" if plan.note else flash_note)
     return plan
