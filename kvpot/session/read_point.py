@@ -27,7 +27,9 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 
-PIECES_KEPT = 64  # tokenized pieces remembered: far more than the two chunks and a piece a read holds ahead
+# tokenized pieces remembered (as int32 arrays, at most a few MiB): a read holds two chunks and a piece ahead of
+# what it decoded, and a piece is 4,096 characters or more, so the next token is always in one of the last few
+PIECES_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class ReadPoint:
                              "it stopped is not there any more")
 
 
-def tokens_sha256(tokens: list[int]) -> str:
+def tokens_sha256(tokens) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
@@ -93,7 +95,7 @@ class PieceLog:
         self._digest = digest if digest is not None else hashlib.sha256()
         self._char = char0
         self._last: tuple[int, object] | None = None     # the piece just tokenized: (char, digest before it)
-        self._pieces: deque[tuple[int, list[int], int, object]] = deque(maxlen=PIECES_KEPT)
+        self._pieces: deque[tuple[int, np.ndarray, int, object]] = deque(maxlen=PIECES_KEPT)
 
     def tokenize(self, text: str) -> list[int]:
         self._last = (self._char, self._digest.copy())
@@ -104,7 +106,7 @@ class PieceLog:
     def piece_read(self, pos: int, tokens: list[int]) -> None:
         """The piece just tokenized went to stream positions pos, pos+1, ..."""
         char, digest = self._last
-        self._pieces.append((pos, tokens, char, digest))
+        self._pieces.append((pos, np.asarray(tokens, dtype="<i4"), char, digest))
 
     def point(self, next_position: int, sources: tuple[tuple[str, str], ...]) -> ReadPoint | None:
         """The point of the token at `next_position` (the first not read), None where no remembered piece
