@@ -167,6 +167,9 @@ def _offer_to_keep(session: Session, stop: Interrupts, save: Callable[[], object
     err.print(f"[yellow]stopped[/yellow] after {n:,} tokens")
     if not n:
         save = None  # nothing read: nothing to keep
+    elif save is None and session.read_point is not None:
+        err.print("(with --save-context PATH a stopped read is saved, and `--context PATH --continue` reads the rest)",
+                  soft_wrap=True, markup=False)
     if stop.terminated:
         if save is not None:
             save()

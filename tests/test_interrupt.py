@@ -113,3 +113,11 @@ def test_a_stopped_read_is_saved_and_continues_to_the_whole_reads_answer(doc, tm
     assert more.stdout == whole.stdout
     again = _run(["ask", "--context", str(ctx), question, "-n", "4"])  # without --continue: said, not read
     assert f"--continue reads the rest of {path}" in again.stderr and "more tokens" not in again.stderr
+
+
+def test_a_stopped_read_without_a_save_says_how_to_keep_one(doc):
+    path, question = doc
+    rc, stderr = _stop_once_reading(["ask", str(path), question, *ARGS], signal.SIGINT)
+    assert rc == 130, stderr
+    assert "with --save-context PATH a stopped read is saved, and `--context PATH --continue` reads the rest" in stderr
+    assert "context saved" not in stderr
