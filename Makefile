@@ -48,7 +48,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -76,6 +76,22 @@ bench-qa-long: install
 		--json $(BENCH_DIR)/qa-1.5b-128k-ask.json --resume
 	KVPOT_DEVICE_MEMORY=3GiB $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default -P none --length 262144 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/phone/qa-1.5b-256k-3gib.json --resume
+
+# The phone profile's 1M-token read (docs/benchmarks.md, "Inside a phone's memory"): the 0.5B told 1.5 GiB, as
+# `kvpot ask` reads by default, about 4 hours on 2 cores. Each run reads for at most PHONE_1M_SECONDS and is saved
+# where it stopped (timeout's SIGTERM); the next run goes on from there (--continue), until the answer is printed.
+# Its input (4 MB) and saved context (~100 MB) stay in PHONE_1M_DIR between runs
+PHONE_1M_DIR     ?= $(HOME)/.cache/kvpot/bench-phone-1m
+PHONE_1M_SECONDS ?= 3600
+bench-phone-1m: install
+	$(KVPOT) pull qwen2.5-coder-0.5b
+	mkdir -p $(PHONE_1M_DIR)
+	test -f $(PHONE_1M_DIR)/library-1m.txt || $(BENCH_PY) -m kvpot.bench.texts library-1m $(PHONE_1M_DIR)/library-1m.txt
+	if [ -f $(PHONE_1M_DIR)/read.kvpot ]; then from="--context $(PHONE_1M_DIR)/read.kvpot --continue"; \
+	else from="$(PHONE_1M_DIR)/library-1m.txt -m qwen2.5-coder-0.5b"; fi; \
+	KVPOT_DEVICE_MEMORY=1.5GiB timeout -s TERM $(PHONE_1M_SECONDS) /usr/bin/time -v $(KVPOT) ask $$from \
+		"What is the code of the strongbox?" -t 2 --save-context $(PHONE_1M_DIR)/read.kvpot; \
+	status=$$?; [ $$status -eq 0 ] || [ $$status -eq 124 ]
 
 # the perplexity tables' texts (kvpot/bench/texts.py): stdlib code, the generated logbook, the diffutils manual
 bench-texts: install

@@ -60,13 +60,21 @@ def record(target: str, tmp: Path, *settings: str) -> list[list[str]]:
     rec.chmod(rec.stat().st_mode | stat.S_IXUSR)
     args = ["make", "-s", "-C", str(REPO), *(f"-o{d}" for d in DONE), target, f"KVPOT={rec} kvpot",
             f"BENCH_PY={rec} python", f"BENCH_DIR={tmp / 'out'}", f"BENCH_TEXTS={tmp / 'texts'}", "AB_ROUNDS=1",
-            f"QA_JSON={tmp / 'qa.json'}", f"BIN={tmp / 'no-venv'}", *settings]  # a command past the recorder fails
+            f"QA_JSON={tmp / 'qa.json'}", f"PHONE_1M_DIR={tmp / 'phone-1m'}", f"BIN={tmp / 'no-venv'}", *settings]  # a command past the recorder fails
     env = {**os.environ, "MAKEFLAGS": ""}
     dry = subprocess.run([*args[:1], "-n", *args[1:]], capture_output=True, text=True, env=env)
     assert dry.returncode == 0, dry.stderr
     done = subprocess.run(args, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def parse_command(args: list[str]) -> dict:
+    """Parse one `kvpot COMMAND ARGS` line (not a bench) as the CLI would, without running it: its parameters."""
+    top = typer.main.get_command(app)
+    cmd = top.get_command(click.Context(top), args[0])
+    assert cmd is not None, f"no `kvpot {args[0]}`"
+    return cmd.make_context(args[0], list(args[1:]), parent=click.Context(top)).params
 
 
 def parse_bench(args: list[str]) -> tuple[str, dict]:
@@ -103,6 +111,9 @@ def test_every_bench_target_parses(target, tmp_path):
         if who == "kvpot":
             if args[0] == "pull":
                 assert args[1] in KNOWN
+                continue
+            if args[0] == "ask":  # a read as users run it (bench-phone-1m)
+                parse_command(args)
                 continue
             name, params = parse_bench(args)
             check_params(name, params)
@@ -193,6 +204,23 @@ def test_texts_are_the_files_they_name(tmp_path):
     out = tmp_path / "log.txt"
     assert texts.main(["logbook", str(out)]) == 0 and out.read_text() == texts.logbook_text()
     assert texts.main(["poetry", str(out)]) == 2
+
+
+def test_the_library_text_is_the_shell_lines_bytes_with_its_line_inserted(tmp_path):
+    """library-1m: the .py files outside test folders in byte order of their paths, cut at n bytes (a cut
+    character replaced), the line to find after the line that holds 47 % of the text."""
+    lib = tmp_path / "lib"
+    for rel, text in {"b.py": "b\n" * 50, "a/z.py": "z\n" * 50, "B.py": "B\n" * 50, "test/t.py": "t\n",
+                      "a/tests/u.py": "u\n", "unittest/ok.py": "é\n" * 50, "c.txt": "not python\n"}.items():
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (lib / rel).write_text(text)
+    raw = ("B\n" * 50 + "z\n" * 50 + "b\n" * 50 + "é\n" * 50).encode()  # ./B.py < ./a/z.py < ./b.py < ./unittest
+    n = len(raw) - 2  # cuts the last "é" in two
+    joined = raw[:n].decode("utf-8", "replace")
+    assert joined.endswith("\n\ufffd")
+    got = texts.library_text(lib, n_bytes=n)
+    at = joined.index("\n", len(joined) * 47 // 100) + 1
+    assert got == joined[:at] + texts.STRONGBOX + joined[at:]
 
 
 def test_curve_table_and_plot_from_tiny_runs(tmp_path):

@@ -25,23 +25,30 @@ def doc(tmp_path_factory, smollm2_path):
     return path, question
 
 
-def _ask_and_interrupt(doc, ignore: bool, sig: int = signal.SIGINT) -> tuple[int, str]:
-    path, question = doc
-    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", "ask", str(path), question, *ARGS]
+def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False) -> tuple[int, str]:
+    """Run kvpot with `args`, send `sig` when a stderr line starts with `line_start`; exit status and stderr.
+    `ignore`: SIGINT ignored, as the shell gives a background job (else the default)."""
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
 
-    def disposition():  # what the shell gives a background job, or the default
+    def disposition():
         signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.SIG_DFL)
 
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=disposition)
     lines = []
-    for line in proc.stderr:  # the "reading ..." line is printed once Ctrl-C is handled
+    for line in proc.stderr:
         lines.append(line)
-        if line.startswith("reading "):
+        if line.startswith(line_start):
             break
     proc.send_signal(sig)
     _, rest = proc.communicate(timeout=600)
     return proc.returncode, "".join(lines) + rest
+
+
+def _ask_and_interrupt(doc, ignore: bool, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Stopped as reading starts (the "reading ..." line is printed once Ctrl-C is handled)."""
+    path, question = doc
+    return _signal_at(["ask", str(path), question, *ARGS], sig, "reading ", ignore)
 
 
 def test_ctrl_c_stops_the_reading_at_a_chunk_and_says_how_far(doc):
@@ -76,17 +83,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 
 def _stop_once_reading(args: list[str], sig: int) -> tuple[int, str]:
     """Started, then stopped at its first progress line (some chunks read, more to come)."""
-    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if line.startswith("read "):
-            break
-    proc.send_signal(sig)
-    _, rest = proc.communicate(timeout=600)
-    return proc.returncode, "".join(lines) + rest
+    return _signal_at(args, sig, "read ")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

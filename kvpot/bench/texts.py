@@ -1,11 +1,15 @@
 """The long texts the perplexity tables read (docs/benchmarks.md: IMDC, EdgeInfinite), written by `make bench-texts`.
 
-    python -m kvpot.bench.texts KIND OUT      KIND: code-12, code-8k, code-32k, logbook or manual
+    python -m kvpot.bench.texts KIND OUT      KIND: code-12, code-8k, code-32k, logbook, manual or library-1m
 
 code-N: Python standard-library sources, sorted by name, each headed by "# file: NAME"; code-12 is the first 12
 modules (IMDC), code-8k and code-32k the first 40 and 136 of those under 40 KB (EdgeInfinite: no gate trained on a
 file that small). logbook: kvpot's generated logbook prose, 12 logbooks of 400 entries without a fact to find.
 manual: the GNU diffutils manual as Debian installs it, info's node marks removed.
+library-1m: the phone profile's 1M-token read (docs/benchmarks.md, "Inside a phone's memory"): every .py file of the
+library whose path holds no "/test", in byte order of its path, the first 4,000,000 bytes (~1.07M tokens for the
+Qwen models), with one line to find inserted at 47 %. The same bytes as this shell line, the line then inserted:
+`(cd /usr/lib/python3.11 && find . -name '*.py' -not -path '*/test*' | LC_ALL=C sort | xargs cat) | head -c 4000000`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,29 @@ def stdlib_code(n_files: int, max_bytes: int | None = None, folder: Path = STDLI
     return "".join(f"# file: {f.name}\n" + f.read_text(errors="replace") + "\n" for f in files[:n_files])
 
 
+LIBRARY_BYTES = 4_000_000
+STRONGBOX = "# the code of the strongbox is 52445\n"  # asked as "What is the code of the strongbox?"
+
+
+def library_text(folder: Path = STDLIB, n_bytes: int = LIBRARY_BYTES, depth: float = 0.47) -> str:
+    import fnmatch
+    import os
+
+    paths = []
+    for root, dirs, files in os.walk(folder):
+        rel = "." + root[len(str(folder)):]
+        paths += [f"{rel}/{name}" for name in files if name.endswith(".py")]
+    paths = sorted((p for p in paths if not fnmatch.fnmatchcase(p, "*/test*")), key=os.fsencode)
+    out = bytearray()
+    for p in paths:
+        out += (folder / p).read_bytes()
+        if len(out) >= n_bytes:
+            break
+    text = bytes(out[:n_bytes]).decode("utf-8", "replace")
+    at = text.index("\n", len(text) * int(depth * 100) // 100) + 1
+    return text[:at] + STRONGBOX + text[at:]
+
+
 def logbook_text() -> str:
     return "".join(logbook(n_entries=400, seed=s, fact_at=2.0)[0] for s in range(12))
 
@@ -42,6 +69,7 @@ KINDS = {
     "code-32k": lambda: stdlib_code(136, SMALL_FILE),
     "logbook": logbook_text,
     "manual": manual_text,
+    "library-1m": library_text,
 }
 
 
