@@ -80,7 +80,8 @@ bench-qa-long: install
 # The phone profile's 1M-token read (docs/benchmarks.md, "Inside a phone's memory"): the 0.5B told 1.5 GiB, as
 # `kvpot ask` reads by default, about 4 hours on 2 cores. Each run reads for at most PHONE_1M_SECONDS and is saved
 # where it stopped (timeout's SIGTERM); the next run goes on from there (--continue), until the answer is printed.
-# Its input (4 MB) and saved context (~100 MB) stay in PHONE_1M_DIR between runs
+# Its input (4 MB) and saved context (~100 MB) stay in PHONE_1M_DIR between runs. time runs outside timeout, whose
+# signal goes to its own process group: time lives on to print the run's peak RSS (its children's, kvpot's)
 PHONE_1M_DIR     ?= $(HOME)/.cache/kvpot/bench-phone-1m
 PHONE_1M_SECONDS ?= 3600
 bench-phone-1m: install
@@ -89,7 +90,7 @@ bench-phone-1m: install
 	test -f $(PHONE_1M_DIR)/library-1m.txt || $(BENCH_PY) -m kvpot.bench.texts library-1m $(PHONE_1M_DIR)/library-1m.txt
 	if [ -f $(PHONE_1M_DIR)/read.kvpot ]; then from="--context $(PHONE_1M_DIR)/read.kvpot --continue"; \
 	else from="$(PHONE_1M_DIR)/library-1m.txt -m qwen2.5-coder-0.5b"; fi; \
-	KVPOT_DEVICE_MEMORY=1.5GiB timeout -s TERM $(PHONE_1M_SECONDS) /usr/bin/time -v $(KVPOT) ask $$from \
+	KVPOT_DEVICE_MEMORY=1.5GiB /usr/bin/time -v timeout -s TERM $(PHONE_1M_SECONDS) $(KVPOT) ask $$from \
 		"What is the code of the strongbox?" -t 2 --save-context $(PHONE_1M_DIR)/read.kvpot; \
 	status=$$?; [ $$status -eq 0 ] || [ $$status -eq 124 ]
 

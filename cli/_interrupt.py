@@ -32,7 +32,7 @@ class Interrupts:
 
     def _term_handler(self, signum, frame):
         if self.terminated:
-            raise Terminated(128 + signum)
+            end_by_signal(signum)
         self.terminated, self.hit = signum, True
 
     def __enter__(self) -> Interrupts:
@@ -60,13 +60,19 @@ class Interrupts:
     def end_if_terminated(self) -> None:
         """A SIGTERM or SIGHUP that stopped the phase ends the process now, as exit_cleanly_on_signals does."""
         if self.terminated:
-            sys.stderr.write(f"kvpot: stopped by {signal.Signals(self.terminated).name}\n")
-            raise Terminated(128 + self.terminated)
+            end_by_signal(self.terminated)
 
 
 class Terminated(SystemExit):
     """SIGTERM or SIGHUP: the process ends as after an error, so `finally` blocks, context managers and
     exit handlers run (InfLLM deletes its block store; a save in progress removes its temporary file)."""
+
+
+def end_by_signal(signum: int) -> None:
+    """The one way a SIGTERM or SIGHUP ends kvpot: one line, then exit status 128 + signal number (the
+    status a shell reports for a process the signal killed) through the usual unwinding."""
+    sys.stderr.write(f"kvpot: stopped by {signal.Signals(signum).name}\n")
+    raise Terminated(128 + signum)
 
 
 def exit_cleanly_on_signals() -> None:
@@ -78,9 +84,7 @@ def exit_cleanly_on_signals() -> None:
     abort.watch_signals()
 
     def handler(signum, frame):
-        # one line, then the usual unwinding; a second signal during cleanup is the same exit again
-        sys.stderr.write(f"kvpot: stopped by {signal.Signals(signum).name}\n")
-        raise Terminated(128 + signum)
+        end_by_signal(signum)  # a second signal during cleanup is the same exit again
 
     for name in ("SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)

@@ -53,6 +53,18 @@ class ReadProgress:
     replaced: int            # invalid UTF-8 sequences replaced so far
 
 
+@dataclass
+class _ReadStart:
+    """Where a read begins (Session._new_read, Session._continued_read)."""
+    text: Iterator[str]          # the text still to read, piece by piece
+    log: PieceLog                # the tokenized pieces, for a read point if the read stops
+    at: int                      # the stream position of the first token the text yields
+    opening: list[Segment]       # read before the text (the document's opening)
+    chars: int                   # the character offset of the text's start in the joined sources
+    start_tokens: int            # the stream position where the document's tokens are counted from
+    expected: int | None         # the input's length told to the policy (None: keep the one it has)
+
+
 class Session:
     def __init__(self, facts: ModelFacts, model_name: str, settings: RunSettings, n_ctx: int | None = None,
                  policy: Policy | None = None, resettable: bool = True):
@@ -125,33 +137,13 @@ class Session:
         the text before the point is checked against what was read, and the tokens after it are read as
         the stopped read would have read them, in the same chunks."""
         eng = self.engine
-        if resume is None:
-            self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
-        elif eng.tokens_seen != resume.next_position:
-            raise KvpotError(f"the context's next position {eng.tokens_seen} is not its read point's "
-                             f"{resume.next_position}")
+        start = self._new_read(sources) if resume is None else self._continued_read(sources, resume)
         self.source_set = sources
         total_bytes = sources.total_bytes
-        start_tokens = eng.tokens_seen - (self.doc_tokens if resume is not None else 0)
+        text, log, opening, at = start.text, start.log, start.opening, start.at
         names = resumable_sources(sources)
-
-        if resume is None:
-            text, log = sources.pieces(), PieceLog(eng.model.tokenize)
-            # the stream position of the first token pieces() yields (the engine puts the BOS before it)
-            at = eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos()))
-            before = self._question if self._question and self.puts_question_before() else None
-            # what the document was read with, as a saved context's header records it
-            self.settings = replace(self.settings, question_before="on" if before else "off")
-            opening = self.format.document_open(before)
-            expected = int(total_bytes / BYTES_PER_TOKEN_GUESS) if total_bytes else None
-        else:
-            text, digest = text_after(sources, resume)
-            log = PieceLog(eng.model.tokenize, resume.char, digest)
-            at, opening = resume.pos, []
-            self.source_map.truncate(resume.pos, resume.char)
-            expected = None  # the policy keeps the length it was told when the read began (saved with it)
         tok = IncrementalTokenizer(log.tokenize)
-        tok.chars = resume.char if resume is not None else 0  # the source map's character offsets
+        tok.chars = start.chars  # the source map's character offsets
 
         def pieces() -> Iterator[list[int]]:
             nonlocal at
@@ -172,7 +164,7 @@ class Session:
                 yield toks
 
         def on_chunk(ev: FeedEvent) -> None:
-            self.doc_tokens = ev.tokens_read - start_tokens
+            self.doc_tokens = ev.tokens_read - start.start_tokens
             est = None
             if total_bytes:
                 # bytes per token of the text tokenized so far (the reader runs a piece ahead)
@@ -183,7 +175,7 @@ class Session:
 
         t0, seen0 = time.perf_counter(), eng.tokens_seen
         try:
-            eng.feed_stream(pieces(), expected=expected, on_chunk=on_chunk, abortable=True)
+            eng.feed_stream(pieces(), expected=start.expected, on_chunk=on_chunk, abortable=True)
             self.read_point = None  # read to its end
         except (ReadingStopped, abort.Interrupted) as e:
             self.read_point = None if names is None else log.point(eng.tokens_seen, names)
@@ -193,10 +185,40 @@ class Session:
         finally:
             self.read_seconds += time.perf_counter() - t0
             self.read_here += eng.tokens_seen - seen0
-            self.doc_tokens = eng.tokens_seen - start_tokens
+            self.doc_tokens = eng.tokens_seen - start.start_tokens
         if self.doc_tokens <= len(eng.model.bos()):
             raise KvpotError("the input holds no text")
         self.finish_reading()
+
+    def _new_read(self, sources: SourceSet) -> _ReadStart:
+        """A read from the sources' first byte: the document's opening (and the question, where it goes
+        first) before the text, and the input's length told to the policy as a guess from its bytes."""
+        eng = self.engine
+        self.sources = [{"name": s.name, "size": s.size} for s in sources.sources]
+        before = self._question if self._question and self.puts_question_before() else None
+        # what the document was read with, as a saved context's header records it
+        self.settings = replace(self.settings, question_before="on" if before else "off")
+        total = sources.total_bytes
+        return _ReadStart(
+            text=sources.pieces(), log=PieceLog(eng.model.tokenize),
+            # the stream position of the first token pieces() yields (the engine puts the BOS before it)
+            at=eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos())),
+            opening=self.format.document_open(before), chars=0, start_tokens=eng.tokens_seen,
+            expected=int(total / BYTES_PER_TOKEN_GUESS) if total else None)
+
+    def _continued_read(self, sources: SourceSet, resume: ReadPoint) -> _ReadStart:
+        """A stopped read going on: the text after its point (the text before it checked against what
+        was read), no opening, and no length told, since the policy keeps the one told when the read
+        began (saved with it)."""
+        eng = self.engine
+        if eng.tokens_seen != resume.next_position:
+            raise KvpotError(f"the context's next position {eng.tokens_seen} is not its read point's "
+                             f"{resume.next_position}")
+        text, digest = text_after(sources, resume)
+        self.source_map.truncate(resume.pos, resume.char)
+        return _ReadStart(text=text, log=PieceLog(eng.model.tokenize, resume.char, digest), at=resume.pos,
+                          opening=[], chars=resume.char, start_tokens=eng.tokens_seen - self.doc_tokens,
+                          expected=None)
 
     def finish_reading(self) -> None:
         """Mark the document as read (also after an interrupted read the user chose to keep)."""
