@@ -36,11 +36,7 @@ prepare)
                 "$home/build/pot-check/native/pot_check" "$DIR/$arch.gguf" 1 > "$DIR/native-$arch-$k-$v-fa$fa.txt"
         done
     done
-    src=$("$PY" -c "from kvpot.build.cross import staged_tree; print(staged_tree())")
-    tar czf "$DIR/llama-src.tar.gz" -C "$(dirname "$src")" \
-        --exclude='llama.cpp/ggml/src/ggml-'{vulkan,sycl,opencl,hexagon,metal,et} --exclude='llama.cpp/vendor/cpp-httplib' \
-        llama.cpp/CMakeLists.txt llama.cpp/cmake llama.cpp/ggml llama.cpp/src llama.cpp/include llama.cpp/ggml_ext \
-        llama.cpp/vendor llama.cpp/licenses llama.cpp/LICENSE
+    "$here/llama_src_tarball.sh" "$PY" "$DIR/llama-src.tar.gz"
     cp "$here/cuda_pot_check.sh" "$here/pot_check.cpp" "$here/compare_pot_check.py" "$DIR/"
     echo "ARCHS=\"$ARCHS\"" > "$DIR/archs"
     du -sh "$DIR"
