@@ -7,15 +7,20 @@ name are the same option with the same value and the same checks; the help never
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, get_args, get_origin
+from typing import TYPE_CHECKING, ClassVar, get_args, get_origin
 
-from typer._click import Context
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+if TYPE_CHECKING:  # typer 0.26 on carries its own click (typer._click), earlier ones use click's
+    from click import Context
 
 from ._common import err
 
 # what each type reads as in --help, in place of typer's Python annotations (<int>, <list[str]>)
 TYPE_LABELS = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+# the same by click's parameter type names, for typers before 0.29 (no type_descriptor)
+CLICK_TYPE_LABELS = {"integer": "N", "integer range": "N", "float": "X", "float range": "X", "text": "TEXT",
+                     "path": "PATH", "filename": "PATH"}
 
 
 class _Readable:
@@ -100,10 +105,19 @@ def _readable(param) -> None:
         if param.is_flag:
             param.metavar = ""  # a flag takes no value
             return
-        kind = param.type_descriptor.annotation
-        if get_origin(kind) is list:  # a repeatable option: each use takes one value
-            kind = get_args(kind)[0]
-        param.metavar = "PATH" if param.type_descriptor.is_path else TYPE_LABELS.get(kind, "VALUE")
+        param.metavar = _type_label(param)
+
+
+def _type_label(param: TyperOption) -> str:
+    """N, X, TEXT, PATH or VALUE for an option's value. From typer's type descriptor where it has one
+    (0.29 on); before that, from click's parameter type, which is what those typers parse with."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:
+        return CLICK_TYPE_LABELS.get(getattr(param.type, "name", ""), "VALUE")
+    kind = desc.annotation
+    if get_origin(kind) is list:  # a repeatable option: each use takes one value
+        kind = get_args(kind)[0]
+    return "PATH" if desc.is_path else TYPE_LABELS.get(kind, "VALUE")
 
 def aliased(aliases: dict[str, str]) -> type[KvpotCommand]:
     """The command class for a command whose options had other spellings (old -> new)."""

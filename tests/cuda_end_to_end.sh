@@ -8,8 +8,9 @@
 #       here: the patched source, the pure-Python packages the GPU machine lacks (gguf, pypdf, llama_cpp's
 #       bindings without their libraries) and the model's skeleton, into DIR (inside the checkout, ignored)
 #   tests/cuda_end_to_end.sh run DIR [gpu_end_to_end.py options]
-#       on the GPU machine, from the checkout's root: build for sm_90 (CUDA_ARCH=NN for another; a build
-#       already in DIR is kept), then the steps; results in $OUT (else DIR/out)
+#       on the GPU machine, from the checkout's root: build for sm_90 (CUDA_ARCH=NN for another) into
+#       the checkout's .gpu-build/, not DIR (a carried DIR replaces what was there; a build outside it is kept
+#       while the machine stays warm and is not built again), then the steps; results in $OUT (else DIR/out)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -30,26 +31,27 @@ prepare)
 run)
     DIR=$(cd "${2:?usage: cuda_end_to_end.sh run DIR}" && pwd); shift 2
     out=${OUT:-$DIR/out}; mkdir -p "$out"
+    build=$repo/.gpu-build
     nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader || echo "no nvidia-smi"
-    if [ ! -f "$DIR/build/bin/libllama.so" ]; then
+    if [ ! -f "$build/bin/libllama.so" ]; then
         t0=$(date +%s)
-        rm -rf "$DIR/src"; mkdir -p "$DIR/src"; tar xzf "$DIR/llama-src.tar.gz" -C "$DIR/src"
+        rm -rf "$build"; mkdir -p "$build/src"; tar xzf "$DIR/llama-src.tar.gz" -C "$build/src"
         version=$(cd "$repo" && python3 -c "import kvpot; print(kvpot.__version__)")
         commit=$(cd "$repo" && python3 -c "from kvpot.build.pins import LLAMA_CPP_COMMIT; print(LLAMA_CPP_COMMIT)")
-        cmake -S "$DIR/src/llama.cpp" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        cmake -S "$build/src/llama.cpp" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
             -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA=ON \
             -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
             -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_MTMD=OFF \
             -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
             -DKVPOT_VERSION_STR="$version" -DKVPOT_LLAMA_COMMIT="$commit" > "$out/build.log" 2>&1
-        cmake --build "$DIR/build" --target llama -j "$(nproc)" >> "$out/build.log" 2>&1
+        cmake --build "$build" --target llama -j "$(nproc)" >> "$out/build.log" 2>&1
         echo "build: $(( $(date +%s) - t0 )) s"
     fi
     # kvpot as installed: cli/, converters/ and models/ go inside the package (pyproject.toml's package-dir)
     site=$DIR/site
     rm -rf "$site/kvpot"; cp -r "$repo/kvpot" "$site/kvpot"
     for sub in cli converters models; do cp -r "$repo/$sub" "$site/kvpot/$sub"; done
-    export PYTHONPATH=$site LLAMA_CPP_LIB_PATH=$DIR/build/bin KVPOT_HOME=$DIR/home PYTHONUNBUFFERED=1
+    export PYTHONPATH=$site LLAMA_CPP_LIB_PATH=$build/bin KVPOT_HOME=$DIR/home PYTHONUNBUFFERED=1
     python3 "$here/gpu_end_to_end.py" --skeleton "$DIR/skeleton.gguf" --work "$DIR/work" --out "$out" "$@"
     ;;
 *)

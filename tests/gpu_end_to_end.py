@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import subprocess
@@ -81,6 +82,7 @@ def main() -> int:
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
+    os.chdir(a.work)  # not the checkout's root, whose kvpot/ (without cli/) would shadow the assembled package
     s = Steps(a.out)
     t = ["-t", str(a.threads)]
 

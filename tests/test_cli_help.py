@@ -57,6 +57,23 @@ def test_type_labels_are_readable(path, cmd):
     assert "list[" not in shown
 
 
+def test_type_labels_without_typer_type_descriptors():
+    """Typers before 0.29 (pyproject allows 0.16 on) have no type descriptor on an option: the label comes
+    from the click parameter type they parse with, the same label for the same kind of value."""
+    import click
+
+    from kvpot.cli._options import _type_label
+
+    def label(kind):
+        return _type_label(SimpleNamespace(type=kind))
+
+    assert label(click.INT) == label(click.IntRange(min=1)) == "N"
+    assert label(click.FLOAT) == label(click.FloatRange(min=0.0)) == "X"
+    assert label(click.STRING) == "TEXT"
+    assert label(click.Path()) == label(click.File()) == "PATH"
+    assert label(click.Choice(["on", "off"])) == label(click.BOOL) == "VALUE"
+
+
 def test_ask_usage_line():
     assert "Usage: kvpot ask [OPTIONS] [FILE]... QUESTION" in help_text(("ask",))
     assert "Usage: kvpot chat [OPTIONS] [FILE]..." in help_text(("chat",))
