@@ -7,7 +7,7 @@ MODEL   ?= qwen2.5-coder-0.5b
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test test-long fuzz test-aarch64 test-vulkan clean-venv
+.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test test-long test-floors fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -410,6 +410,20 @@ test: pull-test-models train-deps
 # pot on both test models, ~12 min on 2 cores; `make test` reads 8K)
 test-long: pull-test-models
 	KVPOT_LONG_TOKENS=65536 $(BIN)/python -m pytest -q tests/test_engine.py -k long_input
+
+# The CLI and a fast part of the suite with every dependency at the lowest version pyproject.toml allows
+# (tests/dependency_floors.py; pip resolves what those need), as a user whose environment already holds older
+# packages runs kvpot. Needs the package index and Python 3.11 (numpy 1.24 has no wheels for later ones); a
+# few minutes on 2 cores
+FLOORS_DIR   ?= $(HOME)/.cache/kvpot/dependency-floors
+FLOOR_TESTS  ?= tests/test_cli_help.py tests/test_cli_options.py tests/test_cli.py tests/test_cli_ask.py \
+	tests/test_context_file.py tests/test_gguf_file.py tests/test_ingest.py tests/test_ingest_formats.py \
+	tests/test_pdf_damaged_page.py tests/test_hostile_inputs.py tests/test_saves.py tests/test_policies.py \
+	tests/test_session.py tests/test_infllm_store.py tests/test_locret_convert.py
+test-floors: pull-test-models
+	rm -rf $(FLOORS_DIR)
+	$(BIN)/python -m pip install -q --target $(FLOORS_DIR) $$($(BIN)/python tests/dependency_floors.py)
+	PYTHONPATH=$(FLOORS_DIR) $(BIN)/python -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning $(FLOOR_TESTS)
 
 # the long fuzz run (docs/fuzzing.md): 100,000 inputs per strategy; `make test` runs 300 each.
 # One process per target (a tests/test_fuzz*.py file, or a -k selection in tests/test_fuzz.py), side by

@@ -24,7 +24,8 @@ def parse(path: str, args: list[str]) -> dict:
     """The parameters a command line gives the command, without running it."""
     cmd = command(path)
     with cmd.make_context(path, list(args)) as ctx:
-        return ctx.params
+        # a repeatable option's values as a list (typers before 0.29 leave click's tuple here)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in ctx.params.items()}
 
 
 # command, old spelling, new spelling, value, parameter, parsed value
