@@ -1,6 +1,7 @@
 """The lowest version of each dependency pyproject.toml allows, as pip requirements (`name==floor`), for
 `make test-floors`: a user whose environment already holds an older package keeps it, so the floors must
-run. llama-cpp-python is left out (kvpot builds its own patched one); a dependency without a floor too."""
+run. llama-cpp-python is left out (kvpot builds its own patched one); a dependency without a floor too, and one
+whose environment marker excludes the running Python."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import tomllib
+from packaging.markers import Marker
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -17,7 +19,10 @@ def floors(pyproject: Path = PYPROJECT) -> list[str]:
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     out = []
     for dep in deps:
-        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][A-Za-z0-9.]*)\s*", dep.split(";")[0])
+        spec, _, marker = dep.partition(";")
+        if marker and not Marker(marker).evaluate():
+            continue  # not for this Python (tomli on 3.10)
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][A-Za-z0-9.]*)\s*", spec)
         if m and m[1] != "llama-cpp-python":
             out.append(f"{m[1]}=={m[2]}")
     return out

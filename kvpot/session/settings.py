@@ -13,7 +13,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import tomllib
+try:
+    import tomllib  # novm
+except ModuleNotFoundError:  # Python 3.10: tomli is the same parser (tomllib is tomli, taken into 3.11)
+    import tomli as tomllib
 
 from kvpot import paths
 from kvpot.errors import KvpotError
