@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 _WEATHER = ["calm seas", "a steady westerly", "rain squalls", "thick fog", "a rising swell", "clear skies"]
 _TASKS = ["mended the foresail", "pumped the bilge", "checked the charts", "tarred the rigging",
@@ -29,12 +30,19 @@ def logbook(n_entries: int = 60, seed: int = 7, fact_at: float = 0.5) -> tuple[s
     return "\n".join(lines) + "\n", "What is the code of the strongbox?", code
 
 
-def generated_tokens(model, n_tokens: int, seed: int = 0) -> list[int]:
-    """At least n_tokens of generated text tokenized by `model` (a kvpot.runtime.llama.LlamaModel), cut to n."""
-    out: list[int] = []
-    part = 0
-    while len(out) < n_tokens:
+def generated_pieces(model, n_tokens: int, seed: int = 0) -> Iterator[list[int]]:
+    """n_tokens of generated text tokenized by `model` (a kvpot.runtime.llama.LlamaModel), one logbook of
+    400 entries (~17K tokens) at a time: a reader that streams them holds one part, not the whole input, so
+    its memory says what the reading holds (a 1M-token list is ~40 MiB of Python objects)."""
+    left, part = n_tokens, 0
+    while left > 0:
         text, _, _ = logbook(n_entries=400, seed=seed * 1000 + part, fact_at=2.0)  # fact_at > 1: no fact
-        out.extend(model.tokenize(text))
+        toks = model.tokenize(text)[:left]
+        left -= len(toks)
         part += 1
-    return out[:n_tokens]
+        yield toks
+
+
+def generated_tokens(model, n_tokens: int, seed: int = 0) -> list[int]:
+    """generated_pieces joined: the same n_tokens in one list."""
+    return [t for piece in generated_pieces(model, n_tokens, seed) for t in piece]

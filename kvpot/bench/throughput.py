@@ -145,7 +145,7 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
     """The pot reading the same generated text under `policy` at `budget` cells; with `decode`, then
     the question and `decode` greedy answer tokens through the engine's answer path (Engine.prompt,
     Engine.generate: what `kvpot ask` runs, the policy's work while answering included)."""
-    from kvpot.bench.logbook import generated_tokens
+    from kvpot.bench.logbook import generated_pieces
     from kvpot.engine import DEFAULT_ANSWER_RESERVE, Engine, EngineConfig
     from kvpot.policies import make_policy
 
@@ -153,18 +153,19 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
     reserve = max(DEFAULT_ANSWER_RESERVE, decode + 192)
     eng = Engine(model_path, make_policy(policy), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
                                                                 flash_attn=flash_attn, answer_reserve=reserve))
-    tokens = generated_tokens(eng.model, n_tokens - len(eng.model.bos()))  # the engine adds the BOS
+    n_text = n_tokens - len(eng.model.bos())  # the engine adds the BOS
     peak_bytes = [0]
 
     def on_chunk(ev):
         peak_bytes[0] = max(peak_bytes[0], ev.stats.bytes_used)
 
     with eng:  # closing deletes what the policy kept on disk (InfLLM's block store)
-        # RSS before and after the read: the peak also counts the input held in Python (a 1M-token list
-        # is ~40 MiB), which grows with the input while the pot does not
+        # RSS before and after the read. The input is generated and tokenized a part at a time as the
+        # engine reads it (the same tokens stock_prefill reads whole), so the peak is the reading's,
+        # not a list that grows with the input (a 1M-token one is ~40 MiB)
         rss_start = rss_mb()
         t0 = time.perf_counter()
-        eng.feed(tokens, on_chunk)
+        eng.feed_stream(generated_pieces(eng.model, n_text), expected=n_text, on_chunk=on_chunk)
         dt = time.perf_counter() - t0
         st = eng.stats()
         res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
