@@ -48,7 +48,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -346,6 +346,16 @@ bench-infllm-memory: pull-test-models
 		--stock-tokens 2048 -t 1 --json $(BENCH_DIR)/infllm/rss-gemma3-8k-128k-graph-exc256-const.json
 	$(KVPOT) bench throughput -m gemma3-270m -P $(INFLLM) --budget 2048 --chunk 512 -n 8192 -n 1048576 \
 		--stock-tokens 2048 -t 2 --json $(BENCH_DIR)/infllm/read-gemma3-1m-graph-exc256-const.json
+
+# every method's peak RSS at 8K and 1M tokens read (issue 34: flat within 5 %), Gemma-3-270M at 2,048 cells, one
+# `bench throughput` per method (its input generated as it is read, so the peak is the reading's). From 45 to
+# 80 minutes a method on 2 cores; a method whose JSON exists is skipped, so a run continues with the next
+RSS_1M_POLICIES ?= streaming locret edgeinfinite infinipot imdc:pruner=snapkv snapkv h2o
+bench-rss-1m: pull-test-models
+	mkdir -p $(BENCH_DIR)/rss
+	for P in $(RSS_1M_POLICIES); do out=$(BENCH_DIR)/rss/rss-gemma3-$${P%%:*}-8k-1m.json; test -f $$out || \
+		$(KVPOT) bench throughput -m gemma3-270m -P $$P --budget 2048 --chunk 512 --tokens 8192 --tokens 1048576 \
+			--stock-tokens 2048 --decode 0 -t 2 --json $$out || exit 1; done
 
 # reading speed beside StreamingLLM: one `bench throughput` per model and policy (stock prefill of 8,192 tokens
 # in the same command), budget 2048; nothing else should run (the ratio to StreamingLLM compares two commands)
