@@ -119,6 +119,7 @@ def _type_label(param: TyperOption) -> str:
         kind = get_args(kind)[0]
     return "PATH" if desc.is_path else TYPE_LABELS.get(kind, "VALUE")
 
+
 def aliased(aliases: dict[str, str]) -> type[KvpotCommand]:
     """The command class for a command whose options had other spellings (old -> new)."""
     return type("AliasedCommand", (KvpotCommand,), {"aliases": dict(aliases)})
