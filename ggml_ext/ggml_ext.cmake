@@ -43,3 +43,7 @@ if (NOT DEFINED KVPOT_LLAMA_COMMIT)
 endif()
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kvpot-info.cpp PROPERTIES COMPILE_DEFINITIONS
     "KVPOT_VERSION_STR=\"${KVPOT_VERSION_STR}\";KVPOT_LLAMA_COMMIT=\"${KVPOT_LLAMA_COMMIT}\"")
+
+# ggml's backend libraries export ggml_* only: no backend's copy of a C++ runtime symbol can stand in
+# for libstdc++'s in libllama (a CUDA build crashed loading any model that way)
+include(${CMAKE_CURRENT_LIST_DIR}/ggml_backend_exports.cmake)

@@ -6,7 +6,8 @@
 #
 #   tests/cuda_end_to_end.sh prepare PYTHON DIR
 #       here: the patched source, the pure-Python packages the GPU machine lacks (gguf, pypdf, llama_cpp's
-#       bindings without their libraries) and the model's skeleton, into DIR (inside the checkout, ignored)
+#       bindings without their libraries, diskcache which they import) and the model's skeleton, into DIR
+#       (inside the checkout, ignored)
 #   tests/cuda_end_to_end.sh run DIR [gpu_end_to_end.py options]
 #       on the GPU machine, from the checkout's root: build for sm_90 (CUDA_ARCH=NN for another) into
 #       the checkout's .gpu-build/, not DIR (a carried DIR replaces what was there; a build outside it is kept
@@ -19,7 +20,7 @@ prepare)
     PY=${2:?usage: cuda_end_to_end.sh prepare PYTHON DIR}; DIR=${3:?usage: cuda_end_to_end.sh prepare PYTHON DIR}
     mkdir -p "$DIR/site"
     "$here/llama_src_tarball.sh" "$PY" "$DIR/llama-src.tar.gz"
-    for pkg in gguf pypdf llama_cpp; do
+    for pkg in gguf pypdf llama_cpp diskcache; do
         src=$("$PY" -c "import $pkg, os; print(os.path.dirname($pkg.__file__))")
         rm -rf "${DIR:?}/site/$pkg"; cp -r "$src" "$DIR/site/$pkg"
     done
