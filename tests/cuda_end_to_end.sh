@@ -39,13 +39,9 @@ run)
         rm -rf "$build"; mkdir -p "$build/src"; tar xzf "$DIR/llama-src.tar.gz" -C "$build/src"
         version=$(cd "$repo" && python3 -c "import kvpot; print(kvpot.__version__)")
         commit=$(cd "$repo" && python3 -c "from kvpot.build.pins import LLAMA_CPP_COMMIT; print(LLAMA_CPP_COMMIT)")
-        cmake -S "$build/src/llama.cpp" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-            -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA=ON \
-            -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-            -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_MTMD=OFF \
-            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-            -DKVPOT_VERSION_STR="$version" -DKVPOT_LLAMA_COMMIT="$commit" > "$out/build.log" 2>&1
-        cmake --build "$build" --target llama -j "$(nproc)" >> "$out/build.log" 2>&1
+        # RPC as kvpot's own build has it (kvpot ask --rpc); the version and commit kvpot doctor reports
+        "$here/cuda_runtime_build.sh" "$build/src/llama.cpp" "$build" "$out/build.log" -DGGML_RPC=ON -DLLAVA_BUILD=OFF \
+            -DKVPOT_VERSION_STR="$version" -DKVPOT_LLAMA_COMMIT="$commit"
         echo "build: $(( $(date +%s) - t0 )) s"
     fi
     # kvpot as installed: cli/, converters/ and models/ go inside the package (pyproject.toml's package-dir)

@@ -37,7 +37,8 @@ prepare)
         done
     done
     "$here/llama_src_tarball.sh" "$PY" "$DIR/llama-src.tar.gz"
-    cp "$here/cuda_pot_check.sh" "$here/pot_check.cpp" "$here/compare_pot_check.py" "$DIR/"
+    cp "$here/cuda_pot_check.sh" "$here/cuda_runtime_build.sh" "$here/pot_check.cpp" "$here/compare_pot_check.py" \
+        "$DIR/"
     echo "ARCHS=\"$ARCHS\"" > "$DIR/archs"
     du -sh "$DIR"
     ;;
@@ -48,12 +49,7 @@ run)
     work=$(mktemp -d); tar xzf llama-src.tar.gz -C "$work"
     nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
     t0=$(date +%s)
-    cmake -S "$work/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-        -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA=ON \
-        -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF > "$out/build.log" 2>&1
-    cmake --build "$work/build" --target llama -j "$(nproc)" >> "$out/build.log" 2>&1
+    ./cuda_runtime_build.sh "$work/llama.cpp" "$work/build" "$out/build.log"
     echo "build: $(( $(date +%s) - t0 )) s"
     lib="$work/build/bin"; inc="$work/llama.cpp"
     g++ -O2 -std=c++17 pot_check.cpp -o "$work/pot_check" -I"$inc/include" -I"$inc/ggml/include" \
