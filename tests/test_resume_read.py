@@ -171,3 +171,36 @@ def test_a_context_read_to_its_end_or_answered_has_no_read_point(smollm2_path, d
     w.save(tmp_path / "whole.kvctx")
     w.close()
     assert "read_point" not in read_context(tmp_path / "whole.kvctx").header
+
+
+def test_a_continued_read_estimates_its_length_from_its_point(smollm2_path, tmp_path):
+    """The progress line's "of ~N tokens" of a continued read: the tokens before the point are known, the
+    rest is estimated at the rate measured after it. Prose, then numbers (~1 byte a token here against
+    ~4): scaled from the numbers alone, the whole input would look twice its length."""
+    text, question, _ = logbook()
+    prose = text[:text.index("\n", 4300) + 1]  # the first tokenized piece ends with it
+    rng = np.random.default_rng(7)
+    numbers = "\n".join(" ".join(f"{v:04d}" for v in rng.integers(0, 10_000, 12)) for _ in range(30)) + "\n"
+    (tmp_path / "a.txt").write_text(prose)
+    (tmp_path / "b.txt").write_text(numbers)
+    paths = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+
+    whole = _session(smollm2_path, "infinipot")
+    whole.read(collect_sources(paths))
+    true_total = whole.doc_tokens
+    _cleanup(whole)
+
+    s = _session(smollm2_path, "infinipot")
+    with pytest.raises(ReadingStopped):
+        s.read(collect_sources(paths), _stop_after(12))  # 1,536 tokens: inside the numbers
+    point = s.read_point
+    assert point.char >= len(prose), (point.char, len(prose))
+    s.save(tmp_path / "stopped.kvctx")
+    s.close()
+
+    r = Session.reopen(tmp_path / "stopped.kvctx", read_model_facts(smollm2_path), "smollm2-135m")
+    seen = []
+    r.read(reopen_sources(r.read_point), lambda p: seen.append(p.est_total), resume=r.read_point)
+    assert r.doc_tokens == true_total
+    assert abs(seen[0] - true_total) <= 0.1 * true_total, (seen[0], true_total)
+    _cleanup(r)

@@ -150,12 +150,14 @@ def reopen_sources(point: ReadPoint, notice=None) -> SourceSet:
     return out
 
 
-def text_after(sources: SourceSet, point: ReadPoint) -> tuple[Iterator[str], hashlib._Hash]:
+def text_after(sources: SourceSet, point: ReadPoint) -> tuple[Iterator[str], hashlib._Hash, int]:
     """The joined text from the point on, after checking that the text before it is what was read.
-    Returns the rest as pieces, and the digest of the text before the point (it goes on over the rest)."""
+    Returns the rest as pieces, the digest of the text before the point (it goes on over the rest) and
+    that text's size in UTF-8 bytes."""
     it = sources.pieces()
     digest = hashlib.sha256()
     left = point.char
+    size = 0
     first = ""
     while left > 0:
         piece = next(it, None)
@@ -163,7 +165,9 @@ def text_after(sources: SourceSet, point: ReadPoint) -> tuple[Iterator[str], has
             raise KvpotError(f"{point.names()} changed since the context was saved: it now ends before the "
                              f"{point.char:,} characters that were read")
         head, first = piece[:left], piece[left:]
-        digest.update(head.encode("utf-8"))
+        data = head.encode("utf-8")
+        digest.update(data)
+        size += len(data)
         left -= len(head)
     if digest.hexdigest() != point.sha256:
         raise KvpotError(f"{point.names()} changed since the context was saved: its first {point.char:,} "
@@ -174,4 +178,4 @@ def text_after(sources: SourceSet, point: ReadPoint) -> tuple[Iterator[str], has
             yield first
         yield from it
 
-    return rest(), digest
+    return rest(), digest, size

@@ -61,6 +61,7 @@ class _ReadStart:
     at: int                      # the stream position of the first token the text yields
     opening: list[Segment]       # read before the text (the document's opening)
     chars: int                   # the character offset of the text's start in the joined sources
+    bytes_before: int            # the UTF-8 size of the joined sources' text before it
     start_tokens: int            # the stream position where the document's tokens are counted from
     expected: int | None         # the input's length told to the policy (None: keep the one it has)
 
@@ -167,9 +168,13 @@ class Session:
             self.doc_tokens = ev.tokens_read - start.start_tokens
             est = None
             if total_bytes:
-                # bytes per token of the text tokenized so far (the reader runs a piece ahead)
+                # the tokens tokenized so far (the reader runs a piece ahead of the pot) and the rest at
+                # their bytes per token. A continued read knows the tokens before its point and measures
+                # the rate after it only: scaling the whole input by that rate is wrong wherever the text
+                # changes (prose takes ~4 bytes a token, numbers and code far fewer)
                 per = tok.bytes / tok.tokens if tok.tokens else BYTES_PER_TOKEN_GUESS
-                est = max(self.doc_tokens, int(total_bytes / max(per, 0.5)))
+                left = max(0, total_bytes - start.bytes_before - tok.bytes)
+                est = max(self.doc_tokens, at - start.start_tokens + int(left / max(per, 0.5)))
             on_progress(ReadProgress(self.doc_tokens, est, ev.cells, eng.ctx.n_ctx, ev.stats.n_compactions,
                                      sources.bytes_read, sources.replaced))
 
@@ -203,7 +208,7 @@ class Session:
             text=sources.pieces(), log=PieceLog(eng.model.tokenize),
             # the stream position of the first token pieces() yields (the engine puts the BOS before it)
             at=eng.tokens_seen + (0 if eng._bos_done else len(eng.model.bos())),
-            opening=self.format.document_open(before), chars=0, start_tokens=eng.tokens_seen,
+            opening=self.format.document_open(before), chars=0, bytes_before=0, start_tokens=eng.tokens_seen,
             expected=int(total / BYTES_PER_TOKEN_GUESS) if total else None)
 
     def _continued_read(self, sources: SourceSet, resume: ReadPoint) -> _ReadStart:
@@ -214,10 +219,11 @@ class Session:
         if eng.tokens_seen != resume.next_position:
             raise KvpotError(f"the context's next position {eng.tokens_seen} is not its read point's "
                              f"{resume.next_position}")
-        text, digest = text_after(sources, resume)
+        text, digest, size = text_after(sources, resume)
         self.source_map.truncate(resume.pos, resume.char)
         return _ReadStart(text=text, log=PieceLog(eng.model.tokenize, resume.char, digest), at=resume.pos,
-                          opening=[], chars=resume.char, start_tokens=eng.tokens_seen - self.doc_tokens,
+                          opening=[], chars=resume.char, bytes_before=size,
+                          start_tokens=eng.tokens_seen - self.doc_tokens,
                           expected=None)
 
     def finish_reading(self) -> None:
