@@ -6,6 +6,7 @@ name are the same option with the same value and the same checks; the help never
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, get_args, get_origin
 
@@ -88,8 +89,12 @@ class KvpotGroup(_Readable, TyperGroup):
 
 def _readable(param) -> None:
     if isinstance(param, TyperArgument):
-        # the metavar says it all ("[FILE]... QUESTION"); typer would add <list[str]>
+        # the metavar says it all ("[FILE]... QUESTION"); typer would add <list[str]> (0.29 on: from
+        # display_type_rich) or <str> (0.26-0.28: the type's name, where its get_metavar gives None)
         param.display_type_rich = lambda ctx: None
+        if getattr(param, "type", None) is not None:  # 0.29 sets it later, and asks display_type_rich
+            param.type = copy.copy(param.type)  # click's types are shared instances: change this one only
+            param.type.get_metavar = lambda *args, **kwargs: ""
         return
     if isinstance(param, TyperOption) and param.is_flag and not param.is_eager and param.show_default is True:
         # a flag's default as the user would type it: "--stock", "off"; typer shows none for False

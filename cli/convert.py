@@ -18,7 +18,8 @@ app = typer.Typer(cls=KvpotGroup, help="Convert published checkpoints into kvpot
 @app.command("locret", cls=KvpotCommand)
 @user_errors
 def locret(
-    checkpoint: Path = typer.Argument(..., help="Locret retaining heads as published (a torch.save'd .bin)"),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                     help="Locret retaining heads as published (a torch.save'd .bin)"),
     base: str = typer.Option(..., "--base", "-m", help="the base model: a known name or a .gguf path"),
     out: Path = typer.Option(..., "--output", "-o", help="the adapter GGUF to write"),
 ) -> None:

@@ -15,7 +15,8 @@ from ._common import err, user_errors
 
 @user_errors
 def pull(
-    model: str = typer.Argument(..., help="a known name (see `kvpot models`) or hf:OWNER/REPO/FILE.gguf"),
+    model: str = typer.Argument(..., metavar="MODEL",
+                                help="a known name (see `kvpot models`) or hf:OWNER/REPO/FILE.gguf"),
     force: bool = typer.Option(False, "--force", help="download again even if cached"),
 ) -> None:
     """Download a model into the kvpot cache and check its sha256."""

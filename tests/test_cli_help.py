@@ -4,12 +4,13 @@ policy lists taken from the registry, and messages with true numbers."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import typer
-from typer.core import TyperOption
+from typer.core import TyperArgument, TyperOption
 from typer.testing import CliRunner
 
 from kvpot.cli.main import app
@@ -55,6 +56,30 @@ def test_type_labels_are_readable(path, cmd):
     shown = help_text(path)
     assert not re.search(r"<(bool|int|str|float|path|list)", shown), shown
     assert "list[" not in shown
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_arguments_carry_no_type_label_for_any_typer(path, cmd):
+    """typer 0.26-0.28 print an argument's `<type name>` beside its metavar wherever the type's
+    get_metavar gives None (typer.rich_utils._print_options_panel); 0.29 asks display_type_rich."""
+    for p in cmd.params:
+        if isinstance(p, TyperArgument) and hasattr(typer.core.TyperArgument, "display_type_rich"):
+            assert p.display_type_rich(None) is None, (path, p.name)  # 0.29 on: its only source
+        elif isinstance(p, TyperArgument):
+            assert p.type.get_metavar(param=p, ctx=None) == "", (path, p.name)
+            # the click type instances typer shares between parameters stay as they were
+            shared = getattr(sys.modules[type(p.type).__module__], "STRING", None)
+            assert shared is None or shared.get_metavar(param=p, ctx=None) is None
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_usage_names_arguments_as_the_user_types_them(path, cmd):
+    # an argument without a metavar reads "{model}" in typer's usage line
+    usage = next(line for line in help_text(path).splitlines() if "Usage:" in line)
+    assert "{" not in usage, usage
+    for p in cmd.params:
+        if isinstance(p, TyperArgument):
+            assert p.metavar and p.metavar.upper() == p.metavar, (path, p.name, p.metavar)
 
 
 def test_type_labels_without_typer_type_descriptors():
