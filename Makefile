@@ -71,9 +71,10 @@ bench-qa-long: install
 	mkdir -p $(BENCH_DIR)/phone
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default -P none --length 131072 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/qa-1.5b-128k.json --resume
-	# as `kvpot ask` reads: the question first, one read per question (9 reads of ~30 minutes)
+	# as `kvpot ask` reads: the question first, one read per question (9 reads of ~40 minutes), into a file of
+	# the default's pot now (16,384 cells; qa-1.5b-128k-ask.json holds four reads made with 8,192, the default then)
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --length 131072 --sample 8 -t 2 \
-		--json $(BENCH_DIR)/qa-1.5b-128k-ask.json --resume
+		--json $(BENCH_DIR)/qa-1.5b-128k-ask-16384.json --resume
 	KVPOT_DEVICE_MEMORY=3GiB $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default -P none --length 262144 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/phone/qa-1.5b-256k-3gib.json --resume
 
