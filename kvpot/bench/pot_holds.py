@@ -24,7 +24,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.session.context_file import read_context
-from kvpot.session.sources import SourceMap
+from kvpot.session.sources import SourceMap, piece_chars
 
 
 def find_line(pieces, needle: str) -> tuple[str, int, int]:
@@ -62,13 +62,12 @@ def line_tokens(smap: SourceMap, text: str, start: int, end: int, tokenize, piec
         if len(toks) != ends_pos[j] - smap.pos[j]:
             raise KvpotError(f"the input no longer tokenizes as it was read (entry at stream position "
                              f"{smap.pos[j]}: {len(toks)} tokens, {ends_pos[j] - smap.pos[j]} recorded)")
-        at = c0
-        for k, t in enumerate(toks):
-            p = piece(t).decode("utf-8", "replace")
-            n = sum(1 for b in piece(t) if b & 0xC0 != 0x80)
-            if at + n > start and at < end:
-                out.append((smap.pos[j] + k, p))
-            at += n
+        pieces = [piece(t) for t in toks]
+        # token offsets as SourceMap.add placed them: piece lengths scaled to the entry's characters
+        cum = np.concatenate([[0], np.cumsum([piece_chars(b) for b in pieces])])
+        at = c0 + cum * (c1 - c0) // max(int(cum[-1]), 1)
+        out += [(smap.pos[j] + k, b.decode("utf-8", "replace")) for k, b in enumerate(pieces)
+                if at[k + 1] > start and at[k] < end]
         j += 1
     return out
 

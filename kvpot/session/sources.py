@@ -35,6 +35,11 @@ QUOTE_CHARS = 160      # longest quote
 WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
 
 
+def piece_chars(piece: bytes) -> int:
+    """Characters of a token's piece: its UTF-8 bytes that do not continue a sequence."""
+    return sum(1 for b in piece if b & 0xC0 != 0x80)
+
+
 @dataclass
 class SourceMap:
     """Stream position -> character offset of the joined input text, plus where each piece came from."""
@@ -70,8 +75,7 @@ class SourceMap:
     def _token_chars(self, token: int, piece) -> int:
         n = self._chars_of.get(token)
         if n is None:
-            # characters = UTF-8 bytes that do not continue a sequence
-            n = self._chars_of[token] = sum(1 for b in piece(token) if b & 0xC0 != 0x80)
+            n = self._chars_of[token] = piece_chars(piece(token))
         return n
 
     def offset(self, position: int) -> int | None:
