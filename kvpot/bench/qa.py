@@ -108,12 +108,19 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
         for spec in plan.policies:
             for n in plan.lengths:
                 for joined in inputs[n]:
+                    path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
+                    if spec == DEFAULT:  # what `default` resolves to moves with the registry: older reads are redone
+                        stale = _stale_default_cases(plan, facts, known, name, n, joined, path, results)
+                        if stale:
+                            say(f"{len(stale)} earlier {DEFAULT} cases of {name} at {n:,} read with another "
+                                f"policy or budget than {DEFAULT} is now; asking them again")
+                            results = [r for r in results if id(r) not in stale]
+                            have = {case_key(r) for r in results}
                     todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
                             and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec)) not in have]
                     if not todo:
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
-                    path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
                     path.write_text(joined.text, encoding="utf-8")
                     for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame):
                         if "resolved_policy" in r:
@@ -121,6 +128,24 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                         results.append(r)
                         on_case(r)
     return results
+
+
+def _stale_default_cases(plan: Plan, facts, known, name: str, n: int, joined: JoinedInput, path: Path,
+                         results: list[dict]) -> set[int]:
+    """The ids of this input's `default` cases (of this plan's way of asking) that were read with another
+    policy or budget than `default` resolves to now: a resumed JSON written before the registry's default
+    moved would otherwise mix the old pot's answers into the new default's line."""
+    mine = [r for r in results if r.get("model") == name and r.get("policy") == DEFAULT and r.get("length") == n
+            and r.get("seed") == plan.seed and r.get("input") == joined.index and "budget" in r
+            and bool(r.get("per_question", False)) == plan.per_question
+            and bool(r.get("question_before", False)) == _before(plan, DEFAULT)]
+    if not mine:
+        return set()
+    path.write_text(joined.text, encoding="utf-8")
+    settings, full = _settings(plan, facts, known, DEFAULT, path)
+    # full attention's budget is the input's own size (with the question when it goes first), not a choice
+    return {id(r) for r in mine if r.get("resolved_policy") != settings.policy
+            or (not full and r["budget"] != settings.budget)}
 
 
 def _before(plan: Plan, spec: str) -> bool:
