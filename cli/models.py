@@ -31,16 +31,18 @@ def models() -> None:
     """List the known models, most capable first: what each is, its size, what to expect of it, and
     whether it is downloaded. ask and chat without -m use the first downloaded one the device holds."""
     table = Table(title=f"models ({paths.models_dir()})")
-    table.add_column("name", style="bold")
-    table.add_column("size", justify="right")
-    table.add_column("cached")
-    table.add_column("what to expect")
-    table.add_column("description")
-    for m in by_capability():
-        table.add_row(m.name, f"{m.size_bytes / 2**20:,.0f} MiB", "yes" if cached_path(m).is_file() else "no",
-                      m.expect, m.description)
+    rows = [(m.name, f"{m.size_bytes / 2**20:,.0f} MiB", "yes" if cached_path(m).is_file() else "no", m.expect,
+             m.description) for m in by_capability()]
     hf = paths.models_dir() / "hf"
     for p in sorted(hf.rglob("*.gguf")) if hf.is_dir() else []:
-        table.add_row("hf:" + p.relative_to(hf).as_posix(), f"{p.stat().st_size / 2**20:,.0f} MiB", "yes", "",
-                      f"{p.name}, pulled from Hugging Face")
+        rows.append(("hf:" + p.relative_to(hf).as_posix(), f"{p.stat().st_size / 2**20:,.0f} MiB", "yes", "",
+                     f"{p.name}, pulled from Hugging Face"))
+    # the name is what -m takes: never cut or wrapped, whatever the terminal's width; the prose columns give way
+    table.add_column("name", style="bold", no_wrap=True, min_width=max(len(r[0]) for r in rows))
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("cached")
+    table.add_column("what to expect")
+    table.add_column("description", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     err.print(table)

@@ -52,10 +52,16 @@ def test_doctor_counts_the_block_stores(tmp_path):
     assert block_stores(tmp_path).startswith(f"2 in {tmp_path}, 3.5 MiB")
 
 
-def test_models_lists_both_test_models(smollm2_path, gemma_path):
-    res = run_cli("models", env={"COLUMNS": "250"})
-    assert res.returncode == 0
-    assert "smollm2-135m" in res.stderr and "gemma3-270m" in res.stderr
+def test_models_lists_every_known_name_whole_on_a_narrow_terminal(smollm2_path, gemma_path):
+    """The name is what -m takes: on an 80-column terminal (and a 60-column one) each is printed whole on
+    one line, the prose columns wrapping instead."""
+    from kvpot.models.registry import KNOWN
+
+    for columns in ("80", "60"):
+        res = run_cli("models", env={"COLUMNS": columns})
+        assert res.returncode == 0, res.stderr
+        for name in KNOWN:
+            assert name in res.stderr, (columns, name, res.stderr)
 
 
 @pytest.fixture(scope="module")
