@@ -31,6 +31,19 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_cut_path(smollm2_path, tmp_path_factory) -> Path:
+    """SmolLM2 cut to its first 4 of 30 blocks (tests/cut_layers.py): the same tokenizer, output head and
+    per-layer, per-KV-head pot, read ~5x faster. For the tests whose reference is another path through
+    the same model (a stopped read against the whole read, a reopened context against the saved one, the
+    pot's size against the budget); its answers are nonsense, so no test of an answer's content uses it."""
+    from cut_layers import main as cut_layers
+
+    out = tmp_path_factory.mktemp("smollm2-cut") / "smollm2-135m-4-blocks.gguf"
+    cut_layers(str(smollm2_path), str(out), 4)
+    return out
+
+
+@pytest.fixture(scope="session")
 def gemma_path() -> Path:
     return pull_known(GEMMA3_270M)
 
@@ -101,7 +114,7 @@ def _on_test_device(_test_device_log, request):
     """Each test's models and pot were on KVPOT_TEST_DEVICE (checked after the test)."""
     yield
     if _test_device_log is not None:
-        uses_model = bool({"smollm2_path", "gemma_path", "qwen05_path"} & set(request.fixturenames))
+        uses_model = bool({"smollm2_path", "smollm2_cut_path", "gemma_path", "qwen05_path"} & set(request.fixturenames))
         devicelib.check_used(_test_device_log.lines, devicelib.PREFIXES[devicelib.DEVICE], uses_model)
 
 

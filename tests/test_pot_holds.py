@@ -16,11 +16,11 @@ from kvpot.bench.pot_holds import find_line
 
 EARLY = "# the code of the strongbox is 52445"
 LAST = "# the code of the locker is 31337"
-SMOL_PAIRS = 30 * 3  # SmolLM2-135M: 30 layers, 3 KV heads
+SMOL_PAIRS = 4 * 3  # SmolLM2-135M cut to 4 blocks (conftest.py), 3 KV heads each
 
 
 @pytest.fixture(scope="module")
-def doc(tmp_path_factory, smollm2_path):
+def doc(tmp_path_factory):
     prose = [f"Entry {i}: the ferry left pier {i % 7} at {8 + i % 10} o'clock with {3 * i + 1} passengers aboard."
              for i in range(160)]
     lines = prose[:20] + [EARLY] + prose[20:] + [LAST]
@@ -29,9 +29,9 @@ def doc(tmp_path_factory, smollm2_path):
     return path
 
 
-def _save(doc, policy: str, budget: str, folder):
+def _save(doc, model, policy: str, budget: str, folder):
     out = folder / f"{policy}.kvpot"
-    res = run_cli("ask", str(doc), "What is the code of the locker?", "--model", "smollm2-135m", "-P", policy,
+    res = run_cli("ask", str(doc), "What is the code of the locker?", "--model", str(model), "-P", policy,
                   "--budget", budget, "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1",
                   "--save-context", str(out))
     assert res.returncode == 0, res.stderr
@@ -39,8 +39,8 @@ def _save(doc, policy: str, budget: str, folder):
 
 
 @pytest.fixture(scope="module")
-def streaming_ctx(doc, tmp_path_factory):
-    return _save(doc, "streaming", "512", tmp_path_factory.mktemp("ctx"))
+def streaming_ctx(doc, smollm2_cut_path, tmp_path_factory):
+    return _save(doc, smollm2_cut_path, "streaming", "512", tmp_path_factory.mktemp("ctx"))
 
 
 def _holds(ctx, find: str, tmp_path, *extra: str) -> subprocess.CompletedProcess:
@@ -68,8 +68,8 @@ def test_streaming_holds_the_last_line_everywhere_and_an_early_one_nowhere(doc, 
     assert "52445" not in res.stdout and "31337" in res.stdout.replace("'", "").replace(" ", "")
 
 
-def test_full_attention_holds_every_token_in_every_pair(doc, tmp_path):
-    ctx = _save(doc, "full", "8192", tmp_path)
+def test_full_attention_holds_every_token_in_every_pair(doc, smollm2_cut_path, tmp_path):
+    ctx = _save(doc, smollm2_cut_path, "full", "8192", tmp_path)
     res = _holds(ctx, "strongbox", tmp_path, "--input", str(doc))
     assert res.returncode == 0, res.stderr
     rows = _rows(tmp_path)

@@ -62,9 +62,9 @@ def _cleanup(s: Session) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_read_stopped_saved_and_continued_ends_as_the_whole_read(smollm2_path, docs, tmp_path, policy):
+def test_a_read_stopped_saved_and_continued_ends_as_the_whole_read(smollm2_cut_path, docs, tmp_path, policy):
     paths, question = docs
-    whole = _session(smollm2_path, policy)
+    whole = _session(smollm2_cut_path, policy)
     whole.set_question(question)
     whole.read(collect_sources(paths))
     want_positions = whole.engine.positions.copy()
@@ -73,7 +73,7 @@ def test_a_read_stopped_saved_and_continued_ends_as_the_whole_read(smollm2_path,
     assert whole.engine.n_compactions > 0  # the stop falls in a read that compacts on both sides of it
     _cleanup(whole)
 
-    s = _session(smollm2_path, policy)
+    s = _session(smollm2_cut_path, policy)
     s.set_question(question)
     with pytest.raises(ReadingStopped):
         s.read(collect_sources(paths), _stop_after(6))
@@ -84,7 +84,7 @@ def test_a_read_stopped_saved_and_continued_ends_as_the_whole_read(smollm2_path,
     s.save(ctx)
     s.engine.close()  # not _cleanup: the saved context keeps InfLLM's store
 
-    r = Session.reopen(ctx, read_model_facts(smollm2_path), "smollm2-135m", resettable=False)
+    r = Session.reopen(ctx, read_model_facts(smollm2_cut_path), "smollm2-135m", resettable=False)
     assert r.read_point == point and r.doc_tokens == s.doc_tokens
     r.set_question(question)
     r.read(reopen_sources(r.read_point), resume=r.read_point)
@@ -95,34 +95,34 @@ def test_a_read_stopped_saved_and_continued_ends_as_the_whole_read(smollm2_path,
     _cleanup(r)
 
 
-def test_a_continued_read_can_stop_and_go_on_again(smollm2_path, docs, tmp_path):
+def test_a_continued_read_can_stop_and_go_on_again(smollm2_cut_path, docs, tmp_path):
     """Stopped twice (the second time inside the continued read), it still ends as the whole read."""
     paths, question = docs
-    whole = _session(smollm2_path, "infinipot")
+    whole = _session(smollm2_cut_path, "infinipot")
     whole.read(collect_sources(paths))
     want = _next_logits(whole, question)
     _cleanup(whole)
 
-    s = _session(smollm2_path, "infinipot")
+    s = _session(smollm2_cut_path, "infinipot")
     with pytest.raises(ReadingStopped):
         s.read(collect_sources(paths), _stop_after(3))
     s.save(tmp_path / "one.kvctx")
     s.close()
-    r = Session.reopen(tmp_path / "one.kvctx", read_model_facts(smollm2_path), "smollm2-135m")
+    r = Session.reopen(tmp_path / "one.kvctx", read_model_facts(smollm2_cut_path), "smollm2-135m")
     first = r.read_point
     with pytest.raises(ReadingStopped):
         r.read(reopen_sources(first), _stop_after(5), resume=first)
     assert r.read_point.next_position > first.next_position
     r.save(tmp_path / "two.kvctx")
     r.close()
-    t = Session.reopen(tmp_path / "two.kvctx", read_model_facts(smollm2_path), "smollm2-135m")
+    t = Session.reopen(tmp_path / "two.kvctx", read_model_facts(smollm2_cut_path), "smollm2-135m")
     t.read(reopen_sources(t.read_point), resume=t.read_point)
     np.testing.assert_array_equal(_next_logits(t, question), want)
     _cleanup(t)
 
 
 @pytest.mark.parametrize("chunks", [3, 11], ids=["in-the-first-piece", "past-it"])
-def test_a_changed_input_is_refused_before_reading_more(smollm2_path, docs, tmp_path, chunks):
+def test_a_changed_input_is_refused_before_reading_more(smollm2_cut_path, docs, tmp_path, chunks):
     """Stopped in the first piece the tokenizer cut (the point's text digest covers nothing: the tokens
     read of that piece are checked) or past it; one character changed before the point is found."""
     paths, _ = docs
@@ -133,7 +133,7 @@ def test_a_changed_input_is_refused_before_reading_more(smollm2_path, docs, tmp_
         q = d / os.path.basename(p)
         q.write_bytes(open(p, "rb").read())
         mine.append(str(q))
-    s = _session(smollm2_path, "streaming")
+    s = _session(smollm2_cut_path, "streaming")
     with pytest.raises(ReadingStopped):
         s.read(collect_sources(mine), _stop_after(chunks))
     ctx = tmp_path / "stopped.kvctx"
@@ -144,7 +144,7 @@ def test_a_changed_input_is_refused_before_reading_more(smollm2_path, docs, tmp_
 
     text = open(mine[0]).read()
     open(mine[0], "w").write(text[:100] + text[100].swapcase() + text[101:])  # one character before the point
-    r = Session.reopen(ctx, read_model_facts(smollm2_path), "smollm2-135m")
+    r = Session.reopen(ctx, read_model_facts(smollm2_cut_path), "smollm2-135m")
     seen = r.engine.tokens_seen
     with pytest.raises(KvpotError, match="changed since the context was saved"):
         r.read(reopen_sources(r.read_point), resume=r.read_point)
@@ -155,9 +155,9 @@ def test_a_changed_input_is_refused_before_reading_more(smollm2_path, docs, tmp_
     r.close()
 
 
-def test_a_context_read_to_its_end_or_answered_has_no_read_point(smollm2_path, docs, tmp_path):
+def test_a_context_read_to_its_end_or_answered_has_no_read_point(smollm2_cut_path, docs, tmp_path):
     paths, question = docs
-    s = _session(smollm2_path, "streaming")
+    s = _session(smollm2_cut_path, "streaming")
     with pytest.raises(ReadingStopped):
         s.read(collect_sources(paths), _stop_after(4))
     s.finish_reading()
@@ -165,7 +165,7 @@ def test_a_context_read_to_its_end_or_answered_has_no_read_point(smollm2_path, d
     s.save(tmp_path / "asked.kvctx")
     s.close()
     assert "read_point" not in read_context(tmp_path / "asked.kvctx").header
-    w = _session(smollm2_path, "streaming")
+    w = _session(smollm2_cut_path, "streaming")
     w.read(collect_sources(paths))
     assert w.read_point is None
     w.save(tmp_path / "whole.kvctx")
@@ -173,7 +173,7 @@ def test_a_context_read_to_its_end_or_answered_has_no_read_point(smollm2_path, d
     assert "read_point" not in read_context(tmp_path / "whole.kvctx").header
 
 
-def test_a_continued_read_estimates_its_length_from_its_point(smollm2_path, tmp_path):
+def test_a_continued_read_estimates_its_length_from_its_point(smollm2_cut_path, tmp_path):
     """The progress line's "of ~N tokens" of a continued read: the tokens before the point are known, the
     rest is estimated at the rate measured after it. Prose, then numbers (~1 byte a token here against
     ~4): scaled from the numbers alone, the whole input would look twice its length."""
@@ -185,12 +185,12 @@ def test_a_continued_read_estimates_its_length_from_its_point(smollm2_path, tmp_
     (tmp_path / "b.txt").write_text(numbers)
     paths = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
 
-    whole = _session(smollm2_path, "infinipot")
+    whole = _session(smollm2_cut_path, "infinipot")
     whole.read(collect_sources(paths))
     true_total = whole.doc_tokens
     _cleanup(whole)
 
-    s = _session(smollm2_path, "infinipot")
+    s = _session(smollm2_cut_path, "infinipot")
     with pytest.raises(ReadingStopped):
         s.read(collect_sources(paths), _stop_after(12))  # 1,536 tokens: inside the numbers
     point = s.read_point
@@ -198,7 +198,7 @@ def test_a_continued_read_estimates_its_length_from_its_point(smollm2_path, tmp_
     s.save(tmp_path / "stopped.kvctx")
     s.close()
 
-    r = Session.reopen(tmp_path / "stopped.kvctx", read_model_facts(smollm2_path), "smollm2-135m")
+    r = Session.reopen(tmp_path / "stopped.kvctx", read_model_facts(smollm2_cut_path), "smollm2-135m")
     seen = []
     r.read(reopen_sources(r.read_point), lambda p: seen.append(p.est_total), resume=r.read_point)
     assert r.doc_tokens == true_total

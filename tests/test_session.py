@@ -37,16 +37,16 @@ def _question_logits(s: Session, question: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("policy", ["infinipot", "snapkv", "streaming", "h2o", "infinipot:cr_rope=false", "infllm"])
-def test_reopened_context_gives_the_same_logits(smollm2_path, doc_file, tmp_path, policy):
+def test_reopened_context_gives_the_same_logits(smollm2_cut_path, doc_file, tmp_path, policy):
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy=policy)
+    s = _session(smollm2_cut_path, policy=policy)
     s.set_question(question)
     s.read(collect_sources([str(path)]))
     assert s.engine.n_compactions > 0
     s.save(tmp_path / "c.kvctx")
     want = _question_logits(s, question)
     s.engine.close()
-    r = Session.reopen(tmp_path / "c.kvctx", read_model_facts(smollm2_path), "smollm2-135m")
+    r = Session.reopen(tmp_path / "c.kvctx", read_model_facts(smollm2_cut_path), "smollm2-135m")
     assert (r.doc_tokens, r.sources) == (s.doc_tokens, s.sources)
     got = _question_logits(r, question)
     np.testing.assert_array_equal(got, want)
@@ -58,9 +58,9 @@ def test_reopened_context_gives_the_same_logits(smollm2_path, doc_file, tmp_path
         os.unlink(store)
 
 
-def test_reopen_refuses_another_model_and_runtime(smollm2_path, gemma_path, doc_file, tmp_path):
+def test_reopen_refuses_another_model_and_runtime(smollm2_cut_path, gemma_path, doc_file, tmp_path):
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy="streaming")
+    s = _session(smollm2_cut_path, policy="streaming")
     s.read(collect_sources([str(path)]))
     ctx = tmp_path / "c.kvctx"
     s.save(ctx)
@@ -71,12 +71,12 @@ def test_reopen_refuses_another_model_and_runtime(smollm2_path, gemma_path, doc_
     saved.header["runtime"]["abi"] = 999
     write_context(ctx, saved)
     with pytest.raises(KvpotError, match="saved by kvpot ABI 999"):
-        Session.reopen(ctx, read_model_facts(smollm2_path), "smollm2-135m")
+        Session.reopen(ctx, read_model_facts(smollm2_cut_path), "smollm2-135m")
 
 
-def test_chat_turns_stay_in_the_bounded_memory(smollm2_path, doc_file):
+def test_chat_turns_stay_in_the_bounded_memory(smollm2_cut_path, doc_file):
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy="snapkv", budget=256, chunk=64)
+    s = _session(smollm2_cut_path, policy="snapkv", budget=256, chunk=64)
     s.read(collect_sources([str(path)]))
     n_ctx = s.engine.ctx.n_ctx
     compactions = s.engine.n_compactions
@@ -91,11 +91,11 @@ def test_chat_turns_stay_in_the_bounded_memory(smollm2_path, doc_file):
     s.engine.close()
 
 
-def test_a_long_question_reports_progress_like_a_document(smollm2_path, doc_file):
+def test_a_long_question_reports_progress_like_a_document(smollm2_cut_path, doc_file):
     """A question longer than the free cells is read through the pot chunk by chunk, with progress:
     from 0 to every token of the turn, over several chunks; a short one reports nothing."""
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy="snapkv", budget=256, chunk=64)
+    s = _session(smollm2_cut_path, policy="snapkv", budget=256, chunk=64)
     s.read(collect_sources([str(path)]))
     short, long_events = [], []
     "".join(s.ask(question, on_progress=short.append))
@@ -113,9 +113,9 @@ def test_a_long_question_reports_progress_like_a_document(smollm2_path, doc_file
     s.engine.close()
 
 
-def test_reset_conversation_returns_to_the_document(smollm2_path, doc_file):
+def test_reset_conversation_returns_to_the_document(smollm2_cut_path, doc_file):
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy="streaming")
+    s = _session(smollm2_cut_path, policy="streaming")
     s.read(collect_sources([str(path)]))
     first = "".join(s.ask(question))
     "".join(s.ask("And who kept the logbook?"))
@@ -125,16 +125,16 @@ def test_reset_conversation_returns_to_the_document(smollm2_path, doc_file):
     s.engine.close()
 
 
-def test_a_session_that_answers_once_keeps_no_copy_and_answers_the_same(smollm2_path, doc_file):
+def test_a_session_that_answers_once_keeps_no_copy_and_answers_the_same(smollm2_cut_path, doc_file):
     """`kvpot ask`'s session (resettable=False) holds no copy of the state after reading, the pot's
     size again in memory; its answer is the resettable session's, and /reset says why it cannot."""
     path, question, _ = doc_file
-    kept = _session(smollm2_path, policy="streaming")
+    kept = _session(smollm2_cut_path, policy="streaming")
     kept.read(collect_sources([str(path)]))
     want = "".join(kept.ask(question))
     assert kept._after_reading is not None and len(kept._after_reading.seq) > 0
     kept.engine.close()
-    once = _session(smollm2_path, policy="streaming", resettable=False)
+    once = _session(smollm2_cut_path, policy="streaming", resettable=False)
     once.read(collect_sources([str(path)]))
     assert once._after_reading is None
     assert "".join(once.ask(question)) == want
@@ -143,9 +143,9 @@ def test_a_session_that_answers_once_keeps_no_copy_and_answers_the_same(smollm2_
     once.engine.close()
 
 
-def test_stopped_reading_keeps_what_was_read(smollm2_path, doc_file):
+def test_stopped_reading_keeps_what_was_read(smollm2_cut_path, doc_file):
     path, question, _ = doc_file
-    s = _session(smollm2_path, policy="streaming")
+    s = _session(smollm2_cut_path, policy="streaming")
     seen = []
 
     def stop_after_three(p):
