@@ -136,7 +136,7 @@ def make_engine(path, tmp_path, name="s.kvblk", lookup="graph"):
     return Engine(str(path), policy, EngineConfig(budget=512, chunk=128, n_threads=2))
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
+@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
 def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixture, long_text, tmp_path):
     model_path = request.getfixturevalue(model_fixture)
     eng = make_engine(model_path, tmp_path, lookup="host")  # the in-graph lookup: test_infllm_lookup.py
@@ -172,13 +172,13 @@ def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixtur
     eng.close()
 
 
-def test_reopened_context_continues_with_the_same_logits(smollm2_path, long_text, tmp_path):
+def test_reopened_context_continues_with_the_same_logits(smollm2_cut_path, long_text, tmp_path):
     text, question = long_text
-    a = make_engine(smollm2_path, tmp_path)
+    a = make_engine(smollm2_cut_path, tmp_path)
     a.feed_text(text[: len(text) // 2])
     state = a.export_state()
     want = a.next_logits(question)
-    b = make_engine(smollm2_path, tmp_path, "unused.kvblk")
+    b = make_engine(smollm2_cut_path, tmp_path, "unused.kvblk")
     b.import_state(state)
     assert b.policy._blocks.path == a.policy._blocks.path
     np.testing.assert_array_equal(b.next_logits(question), want)
@@ -188,7 +188,7 @@ def test_reopened_context_continues_with_the_same_logits(smollm2_path, long_text
     with open(tmp_path / "s.kvblk", "r+b") as f:
         f.seek(200)
         f.write(b"\x01\x02")
-    c = make_engine(smollm2_path, tmp_path, "unused2.kvblk")
+    c = make_engine(smollm2_cut_path, tmp_path, "unused2.kvblk")
     with pytest.raises(KvpotError, match="does not match the saved context"):
         c.import_state(state)
     c.close()
@@ -196,7 +196,7 @@ def test_reopened_context_continues_with_the_same_logits(smollm2_path, long_text
 
 
 @pytest.mark.parametrize("saved", [False, True])
-def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(smollm2_path, tmp_path, saved):
+def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(smollm2_cut_path, tmp_path, saved):
     """A script that reads with InfLLM and exits without closing its engine leaves no block store behind
     (a bench that never closed left ~3 KB per token read under KVPOT_HOME each run); one a saved context
     references stays."""
@@ -212,7 +212,7 @@ def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(
         "    eng.policy.keep_on_disk()  # what Session.save does once the context file is written\n"
         "print(eng.policy.disk_bytes())\n"
     )
-    res = subprocess.run([sys.executable, "-c", code, str(smollm2_path), str(int(saved))], capture_output=True,
+    res = subprocess.run([sys.executable, "-c", code, str(smollm2_cut_path), str(int(saved))], capture_output=True,
                          text=True, env={**os.environ, "KVPOT_HOME": str(tmp_path)}, timeout=600)
     assert res.returncode == 0, res.stderr
     left = list((tmp_path / "blocks").glob("*.kvblk"))
@@ -223,9 +223,9 @@ def test_a_store_made_here_goes_with_the_process_unless_a_context_references_it(
         assert left == []
 
 
-def test_closing_the_engine_deletes_the_store_it_made(smollm2_path, long_text, tmp_path, monkeypatch):
+def test_closing_the_engine_deletes_the_store_it_made(smollm2_cut_path, long_text, tmp_path, monkeypatch):
     monkeypatch.setenv("KVPOT_HOME", str(tmp_path))
-    eng = Engine(str(smollm2_path), InfLLM(), EngineConfig(budget=512, chunk=128, n_threads=2))
+    eng = Engine(str(smollm2_cut_path), InfLLM(), EngineConfig(budget=512, chunk=128, n_threads=2))
     eng.feed_text(long_text[0])
     path = eng.policy.lookup_store().path
     assert eng.policy.disk_bytes() == os.path.getsize(path) > 0
@@ -233,13 +233,13 @@ def test_closing_the_engine_deletes_the_store_it_made(smollm2_path, long_text, t
     assert not os.path.exists(path) and eng.policy.disk_bytes() == 0
 
 
-def test_kvpot_ask_leaves_a_store_only_beside_a_saved_context(smollm2_path, long_text, tmp_path):
+def test_kvpot_ask_leaves_a_store_only_beside_a_saved_context(smollm2_cut_path, long_text, tmp_path):
     """`kvpot ask` snapshots the state after reading; only --save-context keeps the block store."""
     from conftest import run_cli
 
     doc = tmp_path / "doc.txt"
     doc.write_text(long_text[0])
-    args = ["ask", str(doc), long_text[1], "-m", str(smollm2_path), "-P", "infllm", "--budget", "512", "--chunk", "128",
+    args = ["ask", str(doc), long_text[1], "-m", str(smollm2_cut_path), "-P", "infllm", "--budget", "512", "--chunk", "128",
             "-n", "2", "--prompt-format", "completion"]
     for home, extra, left in (("plain", [], 0), ("saved", ["--save-context", str(tmp_path / "c.kvctx")], 1)):
         res = run_cli(*args, *extra, env={"KVPOT_HOME": str(tmp_path / home)})

@@ -118,12 +118,12 @@ def test_distance_needs_placed_cells(smollm2_path):
     mp.ctx.close()
 
 
-def test_infllm_sets_the_distance_after_every_recall_and_a_reopened_context_has_it(smollm2_path, tmp_path):
+def test_infllm_sets_the_distance_after_every_recall_and_a_reopened_context_has_it(smollm2_cut_path, tmp_path):
     from kvpot.bench.logbook import logbook
 
     text = logbook(n_entries=60, seed=4, fact_at=0.3)[0]
     for distance, want in (("constant", True), ("chunk", False)):
-        eng = Engine(str(smollm2_path), InfLLM(store=str(tmp_path / f"{distance}.kvblk"), distance=distance),
+        eng = Engine(str(smollm2_cut_path), InfLLM(store=str(tmp_path / f"{distance}.kvblk"), distance=distance),
                      EngineConfig(budget=512, chunk=128, n_threads=2))
         eng.feed_text(text)
         assert eng.n_compactions > 2

@@ -41,7 +41,7 @@ def blocks_held(eng, store, cell0: int) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
+@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
 def test_graph_fetches_what_numpy_chooses_from_the_ubatchs_own_queries(request, model_fixture, text_and_question, tmp_path):
     model_path = request.getfixturevalue(model_fixture)
     text, question = text_and_question
@@ -84,11 +84,11 @@ def test_graph_fetches_what_numpy_chooses_from_the_ubatchs_own_queries(request, 
     eng.close()
 
 
-def test_graph_lookup_gives_the_logits_of_the_host_recall_of_the_same_blocks(smollm2_path, text_and_question, tmp_path):
+def test_graph_lookup_gives_the_logits_of_the_host_recall_of_the_same_blocks(smollm2_cut_path, text_and_question, tmp_path):
     text, question = text_and_question
     # both read the document the same way (host lookup), so their pots and stores are the same
-    a = make_engine(smollm2_path, tmp_path, "a.kvblk", lookup="host")
-    b = make_engine(smollm2_path, tmp_path, "b.kvblk", lookup="host")
+    a = make_engine(smollm2_cut_path, tmp_path, "a.kvblk", lookup="host")
+    b = make_engine(smollm2_cut_path, tmp_path, "b.kvblk", lookup="host")
     a.feed_text(text)
     b.feed_text(text)
     np.testing.assert_array_equal(a.positions, b.positions)

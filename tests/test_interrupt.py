@@ -13,16 +13,17 @@ import pytest
 
 from kvpot.bench.logbook import logbook
 
-ARGS = ["--model", "smollm2-135m", "--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion",
-        "--threads", "2"]
+OPTIONS = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "2"]
 
 
 @pytest.fixture(scope="module")
-def doc(tmp_path_factory, smollm2_path):
+def doc(tmp_path_factory, smollm2_cut_path):
+    """The document, the question and the options; SmolLM2 cut to 4 blocks reads it (the continued read's
+    reference is the same model's uninterrupted read)."""
     text, question, _ = logbook(n_entries=120, seed=3)
     path = tmp_path_factory.mktemp("doc") / "logbook.txt"
     path.write_text(text)
-    return path, question
+    return path, question, ["--model", str(smollm2_cut_path), *OPTIONS]
 
 
 def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False) -> tuple[int, str]:
@@ -47,8 +48,8 @@ def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False)
 
 def _ask_and_interrupt(doc, ignore: bool, sig: int = signal.SIGINT) -> tuple[int, str]:
     """Stopped as reading starts (the "reading ..." line is printed once Ctrl-C is handled)."""
-    path, question = doc
-    return _signal_at(["ask", str(path), question, *ARGS], sig, "reading ", ignore)
+    path, question, args = doc
+    return _signal_at(["ask", str(path), question, *args], sig, "reading ", ignore)
 
 
 def test_ctrl_c_stops_the_reading_at_a_chunk_and_says_how_far(doc):
@@ -92,9 +93,9 @@ def test_a_stopped_read_is_saved_and_continues_to_the_whole_reads_answer(doc, tm
     `--context PATH --continue` reads the rest and answers as the uninterrupted read does."""
     from kvpot.session.context_file import read_context
 
-    path, question = doc
+    path, question, args = doc
     ctx = tmp_path / "stopped.kvpot"
-    rc, stderr = _stop_once_reading(["ask", str(path), question, *ARGS, "--save-context", str(ctx)], sig)
+    rc, stderr = _stop_once_reading(["ask", str(path), question, *args, "--save-context", str(ctx)], sig)
     assert rc == (130 if sig == signal.SIGINT else 128 + sig), stderr
     assert "Traceback" not in stderr and f"context saved to {ctx}" in stderr
     assert f"kvpot ask --context {ctx} --continue" in stderr
@@ -102,7 +103,7 @@ def test_a_stopped_read_is_saved_and_continues_to_the_whole_reads_answer(doc, tm
     assert 0 < header["tokens_read"] == header["read_point"]["pos"] + header["read_point"]["skip"]
     if sig != signal.SIGINT:
         return  # the same saved read: continued once, below
-    whole = _run(["ask", str(path), question, *ARGS])
+    whole = _run(["ask", str(path), question, *args])
     assert whole.returncode in (0, 5), whole.stderr
     more = _run(["ask", "--context", str(ctx), "--continue", question, "-n", "4"])
     assert more.returncode == whole.returncode, more.stderr
@@ -113,8 +114,8 @@ def test_a_stopped_read_is_saved_and_continues_to_the_whole_reads_answer(doc, tm
 
 
 def test_a_stopped_read_without_a_save_says_how_to_keep_one(doc):
-    path, question = doc
-    rc, stderr = _stop_once_reading(["ask", str(path), question, *ARGS], signal.SIGINT)
+    path, question, args = doc
+    rc, stderr = _stop_once_reading(["ask", str(path), question, *args], signal.SIGINT)
     assert rc == 130, stderr
     assert "with --save-context PATH a stopped read is saved, and `--context PATH --continue` reads the rest" in stderr
     assert "context saved" not in stderr
