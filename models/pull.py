@@ -7,9 +7,12 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +124,10 @@ def pull_hf(spec: str) -> Path:
         raise KvpotError("huggingface-hub is not installed: pip install huggingface-hub") from None
     # its retry warnings would bury the one line the user needs
     hf_logging.set_verbosity_error()
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
+        from huggingface_hub import constants
+
+        _check_reachable(constants.ENDPOINT, spec)
     dest = hf_cached_path(spec)
     with _scratch_dir(paths.models_dir()) as scratch:
         try:
@@ -128,13 +135,33 @@ def pull_hf(spec: str) -> Path:
         except Exception as e:  # network, auth and not-found errors all come as different classes
             name = type(e).__name__
             if "Offline" in name or "LocalEntryNotFound" in name or "Connect" in name or "Timeout" in name:
-                raise KvpotError(f"cannot reach Hugging Face to fetch {spec} (offline?); "
-                                 "copy the .gguf file here by hand and pass its path to --model") from None
+                raise KvpotError(_unreachable(spec)) from None
             first = str(e).strip().splitlines()[0] if str(e).strip() else name
             raise KvpotError(f"cannot fetch {spec}: {first}") from None
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(got, dest)  # the same file system: the file appears whole or not at all
     return dest
+
+
+def _check_reachable(endpoint: str, spec: str, timeout: float = 10.0) -> None:
+    """One connection to the hub before huggingface-hub's, which retries a refused or unresolvable host
+    with back-off for ~25 s before it fails: offline, the user's one line comes in a second. Through a
+    proxy the proxy connects, so nothing is checked here."""
+    url = urllib.parse.urlsplit(endpoint)
+    if not url.hostname:
+        return
+    proxies = urllib.request.getproxies()
+    if (proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.hostname):
+        return
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        raise KvpotError(_unreachable(spec)) from None
+
+
+def _unreachable(spec: str) -> str:
+    return (f"cannot reach Hugging Face to fetch {spec} (offline?); "
+            "copy the .gguf file here by hand and pass its path to --model")
 
 
 @contextlib.contextmanager

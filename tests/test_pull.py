@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, run_cli
 
+import kvpot.models.pull as pull_module
 from kvpot.errors import KvpotError
 from kvpot.hashing import sha256_file
 from kvpot.models.gguf_file import read_model_facts
@@ -63,6 +64,23 @@ def test_hf_unreachable_host_gives_one_clear_line(tmp_path):
     assert_one_line_error(res.stderr, "cannot reach Hugging Face")
 
 
+def test_the_reachability_check_leaves_a_proxied_hub_to_the_proxy(monkeypatch):
+    """Through a proxy only the proxy can say whether the hub is reachable: the check connects to nothing.
+    Without one, a refused port is the one line at once (the CLI test above)."""
+    from kvpot.models.pull import _check_reachable
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{held.getsockname()[1]}"
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+        _check_reachable(endpoint, "hf:a/b/c.gguf")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the hub is reached directly again: checked
+        with pytest.raises(KvpotError, match="cannot reach Hugging Face"):
+            _check_reachable(endpoint, "hf:a/b/c.gguf")
+
+
 def test_bad_hf_spec_is_refused():
     with pytest.raises(KvpotError, match="expected hf:OWNER/REPO/FILE.gguf"):
         pull("hf:just-a-name")
@@ -109,6 +127,7 @@ def test_interrupted_hf_pull_leaves_nothing_and_a_finished_one_only_the_model(tm
     monkeypatch.setenv("KVPOT_HOME", str(tmp_path))
     spec = "hf:someone/some-model/model.Q4_0.gguf"
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", _fake_download(_interrupt))
+    monkeypatch.setattr(pull_module, "_check_reachable", lambda endpoint, spec: None)  # the fake is the hub
     with pytest.raises(KeyboardInterrupt):
         pull(spec)
     assert _tree(tmp_path / "models") is None
