@@ -117,11 +117,11 @@ def test_multikey_needles_and_distractors_are_in_each_input():
             assert key in j.text
 
 
-def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path):
+def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_cut_path, tmp_path):
     from kvpot.bench.qa import Plan, case_key, run
 
     qs = load_set().questions[:2]
-    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False)
+    plan = Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False)
     seen: list[dict] = []
     results = run(plan, qs, on_case=seen.append)
     assert len(results) == len(seen) == 2 and {r["id"] for r in results} == {q.id for q in qs}
@@ -134,7 +134,7 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     json.dumps(results)  # the JSON the command writes
     assert len({r["read_seconds"] for r in results}) == 1  # one read, both questions asked of it
     if reset_peak_rss():  # the reading's own peak: at least the weights it read through (tied head: all of them)
-        assert all(r["peak_rss_mib"] >= 0.8 * smollm2_path.stat().st_size / 2**20 for r in results), results
+        assert all(r["peak_rss_mib"] >= 0.8 * smollm2_cut_path.stat().st_size / 2**20 for r in results), results
     again: list[dict] = []
     assert run(plan, qs, done=results, on_case=again.append) == results and again == []
     # a case missing from the file is the only one run again
@@ -144,7 +144,7 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_path, tmp_path
     assert {case_key(r) for r in out} == {case_key(r) for r in results}
 
 
-def test_question_before_reads_full_attention_per_question_with_it_before(smol, smollm2_path):
+def test_question_before_reads_full_attention_per_question_with_it_before(smol, smollm2_cut_path):
     """`--per-question --question-before` reads as `kvpot ask --question-before on`: full attention too is
     read once per question, each with its question before the document (its tokens on top of the plain
     read's); `--only` asks the questions named, of the inputs the whole set builds, and refuses an id none holds."""
@@ -153,10 +153,10 @@ def test_question_before_reads_full_attention_per_question_with_it_before(smol, 
 
     qs = load_set().questions[:2]
     # question first without it: full attention reads the input once and asks both questions of it
-    plain = run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
+    plain = run(Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False,
                      per_question=True), qs)
     assert len({r["read_seconds"] for r in plain}) == 1 and all(r["question_before"] is False for r in plain)
-    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False,
+    plan = Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False,
                 per_question=True, only=(qs[1].id,), question_before=True)
     out = run(plan, qs, done=plain)  # the same file: its plain reading is not this one, so nothing is copied
     first = [r for r in out if r["question_before"]]
@@ -164,16 +164,16 @@ def test_question_before_reads_full_attention_per_question_with_it_before(smol, 
     extra = sum(len(smol.tokenize(seg.text)) for seg in question_before(qs[1].question))
     assert first[0]["tokens"] == plain[0]["tokens"] + extra
     with pytest.raises(KvpotError, match="--only: no question nope in these inputs"):
-        run(Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False, only=("nope",)), qs)
+        run(Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False, only=("nope",)), qs)
 
 
-def test_a_case_asked_with_another_prompt_is_asked_again(smol, smollm2_path):
+def test_a_case_asked_with_another_prompt_is_asked_again(smol, smollm2_cut_path):
     """--resume never mixes answers to another prompt (an older kvpot's framing) into a table."""
     from kvpot.bench.qa import Plan, case_key, run
     from kvpot.session.prompting import choose_format, question_frame
 
     qs = load_set().questions[:2]
-    plan = Plan(model=str(smollm2_path), policies=["full"], lengths=[512], group=2, multikey=False)
+    plan = Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False)
     results = run(plan, qs)
     frame = question_frame(choose_format(smol))
     assert "Question: {question}" in frame and all(r["frame"] == frame for r in results)
@@ -186,7 +186,7 @@ def test_a_case_asked_with_another_prompt_is_asked_again(smol, smollm2_path):
     assert all(r["frame"] == frame for r in out)
 
 
-def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smollm2_path, monkeypatch):
+def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smollm2_cut_path, monkeypatch):
     """`-P full -P default` on an input that fits: default is full attention too, so the input is read
     once and default's cases are full's answers, marked as such; a pot spec still reads on its own."""
     from kvpot.bench.qa import Plan, run
@@ -196,7 +196,7 @@ def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smoll
     real_read = Session.read
     monkeypatch.setattr(Session, "read", lambda self, *a, **k: (reads.append(self.policy_spec), real_read(self, *a, **k))[1])
     qs = load_set().questions[:2]
-    plan = Plan(model=str(smollm2_path), policies=["full", "default", "streaming"], lengths=[512], group=2,
+    plan = Plan(model=str(smollm2_cut_path), policies=["full", "default", "streaming"], lengths=[512], group=2,
                 multikey=False, budget=256)
     results = run(plan, qs)
     by = {p: {r["id"]: r for r in results if r["policy"] == p} for p in plan.policies}
@@ -208,35 +208,35 @@ def test_a_spec_that_resolves_to_a_reading_already_made_copies_its_answers(smoll
     assert all("same_reading_as" not in r for r in (*by["full"].values(), *by["streaming"].values()))
 
 
-def test_cli_refuses_resume_without_a_results_file(smollm2_path, tmp_path):
+def test_cli_refuses_resume_without_a_results_file(smollm2_cut_path, tmp_path):
     from conftest import assert_one_line_error, run_cli
 
-    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--resume")
+    res = run_cli("bench", "qa", "-m", str(smollm2_cut_path), "-P", "full", "--resume")
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "--resume needs --json")
     niah = tmp_path / "niah.json"
     niah.write_text(json.dumps([{"policy": "full", "length": 8192, "depth": 0.5, "seed": 0}]))
-    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--resume", "--json", str(niah))
+    res = run_cli("bench", "qa", "-m", str(smollm2_cut_path), "-P", "full", "--resume", "--json", str(niah))
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "is not a `bench qa` results file")
 
 
-def test_cli_unknown_policy_names_the_specs_only_bench_qa_takes(smollm2_path):
+def test_cli_unknown_policy_names_the_specs_only_bench_qa_takes(smollm2_cut_path):
     from conftest import assert_one_line_error, run_cli
 
     from kvpot.bench.qa import CLOSED, DEFAULT
 
-    res = run_cli("bench", "qa", "-m", str(smollm2_path), "-P", "nonsense")
+    res = run_cli("bench", "qa", "-m", str(smollm2_cut_path), "-P", "nonsense")
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "unknown policy 'nonsense'")
     assert f"also takes {DEFAULT}" in res.stderr and f"and {CLOSED} (closed book)" in res.stderr
 
 
-def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_path, tmp_path):
+def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_cut_path, tmp_path):
     from conftest import run_cli
 
     out = tmp_path / "qa.json"
-    args = ("bench", "qa", "-m", str(smollm2_path), "-P", "full", "--length", "512", "--limit", "1", "--no-multikey",
+    args = ("bench", "qa", "-m", str(smollm2_cut_path), "-P", "full", "--length", "512", "--limit", "1", "--no-multikey",
             "--json", str(out), "--resume")
     assert run_cli(*args).returncode == 0
     first = json.loads(out.read_text())
@@ -248,7 +248,7 @@ def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_path, tmp_
     assert len(again) == 1 and again[0]["frame"] == first[0]["frame"] and again[0]["answer"] == first[0]["answer"]
 
 
-def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smollm2_path, tmp_path):
+def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smollm2_cut_path, tmp_path):
     """`-P none`: the same questions and frame with no input read; its answers are what a Session that
     read only the no-document line answers, computed here apart."""
     from kvpot.bench.qa import CLOSED, MAX_TOKENS, NO_DOCUMENT, Plan, _settings, run
@@ -257,14 +257,14 @@ def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smol
     from kvpot.session.session import Session
 
     qs = load_set().questions[:2]
-    plan = Plan(model=str(smollm2_path), policies=[CLOSED, "full"], lengths=[512], group=2, multikey=False)
+    plan = Plan(model=str(smollm2_cut_path), policies=[CLOSED, "full"], lengths=[512], group=2, multikey=False)
     results = run(plan, qs)
     closed = {r["id"]: r for r in results if r["policy"] == CLOSED}
     full = {r["id"]: r for r in results if r["policy"] == "full"}
     assert set(closed) == set(full) == {q.id for q in qs}
     assert all(r["resolved_policy"] == CLOSED and "same_reading_as" not in r for r in closed.values())
     assert all(r["tokens"] < 16 < 200 < full[i]["tokens"] for i, r in closed.items())
-    facts, known = resolve_model(str(smollm2_path))
+    facts, known = resolve_model(str(smollm2_cut_path))
     nodoc = tmp_path / "nodoc.txt"
     nodoc.write_text(NO_DOCUMENT, encoding="utf-8")
     settings, _ = _settings(plan, facts, known, "full", nodoc)

@@ -167,31 +167,31 @@ def test_bench_is_listed_and_has_help():
     assert "stock" in res.stdout
 
 
-def test_run_with_a_pot_policy_reads_past_the_context(smollm2_path, tmp_path):
+def test_run_with_a_pot_policy_reads_past_the_context(smollm2_cut_path, tmp_path):
     document, question, _ = logbook(n_entries=40, seed=4)
     path = tmp_path / "long.txt"
     path.write_text(document)
     # full attention refuses this context size ...
-    full = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--ctx-size", "512", "-n", "8")
+    full = run_cli("run", "-m", str(smollm2_cut_path), "-f", str(path), "-p", question, "--ctx-size", "512", "-n", "8")
     assert full.returncode != 0 and "more than the context size asked for, 512 cells" in full.stderr
     # ... a pot policy reads it all with 256 cells
-    res = run_cli("run", "-m", str(smollm2_path), "-f", str(path), "-p", question, "--policy", "snapkv",
+    res = run_cli("run", "-m", str(smollm2_cut_path), "-f", str(path), "-p", question, "--policy", "snapkv",
                   "--budget", "256", "--chunk", "128", "-n", "8")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip()
 
 
-def test_bad_policy_spec_is_one_line(smollm2_path, tmp_path):
+def test_bad_policy_spec_is_one_line(smollm2_cut_path, tmp_path):
     path = tmp_path / "doc.txt"
     path.write_text("hello\n")
-    res = runner.invoke(app, ["run", "-m", str(smollm2_path), "-f", str(path), "-p", "q", "--policy", "snapkv:windw=3"])
+    res = runner.invoke(app, ["run", "-m", str(smollm2_cut_path), "-f", str(path), "-p", "q", "--policy", "snapkv:windw=3"])
     assert res.exit_code != 0
     assert_one_line_error(res.stderr, "windw")
 
 
-def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
+def test_bench_throughput_reports_ratio_to_stock(smollm2_cut_path, tmp_path):
     out = tmp_path / "tp.json"
-    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "--tokens", "512", "--stock-tokens", "256",
+    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "512", "--stock-tokens", "256",
                   "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     import json
@@ -211,13 +211,13 @@ def test_bench_throughput_reports_ratio_to_stock(smollm2_path, tmp_path):
     assert "stock llama.cpp" in res.stderr
 
 
-def test_bench_throughput_times_answer_tokens_after_each_read(smollm2_path, tmp_path):
+def test_bench_throughput_times_answer_tokens_after_each_read(smollm2_cut_path, tmp_path):
     """--decode N: after each read (and after stock's prefill) a question and N greedy answer tokens
     through the engine's answer path; tokens/s per length and the ratio to the shortest length's."""
     import json
 
     out = tmp_path / "tp.json"
-    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "--tokens", "256", "--tokens", "512",
+    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "256", "--tokens", "512",
                   "--stock-tokens", "256", "--budget", "128", "--chunk", "64", "--decode", "4", "--json", str(out),
                   env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
@@ -240,13 +240,13 @@ def test_bench_throughput_times_answer_tokens_after_each_read(smollm2_path, tmp_
     assert "decode tok/s" in res.stderr and "decode vs 256" in res.stderr and "then 4" in res.stderr
 
 
-def test_bench_niah_reports_every_case_and_resumes(smollm2_path, tmp_path):
+def test_bench_niah_reports_every_case_and_resumes(smollm2_cut_path, tmp_path):
     """Two policies over one passkey haystack: each case's verdict is the key's presence in its answer,
     the table is printed, and --resume runs nothing already in the JSON file."""
     import json
 
     out = tmp_path / "niah.json"
-    args = ["bench", "niah", "-m", str(smollm2_path), "--task", "passkey", "--length", "600", "-d", "0.5",
+    args = ["bench", "niah", "-m", str(smollm2_cut_path), "--task", "passkey", "--length", "600", "-d", "0.5",
             "-P", "streaming", "-P", "full", "--budget", "256", "--chunk", "64", "--json", str(out)]
     res = run_cli(*args, env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
@@ -261,7 +261,7 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_path, tmp_path):
     assert json.loads(out.read_text()) == cases
 
 
-def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_path):
+def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_cut_path, tmp_path):
     """With a budget above the text's length neither StreamingLLM nor full attention evicts a cell, so
     both score every token given the same past: the same perplexity."""
     import json
@@ -269,7 +269,7 @@ def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_p
     text = tmp_path / "log.txt"
     text.write_text(logbook(n_entries=40, seed=3)[0])
     out = tmp_path / "ppl.json"
-    res = run_cli("bench", "ppl", "-f", str(text), "-m", str(smollm2_path), "-P", "streaming", "-P", "full",
+    res = run_cli("bench", "ppl", "-f", str(text), "-m", str(smollm2_cut_path), "-P", "streaming", "-P", "full",
                   "--budget", "1024", "--chunk", "64", "--tokens", "700", "--json", str(out),
                   env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
@@ -280,10 +280,10 @@ def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_path, tmp_p
     assert "perplexity" in res.stderr
 
 
-def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
+def test_bench_context_reopens_with_the_same_answer(smollm2_cut_path, tmp_path):
     """kvpot reads, answers, saves and reopens; stock llama.cpp does the same with its own state file."""
     out = tmp_path / "ctx.json"
-    res = run_cli("bench", "context", "-m", str(smollm2_path), "--tokens", "600", "-P", "infinipot:pot=256,keep=128",
+    res = run_cli("bench", "context", "-m", str(smollm2_cut_path), "--tokens", "600", "-P", "infinipot:pot=256,keep=128",
                   "--keep-files", str(tmp_path / "files"), "--json", str(out), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     import json
@@ -299,12 +299,12 @@ def test_bench_context_reopens_with_the_same_answer(smollm2_path, tmp_path):
     assert "stock llama.cpp" in res.stderr
 
 
-def test_bench_throughput_reports_the_store_on_disk_and_leaves_none(smollm2_path, tmp_path):
+def test_bench_throughput_reports_the_store_on_disk_and_leaves_none(smollm2_cut_path, tmp_path):
     """InfLLM keeps evicted blocks on disk: the bench reports the store's size and deletes it after."""
     import json
 
     out = tmp_path / "tp.json"
-    res = run_cli("bench", "throughput", "-m", str(smollm2_path), "-P", "infllm", "--tokens", "2048",
+    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "-P", "infllm", "--tokens", "2048",
                   "--stock-tokens", "256", "--budget", "512", "--chunk", "128", "--json", str(out),
                   env={"COLUMNS": "200", "KVPOT_HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
