@@ -124,9 +124,9 @@ def pull_hf(spec: str) -> Path:
         raise KvpotError("huggingface-hub is not installed: pip install huggingface-hub") from None
     # its retry warnings would bury the one line the user needs
     hf_logging.set_verbosity_error()
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
+    if not constants.HF_HUB_OFFLINE:  # offline, huggingface-hub says so at once itself
         _check_reachable(constants.ENDPOINT, spec)
     dest = hf_cached_path(spec)
     with _scratch_dir(paths.models_dir()) as scratch:

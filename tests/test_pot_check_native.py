@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from as_qwen2 import main as as_qwen2
-from cut_layers import main as cut_layers
 
 from kvpot.build.cross import build_native
 
@@ -34,11 +33,10 @@ def pot_check(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cut_models(tmp_path_factory, smollm2_path) -> dict[str, Path]:
+def cut_models(tmp_path_factory, smollm2_cut_path) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cut")
-    cut_layers(str(smollm2_path), str(d / "llama.gguf"), 4)
-    as_qwen2(str(d / "llama.gguf"), str(d / "qwen2.gguf"))
-    return {"llama": d / "llama.gguf", "qwen2": d / "qwen2.gguf"}
+    as_qwen2(str(smollm2_cut_path), str(d / "qwen2.gguf"))
+    return {"llama": smollm2_cut_path, "qwen2": d / "qwen2.gguf"}
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
