@@ -20,6 +20,7 @@ GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
             6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _MAX_KV = 1 << 20
 # the fewest bytes each declared item can take, to check a count against the file's size before
 # reading that many: a key/value (key length, a key of at least one byte, value type, a one-byte
@@ -75,6 +76,27 @@ class _Reader:
         n = self.count(self.unpack("<Q", 8), 1, "bytes of a string")
         return self.take(n).decode("utf-8", errors="replace")
 
+    def skip_strings(self, count: int) -> None:
+        """Walk past `count` strings, each checked as string() checks it, without decoding them: a
+        vocabulary is most of a header (Gemma-3's 262K tokens took 0.6 s one string() at a time), so
+        its lengths are read from a window of the file in one loop."""
+        f, end = self.f, self.size
+        pos = base = f.tell()
+        buf = b""
+        for _ in range(count):
+            off = pos - base
+            if off + 8 > len(buf):
+                f.seek(pos)
+                buf, base, off = f.read(1 << 20), pos, 0
+                if len(buf) < 8:
+                    raise _Truncated
+            (n,) = _U64.unpack_from(buf, off)
+            pos += 8
+            if n > end - pos:
+                raise ValueError(f"{n:,} bytes of a string declared, more than the {end - pos:,} bytes left in the file hold")
+            pos += n
+        f.seek(pos)
+
     def value(self, vtype: int, keep: bool):
         self.last_count = None
         if vtype in _SCALARS:
@@ -88,8 +110,11 @@ class _Reader:
             if etype not in _SCALARS and etype != _STRING:
                 raise ValueError(f"unknown GGUF value type {etype}")
             self.count(count, _SCALARS[etype][1] if etype in _SCALARS else 8, "array items")
-            if etype in _SCALARS and not keep:
-                self.f.seek(_SCALARS[etype][1] * count, 1)
+            if not keep:
+                if etype in _SCALARS:
+                    self.f.seek(_SCALARS[etype][1] * count, 1)
+                else:
+                    self.skip_strings(count)
                 self.last_count = count
                 return None
             out = [self.value(etype, keep) for _ in range(count)]

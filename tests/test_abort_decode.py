@@ -5,7 +5,8 @@ in the same pot, and the same answer logits, as a reading never stopped (compute
 The signal is staged deterministically: a cb_eval oracle writes a byte to the watched pipe, as Python's
 C signal handler does, when layer 3's attention input is computed, so the abort lands in the middle of
 the graph, after layers 0-2 wrote their keys and values into the chunk's cells and before the output head
-(the methods without a trained part run on SmolLM2 cut to 4 blocks, conftest.py's smollm2_cut_path)."""
+(the methods without a trained part run on SmolLM2 cut to 4 blocks and Gemma-3 cut to 6, conftest.py's
+smollm2_cut_path and gemma_cut_path)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def _state(eng: Engine) -> tuple[np.ndarray, np.ndarray]:
     ("smollm2_path", "locret", BUDGET, CHUNK),         # the shipped retaining heads (the whole model's) score in the graph
     ("smollm2_path", "edgeinfinite", BUDGET, CHUNK),   # the shipped gate (the whole model's) reads the folded memory
     ("smollm2_cut_path", "infllm", 512, 128),              # block lookups and the query capture
-    ("gemma_path", "streaming", BUDGET, CHUNK),        # the sliding-window layers' cache rolls back too
+    ("gemma_cut_path", "streaming", BUDGET, CHUNK),    # the sliding-window layers' cache rolls back too
 ])
 def test_a_signal_mid_chunk_takes_the_chunk_back(request, model, spec, budget, chunk, watching, monkeypatch):
     path = str(request.getfixturevalue(model))

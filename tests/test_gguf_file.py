@@ -69,3 +69,43 @@ def test_missing_and_directory(tmp_path):
         read_model_facts(tmp_path / "nope.gguf")
     with pytest.raises(KvpotError, match="is a directory"):
         read_model_facts(tmp_path)
+
+
+def _vocab_file(path, n: int = 70_000) -> list[str]:
+    """A header whose string array spans several of the reader's 1 MiB windows, keys after it."""
+    import gguf
+
+    words = [f"tok{i}" * (1 + i % 5) for i in range(n)]  # ~1.4 MB of strings, lengths varied
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", words)
+    w.add_uint32("llama.block_count", 7)
+    w.add_string("general.name", "after the vocabulary")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return words
+
+
+def test_a_skipped_string_array_leaves_the_keys_after_it_read(tmp_path):
+    p = tmp_path / "vocab.gguf"
+    words = _vocab_file(p)
+    kv = read_header(p)
+    assert kv["tokenizer.ggml.tokens#count"] == len(words)
+    assert kv["llama.block_count"] == 7 and kv["general.name"] == "after the vocabulary"
+    assert read_header(p, keep_arrays=frozenset({"tokenizer.ggml.tokens"}))["tokenizer.ggml.tokens"] == words
+
+
+def test_a_string_in_a_skipped_array_longer_than_the_file_is_refused(tmp_path):
+    p = tmp_path / "vocab.gguf"
+    words = _vocab_file(p)
+    data = bytearray(p.read_bytes())
+    last = len(words[-1]).to_bytes(8, "little") + words[-1].encode()
+    at = data.index(last)  # the last token's length
+    data[at:at + 8] = (10**9).to_bytes(8, "little")
+    p.write_bytes(bytes(data))
+    with pytest.raises(KvpotError, match="bytes of a string declared, more than"):
+        read_header(p)
+    for cut in (at + 4, at - 3, len(data) // 2):  # ends inside a length, and inside a string
+        p.write_bytes(bytes(data[:cut]))
+        with pytest.raises(KvpotError, match="truncated|not a valid GGUF"):
+            read_header(p)

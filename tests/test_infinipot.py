@@ -174,16 +174,16 @@ def test_pot_bounded_and_catalyst_never_kept(smollm2_path, cr_rope):
 
 @pytest.mark.slow
 def test_passkey_found_at_every_depth_where_truncation_misses_the_middle(gemma_path):
-    """Gemma-3-270M, 4K-token haystack, |M| = 512, |C| = 256, CaP-Q."""
+    """Gemma-3-270M, 2K-token haystack (7 distillations), |M| = 512, |C| = 256, CaP-Q."""
     found = {}
     eng = Engine(str(gemma_path), InfiniPot(pot=512, keep=256), EngineConfig(chunk=128, n_threads=2))
     for depth in (0.1, 0.5, 0.9):
-        r = read_and_ask(eng, "infinipot", "gemma3-270m", 4096, depth, seed=1)
+        r = read_and_ask(eng, "infinipot", "gemma3-270m", 2048, depth, seed=1)
         found[depth] = r.correct
         assert r.compactions > 5
     eng.close()
     assert found == {0.1: True, 0.5: True, 0.9: True}, found
     trunc = Engine(str(gemma_path), Truncate(), EngineConfig(budget=256, chunk=128, n_threads=2))
-    r = read_and_ask(trunc, "truncate", "gemma3-270m", 4096, 0.5, seed=1)
+    r = read_and_ask(trunc, "truncate", "gemma3-270m", 2048, 0.5, seed=1)
     trunc.close()
     assert not r.correct, f"truncation kept the middle of the haystack? answer {r.answer!r}"

@@ -136,7 +136,7 @@ def make_engine(path, tmp_path, name="s.kvblk", lookup="graph"):
     return Engine(str(path), policy, EngineConfig(budget=512, chunk=128, n_threads=2))
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
+@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_cut_path"])  # Gemma-3: iSWA, one KV head, NEOX
 def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixture, long_text, tmp_path):
     model_path = request.getfixturevalue(model_fixture)
     eng = make_engine(model_path, tmp_path, lookup="host")  # the in-graph lookup: test_infllm_lookup.py

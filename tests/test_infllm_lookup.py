@@ -41,7 +41,7 @@ def blocks_held(eng, store, cell0: int) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_path"])  # Gemma-3: iSWA, one KV head, NEOX
+@pytest.mark.parametrize("model_fixture", ["smollm2_cut_path", "gemma_cut_path"])  # Gemma-3: iSWA, one KV head, NEOX
 def test_graph_fetches_what_numpy_chooses_from_the_ubatchs_own_queries(request, model_fixture, text_and_question, tmp_path):
     model_path = request.getfixturevalue(model_fixture)
     text, question = text_and_question

@@ -41,8 +41,10 @@ def _grid(model_path: Path, tmp_path: Path, policies: list[str]) -> list[dict]:
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
-def test_no_combination_reaches_a_native_abort(which, smollm2_path, gemma_path, tmp_path):
-    results = _grid(smollm2_path if which == "smollm2" else gemma_path, tmp_path, POLICIES[which])
+def test_no_combination_reaches_a_native_abort(which, request, tmp_path):
+    # the cut models (conftest.py): the same tokenizer, pot layout and limits, read several times faster
+    model = request.getfixturevalue("smollm2_cut_path" if which == "smollm2" else "gemma_cut_path")
+    results = _grid(model, tmp_path, POLICIES[which])
     ran = refused = 0
     for r in results:
         if r["ok"]:
@@ -59,8 +61,8 @@ def test_no_combination_reaches_a_native_abort(which, smollm2_path, gemma_path, 
     assert ran and refused
 
 
-def test_budget_16_with_infinipot_says_the_question_is_too_long(smollm2_path, tmp_path):
-    (r_short,) = [r for r in _grid_one(smollm2_path, tmp_path, "infinipot", 16, 512, LONG_Q)]
+def test_budget_16_with_infinipot_says_the_question_is_too_long(smollm2_cut_path, tmp_path):
+    (r_short,) = [r for r in _grid_one(smollm2_cut_path, tmp_path, "infinipot", 16, 512, LONG_Q)]
     assert not r_short["ok"]
     assert r_short["error"].startswith("the question is too long for the budget"), r_short
     assert "--budget" in r_short["error"]
