@@ -123,15 +123,36 @@ class _Reader:
         raise ValueError(f"unknown GGUF value type {vtype}")
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor's data lies in the file, as its header says (checked by _check_tensors)."""
+
+    name: str
+    dims: tuple[int, ...]  # ggml's order: dims[0] is the length of a row
+    gtype: int             # the ggml type id
+    offset: int            # bytes from the start of the file
+    n_bytes: int
+
+
 def read_header(path: Path, keep_arrays: frozenset[str] = frozenset()) -> dict:
     """GGUF key/values (arrays omitted unless named in keep_arrays; an omitted array's length is
     under "KEY#count"), after checking the tensor infos as llama.cpp's loader will."""
+    return read_gguf(path, keep_arrays)[0]
+
+
+def read_gguf(path: Path, keep_arrays: frozenset[str] = frozenset()) -> tuple[dict, list[TensorInfo]]:
+    """read_header's key/values and the tensors' places in the file (for reading weights without
+    gguf-py's reader, which builds an object for every vocabulary entry)."""
     with open(path, "rb", buffering=1 << 16) as f:
-        return read_header_from(f, path, keep_arrays)
+        return read_gguf_from(f, path, keep_arrays)
 
 
 def read_header_from(f, path: Path | str, keep_arrays: frozenset[str] = frozenset()) -> dict:
     """read_header on an open binary file (the part the fuzzer drives, on bytes in memory)."""
+    return read_gguf_from(f, path, keep_arrays)[0]
+
+
+def read_gguf_from(f, path: Path | str, keep_arrays: frozenset[str] = frozenset()) -> tuple[dict, list[TensorInfo]]:
     r = _Reader(f)
     try:
         if r.take(4) != GGUF_MAGIC:
@@ -160,18 +181,18 @@ def read_header_from(f, path: Path | str, keep_arrays: frozenset[str] = frozense
         alignment = out.get("general.alignment", _DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1 or alignment & (alignment - 1):
             raise ValueError(f"general.alignment {alignment!r} is not a power of 2")
-        _check_tensors(r, r.count(n_tensors, _MIN_TENSOR_INFO_BYTES, "tensors"), alignment)
-        return out
+        return out, _check_tensors(r, r.count(n_tensors, _MIN_TENSOR_INFO_BYTES, "tensors"), alignment)
     except _Truncated:
         raise KvpotError(f"{path} is a truncated GGUF file") from None
     except (ValueError, struct.error) as e:
         raise KvpotError(f"{path} is not a valid GGUF file ({e})") from None
 
 
-def _check_tensors(r: _Reader, n_tensors: int, alignment: int) -> None:
+def _check_tensors(r: _Reader, n_tensors: int, alignment: int) -> list[TensorInfo]:
     """The tensor infos, as llama.cpp's GGUF loader checks them (gguf.cpp), and the data they
     describe against the file's size: a file that fails here never reaches the loader."""
     names: set[str] = set()
+    infos = []  # (name, dims, type, offset in the data section, bytes)
     data = end = 0  # bytes of the data section so far (each tensor padded to the alignment); the last one's end
     for _ in range(n_tensors):
         name = r.string()
@@ -199,6 +220,7 @@ def _check_tensors(r: _Reader, n_tensors: int, alignment: int) -> None:
         if offset != data:
             raise ValueError(f"tensor {name!r} starts at data offset {offset}, expected {data}")
         n_bytes = n_elements // block * block_bytes
+        infos.append((name, tuple(dims), gtype, offset, n_bytes))
         end = data + n_bytes  # a file may stop right after the last tensor, without its padding
         data += -(-n_bytes // alignment) * alignment
     if n_tensors:
@@ -207,6 +229,8 @@ def _check_tensors(r: _Reader, n_tensors: int, alignment: int) -> None:
         if start + end > r.size:
             raise ValueError(f"its {n_tensors} tensors need {end:,} bytes of data from offset {start:,}, "
                              f"past the end of the file ({r.size:,} bytes)")
+        return [TensorInfo(name, dims, gtype, start + offset, n_bytes) for name, dims, gtype, offset, n_bytes in infos]
+    return []
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,17 @@ def qwen05_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen05_cut_path(qwen05_path, tmp_path_factory) -> Path:
+    """Qwen2.5-Coder-0.5B cut to its first 4 of 24 blocks (biases, NEOX RoPE and tied embeddings kept), for
+    checks of one layer's arithmetic against another implementation's, never for an answer's content."""
+    from cut_layers import main as cut_layers
+
+    out = tmp_path_factory.mktemp("qwen05-cut") / "qwen2.5-coder-0.5b-4-blocks.gguf"
+    cut_layers(str(qwen05_path), str(out), 4)
+    return out
+
+
+@pytest.fixture(scope="session")
 def logbook_doc(tmp_path_factory) -> Path:
     """A ~560-token logbook as a file: past a 256-cell pot, inside a 2,048-cell one (the chat tests)."""
     from kvpot.bench.logbook import logbook
@@ -126,7 +137,8 @@ def _on_test_device(_test_device_log, request):
     """Each test's models and pot were on KVPOT_TEST_DEVICE (checked after the test)."""
     yield
     if _test_device_log is not None:
-        uses_model = bool({"smollm2_path", "smollm2_cut_path", "gemma_path", "gemma_cut_path", "qwen05_path"} & set(request.fixturenames))
+        uses_model = bool({"smollm2_path", "smollm2_cut_path", "gemma_path", "gemma_cut_path", "qwen05_path",
+                           "qwen05_cut_path"} & set(request.fixturenames))
         devicelib.check_used(_test_device_log.lines, devicelib.PREFIXES[devicelib.DEVICE], uses_model)
 
 

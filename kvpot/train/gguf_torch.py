@@ -17,12 +17,15 @@ the pot layers keep. So a window layer here attends by *text* position (`text0`)
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.models.gguf_file import read_gguf
 
 ARCHS = ("llama", "gemma3", "qwen2")
 NEOX_ARCHS = ("gemma3", "qwen2")  # llama.cpp's rope type per architecture (llama_model_rope_type)
@@ -57,8 +60,9 @@ def load_weights(path: Path) -> ModelWeights:
     import gguf
     import torch
 
-    reader = gguf.GGUFReader(str(path))
-    kv = {f.name: f.contents() for f in reader.fields.values()}
+    # kvpot's own header walk (gguf-py's reader builds an object per vocabulary entry: ~20 s on a
+    # 152K-token vocabulary), the one per-layer array the forward needs kept
+    kv, infos = read_gguf(Path(path), keep_arrays=frozenset({"gemma3.attention.sliding_window_pattern"}))
     arch = kv.get("general.architecture")
     if arch not in ARCHS:
         raise KvpotError(f"training supports {' and '.join(ARCHS)} models; {Path(path).name} is {arch}")
@@ -79,10 +83,16 @@ def load_weights(path: Path) -> ModelWeights:
                    else [il % int(pattern) < int(pattern) - 1 for il in range(n_layer)])
     base_swa = float(kv.get(f"{a}.rope.freq_base_swa", 10000.0))
     tensors = {}
-    for t in reader.tensors:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        tensors[t.name] = torch.from_numpy(np.array(arr.reshape(shape), dtype=np.float32))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for t in infos:
+            raw = np.frombuffer(mm, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+            qtype = gguf.GGMLQuantizationType(t.gtype)
+            if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+                raw = raw.reshape(-1, t.n_bytes // max(1, math.prod(t.dims[1:])))  # rows of blocks
+            shape = tuple(reversed(t.dims))
+            tensors[t.name] = torch.from_numpy(np.array(gguf.quants.dequantize(raw, qtype).reshape(shape),
+                                                        dtype=np.float32))
+            del raw  # no view of the map outlives it
     if "output.weight" not in tensors:
         tensors["output.weight"] = tensors["token_embd.weight"]  # tied embeddings
     return ModelWeights(arch=a, n_layer=n_layer, n_head=n_head,
