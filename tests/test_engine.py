@@ -64,16 +64,16 @@ def test_streaming_keeps_sinks_and_recent(smollm2_path, document):
     eng.close()
 
 
-def test_reset_gives_the_same_result_as_a_fresh_engine(smollm2_path, document):
+def test_reset_gives_the_same_result_as_a_fresh_engine(smollm2_cut_path, document):
     text, question = document
     cfg = EngineConfig(budget=BUDGET, chunk=CHUNK, n_threads=2)
-    eng = Engine(str(smollm2_path), SnapKV(), cfg)
+    eng = Engine(str(smollm2_cut_path), SnapKV(), cfg)
     eng.feed_text("Some other document that should be forgotten. " * 20)
     eng.reset()
     assert eng.n_cells == 0 and eng.stats().n_cells_used == 0 and eng.stats().n_compactions == 0
     eng.feed_text(text)
     after_reset = eng.next_logits(f"\nQuestion: {question}\nAnswer:")
-    fresh = Engine(str(smollm2_path), SnapKV(), cfg)
+    fresh = Engine(str(smollm2_cut_path), SnapKV(), cfg)
     fresh.feed_text(text)
     want = fresh.next_logits(f"\nQuestion: {question}\nAnswer:")
     np.testing.assert_allclose(after_reset, want, atol=1e-4)
@@ -108,10 +108,15 @@ def test_bad_model_never_reaches_llama_cpp(tmp_path):
 LONG_TOKENS = int(os.environ.get("KVPOT_LONG_TOKENS", 8 * 1024))
 
 
+# `make test`'s 8K read takes the cut models (SmolLM2 to 4 blocks, Gemma-3 to 6: the same cells in each
+# layer, window layers included, read several times faster); `make test-long` reads its 64K through both
+# whole models
+LONG_WHOLE = LONG_TOKENS > 8 * 1024
+
+
 @pytest.mark.slow
-# `make test`'s 8K read takes SmolLM2 cut to 4 blocks (the same cells in each layer, read ~5x faster);
-# `make test-long` reads its 64K through both whole models
-@pytest.mark.parametrize("model_fixture", ["smollm2_path" if LONG_TOKENS > 8 * 1024 else "smollm2_cut_path", "gemma_path"])
+@pytest.mark.parametrize("model_fixture", ["smollm2_path" if LONG_WHOLE else "smollm2_cut_path",
+                                           "gemma_path" if LONG_WHOLE else "gemma_cut_path"])
 def test_a_long_input_with_1024_cells_stays_bounded(request, model_fixture):
     """Over LONG_TOKENS tokens the pot never holds more than budget + one chunk (both test models)."""
     path = request.getfixturevalue(model_fixture)
