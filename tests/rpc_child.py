@@ -17,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CHUNK = 64
 N_CTX = 512
 N_KEEP = 100
-READ_LAYERS = (0, 15, 29)
 # one thread: on a busy 2-core machine two spinning OpenMP threads make the local run many times slower
 N_THREADS = 1
 
@@ -89,8 +88,9 @@ def main() -> None:
     pot.compact(keep, cr_rope=True)
     st = pot.stats()
     out["stats"] = np.array([st.n_cells_used, st.pos_next, st.n_compactions])
-    out["read"] = np.stack([np.stack([pot.read(pot.layer_ids.index(l), h, w, 0, N_KEEP, 64)
-                                      for h in range(pot.n_head_kv) for w in "kv"]) for l in READ_LAYERS])
+    n = len(pot.layer_ids)  # the first, a middle and the last layer: on the first server and on the last
+    out["read"] = np.stack([np.stack([pot.read(il, h, w, 0, N_KEEP, 64) for h in range(pot.n_head_kv) for w in "kv"])
+                            for il in (0, n // 2, n - 1)])
     q = model.tokenize("\nQuestion: " + question + "\nAnswer:")
     decode_chunks(ctx, q, CHUNK, st.pos_next)
     out["logits"] = ctx.logits_last()

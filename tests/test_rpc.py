@@ -1,6 +1,7 @@
 """The pot through llama.cpp's RPC backend: two `kvpot rpc-server` processes on this machine hold the
 model's layers and their part of the KV cache; taps, log-probs, compaction, the engine's choices and
-the answer must equal a local run made in the same test."""
+the answer must equal a local run made in the same test (on SmolLM2 cut to 4 blocks, conftest.py: a
+comparison of two paths through one model)."""
 
 from __future__ import annotations
 
@@ -102,10 +103,10 @@ def _child(model: Path, out: Path, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(servers, smollm2_path, tmp_path_factory):
+def runs(servers, smollm2_cut_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("rpc-runs")
-    local = _child(smollm2_path, d / "local.npz")
-    remote = _child(smollm2_path, d / "rpc.npz", "--rpc", servers.spec, "--keep", str(d / "local.npz"))
+    local = _child(smollm2_cut_path, d / "local.npz")
+    remote = _child(smollm2_cut_path, d / "rpc.npz", "--rpc", servers.spec, "--keep", str(d / "local.npz"))
     return local, remote
 
 
@@ -151,13 +152,13 @@ def test_rpc_engine_keeps_and_answers_like_local(runs):
     assert bytes(remote["answer"]) == bytes(local["answer"]) and len(local["answer"]) > 0
 
 
-def test_cli_ask_rpc_answers_like_local(servers, smollm2_path, tmp_path):
+def test_cli_ask_rpc_answers_like_local(servers, smollm2_cut_path, tmp_path):
     from kvpot.bench.logbook import logbook
 
     text, question, _ = logbook(n_entries=20, seed=3)
     doc = tmp_path / "log.txt"
     doc.write_text(text)
-    args = ["ask", str(doc), question, "-m", str(smollm2_path), "--policy", "infinipot:pot=384,keep=192",
+    args = ["ask", str(doc), question, "-m", str(smollm2_cut_path), "--policy", "infinipot:pot=384,keep=192",
             "--budget", "384", "--chunk", "128", "--n-predict", "16", "--threads", "1"]
     local = run_cli(*args)
     assert local.returncode == 0, local.stderr
