@@ -18,10 +18,9 @@ import mmap
 import struct
 import sys
 
-from kvpot.models.gguf_file import _TYPE_SIZES, read_header  # _TYPE_SIZES: (elements, bytes) a block
+from kvpot.models.gguf_file import _ARRAY, _SCALARS, _STRING, read_gguf
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
+_SCALAR_SIZES = {vtype: size for vtype, (_, size) in _SCALARS.items()}
 
 
 class _Walk:
@@ -58,13 +57,14 @@ class _Walk:
 
 
 def main(src: str, dst: str, n: int) -> None:
-    kv = read_header(src)  # checks the file as kvpot does before anything is copied
+    kv, tensors = read_gguf(src)  # checked as kvpot checks a model; where each tensor's data lies
     arch = kv["general.architecture"]
     alignment = kv.get("general.alignment", 32)
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         w = _Walk(buf)
         magic, version = w.unpack("<I"), w.unpack("<I")
-        n_tensors, n_kv = w.unpack("<Q"), w.unpack("<Q")
+        w.at += 8  # the tensor count: the cut file gets its own
+        n_kv = w.unpack("<Q")
         kv_start = w.at
         count_at = count_type = None  # where the block count's value lies, and its type
         for _ in range(n_kv):
@@ -76,33 +76,21 @@ def main(src: str, dst: str, n: int) -> None:
         fmt = {4: "<I", 5: "<i", 10: "<Q", 11: "<q"}[count_type]
         struct.pack_into(fmt, kv_bytes, count_at - kv_start, n)
 
-        kept = []  # (name, dims, type, source offset, bytes)
-        for _ in range(n_tensors):
-            name = w.string()
-            dims = [w.unpack("<q") for _ in range(w.unpack("<I"))]
-            gtype, offset = w.unpack("<I"), w.unpack("<Q")
-            block, block_bytes = _TYPE_SIZES[gtype]
-            n_elements = 1
-            for d in dims:
-                n_elements *= d
-            if not (name.startswith("blk.") and int(name.split(".")[1]) >= n):
-                kept.append((name, dims, gtype, offset, n_elements // block * block_bytes))
-        data_start = w.at + (-w.at % alignment)
+        kept = [t for t in tensors if not (t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n)]
 
         with open(dst, "wb") as out:
             out.write(struct.pack("<IIQQ", magic, version, len(kept), n_kv))
             out.write(kv_bytes)
             offset = 0
-            for name, dims, gtype, _, size in kept:
-                raw = name.encode()
-                out.write(struct.pack("<Q", len(raw)) + raw + struct.pack("<I", len(dims)))
-                out.write(struct.pack(f"<{len(dims)}q", *dims) + struct.pack("<IQ", gtype, offset))
-                offset += size + (-size % alignment)
+            for t in kept:
+                raw = t.name.encode()
+                out.write(struct.pack("<Q", len(raw)) + raw + struct.pack("<I", len(t.dims)))
+                out.write(struct.pack(f"<{len(t.dims)}q", *t.dims) + struct.pack("<IQ", t.gtype, offset))
+                offset += t.n_bytes + (-t.n_bytes % alignment)
             out.write(b"\0" * (-out.tell() % alignment))
-            for _, _, _, src_offset, size in kept:
-                at = data_start + src_offset
-                out.write(buf[at:at + size])
-                out.write(b"\0" * (-size % alignment))
+            for t in kept:
+                out.write(buf[t.offset:t.offset + t.n_bytes])
+                out.write(b"\0" * (-t.n_bytes % alignment))
 
 
 if __name__ == "__main__":
