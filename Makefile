@@ -48,7 +48,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -312,6 +312,14 @@ bench-beyond-05b: install
 		-t 2 --json $(BENCH_DIR)/beyond/qa-qwen05-48k-32016.json --resume
 	$(KVPOT) bench qa -m qwen2.5-coder-0.5b -P infinipot --per-question --length 49152 --sample 8 --budget 8192 \
 		-t 2 --json $(BENCH_DIR)/beyond/qa-qwen05-48k-8192.json --resume
+
+# One layer's attention over a pot's cells with and without flash attention on this CPU (tests/attn_speed.c
+# against the installed libggml), at the Qwen models' head shapes: about a minute
+bench-attn: pull-test-models
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/flash
+	$(BENCH_PY) -m kvpot.bench.attn_speed -m qwen2.5-coder-1.5b -m qwen2.5-coder-0.5b --cells 2560 --cells 8704 \
+		--cells 16896 --cells 32768 --json $(BENCH_DIR)/flash/attn-speed.json
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
 # model's own head on every row (what the blocks replace), per model, interleaved in one process

@@ -51,7 +51,8 @@ def measure(exe: Path, head_dim: int, n_head: int, n_head_kv: int, cells: int, r
     out = subprocess.run([str(exe), str(head_dim), str(n_head), str(n_head_kv), str(cells), str(rows), str(threads),
                           str(reps)], check=True, capture_output=True, text=True).stdout.split()
     got = dict(zip(out[::2], map(float, out[1::2])))
-    return {"cells": cells, "off_ms": got["flash_off_ms"], "on_ms": got["flash_on_ms"], "max_abs_diff": got["max_abs_diff"]}
+    return {"cells": cells, "off_ms": got["flash_off_ms"], "on_ms": got["flash_on_ms"], "max_abs_diff": got["max_abs_diff"],
+            "nmse": got["nmse"]}
 
 
 def cpu() -> str:
