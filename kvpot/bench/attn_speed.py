@@ -42,8 +42,12 @@ def build() -> Path:
     exe = paths.build_dir() / "attn-speed" / "attn_speed"
     exe.parent.mkdir(parents=True, exist_ok=True)
     include = staged_tree() / "ggml" / "include"
-    subprocess.run([os.environ.get("CC", "cc"), "-O2", str(SOURCE), "-o", str(exe), f"-I{include}", f"-L{lib_dir}",
-                    "-lggml", "-lggml-base", "-lggml-cpu", "-lm", f"-Wl,-rpath,{lib_dir}"], check=True)
+    cc = os.environ.get("CC", "cc")
+    run = subprocess.run([cc, "-O2", str(SOURCE), "-o", str(exe), f"-I{include}", f"-L{lib_dir}", "-lggml",
+                          "-lggml-base", "-lggml-cpu", "-lm", f"-Wl,-rpath,{lib_dir}"], capture_output=True, text=True)
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"error: {cc} could not build {SOURCE.name}: {last}")
     return exe
 
 
@@ -57,8 +61,12 @@ def measure(exe: Path, head_dim: int, n_head: int, n_head_kv: int, cells: int, r
 
 def cpu() -> str:
     """What the figures were measured on: the CPU's name and the SIMD features ggml picks kernels by."""
-    name = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                 if line.lower().startswith(("model name", "hardware"))), "unknown CPU")
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:  # not Linux
+        lines = []
+    name = next((line.partition(":")[2].strip() for line in lines if line.lower().startswith(("model name", "hardware"))),
+                "unknown CPU")
     flags = host_flags() or frozenset()
     return f"{name} ({', '.join(f for f, flag in _HOST_FLAG.items() if flag in flags and f.startswith(('AVX', 'F16C', 'FMA', 'NEON', 'SVE', 'AMX')))})"
 
