@@ -46,8 +46,7 @@ def throughput(
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                  help="also write the results here as JSON"),
 ) -> None:
-    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill,
-    then the answer tokens/s after each read (--decode) and its ratio to the shortest input's."""
+    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's."""
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
     check_adapters(policy, facts.path)
@@ -158,8 +157,7 @@ def qa(
                                   help="write every case here as JSON (rewritten after each case)"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
 ) -> None:
-    """Answer quality on real documents: questions over licence texts, man pages, package documentation and
-    Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
+    """Answer quality on real documents: questions over licence texts, man pages, package documentation and Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
 
     `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none`
     asks each question with no document (closed book: right answers a reading must beat)."""
@@ -306,8 +304,7 @@ def context(
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                  help="also write the results here as JSON"),
 ) -> None:
-    """Time to the first answer token after reading N tokens, and reopening a saved context against
-    reading the document again (`kvpot ask` with the model's default settings)."""
+    """Time to the first answer token after reading N tokens, and reopening a saved context against reading the document again (`kvpot ask` with the model's default settings)."""
     import tempfile
 
     from kvpot.bench.context import run_lengths

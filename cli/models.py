@@ -31,8 +31,9 @@ def pull(
 
 @user_errors
 def models() -> None:
-    """List the known models, most capable first: what each is, its size, what to expect of it, and
-    whether it is downloaded. ask and chat without -m use the first downloaded one the device holds."""
+    """List the known models, most capable first: what each is, its size, what to expect of it, and whether it is downloaded.
+
+    ask and chat without -m use the first downloaded one the device holds."""
     table = Table(title=f"models ({paths.models_dir()})")
     rows = [(m.name, f"{m.size_bytes / 2**20:,.0f} MiB", "yes" if cached_path(m).is_file() else "no", m.expect,
              m.description) for m in by_capability()]

@@ -82,6 +82,16 @@ def test_usage_names_arguments_as_the_user_types_them(path, cmd):
             assert p.metavar and p.metavar.upper() == p.metavar, (path, p.name, p.metavar)
 
 
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_summary_wraps_as_one_paragraph(path, cmd):
+    """rich keeps a docstring's line breaks: a summary broken over two source lines shows in the command
+    list as a line cut mid-sentence ("what to expect of it, and" / "whether it is downloaded")."""
+    summary = (cmd.help or "").strip().split("\n\n")[0]
+    assert "\n" not in summary, f"{' '.join(path) or 'kvpot'}: {summary!r}"
+    for p in cmd.params:
+        assert "\n" not in (getattr(p, "help", None) or ""), (path, p.name)
+
+
 def test_type_labels_without_typer_type_descriptors():
     """Typers before 0.29 (pyproject allows 0.16 on) have no type descriptor on an option: the label comes
     from the click parameter type they parse with, the same label for the same kind of value."""
