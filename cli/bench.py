@@ -117,7 +117,8 @@ def niah(
             f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
             f"{'found' if r['correct'] else 'missed'}"))
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
-                            on_case=on_case, done=previous, task=task, sources=sources)
+                            on_case=on_case, done=previous, task=task, sources=sources,
+                            say=lambda m: status.update(f"case {len(results) + 1}/{total}: {m}"))
     err.print(niah_table(results, facts.name, task, policy, lengths, depths, sources=sources))
     if json_out:
         _write_json(json_out, results)

@@ -256,6 +256,10 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_cut_path, tmp_path):
         assert c["correct"] == (c["key"] in c["answer"]) and 550 < c["tokens"] < 700
     assert cases[0]["compactions"] > 0 and cases[1]["compactions"] == 0
     assert "needle retrieval (passkey)" in res.stderr
+    # stderr is a pipe here: a line as each case starts and as it ends, so a log shows where a long grid is
+    lines = res.stderr.splitlines()
+    started = [lines.index("case 1/2: streaming 600 @ 0.5, seed 0"), lines.index("case 2/2: full 600 @ 0.5, seed 0")]
+    assert started[0] < next(i for i, line in enumerate(lines) if line.startswith("1/2 cases; last: streaming")) < started[1]
     again = run_cli(*args, "--resume", env={"COLUMNS": "200"})
     assert again.returncode == 0, again.stderr
     assert json.loads(out.read_text()) == cases
