@@ -357,14 +357,16 @@ bench-infllm-memory: pull-test-models
 		--stock-tokens 2048 -t 2 --json $(BENCH_DIR)/infllm/read-gemma3-1m-graph-exc256-const.json
 
 # every method's peak RSS at 8K and 1M tokens read (issue 34: flat within 5 %), Gemma-3-270M at 2,048 cells, one
-# `bench throughput` per method (its input generated as it is read, so the peak is the reading's). From 45 to
-# 80 minutes a method on 2 cores; a method whose JSON exists is skipped, so a run continues with the next
+# `bench throughput` per method (its input generated as it is read, so the peak is the reading's). From 75
+# minutes (Locret, EdgeInfinite) to over 3 hours (InfiniPot's exact NuC head) a method on 2 cores. Each part is
+# written as it ends and each read saved every 10 minutes of reading, so running it again goes on where it
+# stopped (--resume), and a method whose JSON is whole runs nothing
 RSS_1M_POLICIES ?= streaming locret edgeinfinite infinipot imdc:pruner=snapkv snapkv h2o
 bench-rss-1m: pull-test-models
 	mkdir -p $(BENCH_DIR)/rss
-	for P in $(RSS_1M_POLICIES); do out=$(BENCH_DIR)/rss/rss-gemma3-$${P%%:*}-8k-1m.json; test -f $$out || \
+	for P in $(RSS_1M_POLICIES); do out=$(BENCH_DIR)/rss/rss-gemma3-$${P%%:*}-8k-1m.json; \
 		$(KVPOT) bench throughput -m gemma3-270m -P $$P --budget 2048 --chunk 512 --tokens 8192 --tokens 1048576 \
-			--stock-tokens 2048 --decode 0 -t 2 --json $$out || exit 1; done
+			--stock-tokens 2048 --decode 0 -t 2 --json $$out --resume || exit 1; done
 
 # reading speed beside StreamingLLM: one `bench throughput` per model and policy (stock prefill of 8,192 tokens
 # in the same command), budget 2048; nothing else should run (the ratio to StreamingLLM compares two commands)

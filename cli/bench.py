@@ -8,10 +8,11 @@ from pathlib import Path
 import typer
 
 from kvpot.bench.report import context_table, heatmap_png, niah_table, ppl_table, throughput_table
-from kvpot.bench.throughput import ThroughputPlan, run_plan
+from kvpot.bench.throughput import ThroughputPlan, read_checkpoint_path, run_plan
 from kvpot.errors import KvpotError
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
+from kvpot.paths import bench_reads_dir
 from kvpot.policies import make_policy
 from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
@@ -44,9 +45,17 @@ def throughput(
                                help="after each read, a short question and this many greedy answer tokens, "
                                     "timed (0: no decoding)"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
-                                 help="also write the results here as JSON"),
+                                 help="also write the results here as JSON (rewritten as each part ends)"),
+    resume: bool = typer.Option(False, "--resume",
+                                help="keep the parts already in --json, and go on with a stopped read from "
+                                     "its last save"),
+    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS",
+                                     help="with --json, save a read where it is after this much reading, so that "
+                                          "--resume goes on from there (0: after every chunk)"),
 ) -> None:
-    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's."""
+    """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's.
+
+    A read of hours can stop (Ctrl-C, a session's end) and go on: with --json the parts done are written as they end and each read is saved every --save-every seconds; --resume keeps them. A read in parts reports its reading time summed and the largest part's peak RSS."""
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
     check_adapters(policy, facts.path)
@@ -56,12 +65,43 @@ def throughput(
     plan = ThroughputPlan(model=str(facts.path), policy=policy, budget=budget, chunk=chunk, threads=threads,
                           flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits,
                           decode=decode)
+    done = _load_throughput(json_out, plan) if resume else None
+    saves = bench_reads_dir() if json_out else None
+    if saves is not None and not resume:  # a fresh run reads from token 0
+        for n in plan.pot_tokens:
+            read_checkpoint_path(saves, plan, n).unlink(missing_ok=True)
     with steps("benchmarking") as status:
-        result = run_plan(plan, say=lambda msg: status.update(msg))
+        result = run_plan(plan, say=lambda msg: status.update(msg), done=done,
+                          on_part=(lambda r: _write_json(json_out, r)) if json_out else None,
+                          checkpoints=saves, save_every=save_every, on_progress=err.print)
     err.print(throughput_table(result, facts.name))
     if json_out:
         _write_json(json_out, result)
         err.print(f"results written to {json_out}")
+
+
+def _load_throughput(path: Path | None, plan: ThroughputPlan) -> dict | None:
+    """The parts of `plan` a `bench throughput --json` file holds already (None: none yet); refused when it
+    was written for another plan (another model file, policy, budget, chunk, threads or decode)."""
+    if path is None:
+        raise KvpotError("--resume needs --json PATH (the file holding the parts already run)")
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        assert isinstance(data, dict) and isinstance(data["plan"], dict) and isinstance(data["pot"], list)
+        assert isinstance(data["stock"], dict) and all(isinstance(r, dict) and "tokens" in r for r in data["pot"])
+    except (ValueError, AssertionError, KeyError):
+        raise KvpotError(f"{path} is not a `bench throughput` results file; remove it or drop --resume") from None
+    # the model by its file's name: the registry's file in another kvpot home is the same model
+    want = plan.__dict__ | {"pot_tokens": None, "model": Path(plan.model).name}
+    had = data["plan"] | {"pot_tokens": None, "model": Path(str(data["plan"].get("model"))).name}
+    differs = [k for k in want if had.get(k) != want[k]]
+    if differs:
+        k = differs[0]
+        raise KvpotError(f"{path} was written with {k} {had.get(k)!r}, not {want[k]!r}; "
+                         f"write to another file or drop --resume")
+    return data
 
 
 @app.command(cls=aliased({"-n": "--length"}))

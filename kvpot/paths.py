@@ -62,6 +62,11 @@ def build_dir() -> Path:
     return home() / "build"
 
 
+def bench_reads_dir() -> Path:
+    """`bench throughput`'s long reads, saved as they go (kvpot.bench.read_checkpoint)."""
+    return home() / "bench-reads"
+
+
 def blocks_dir(create: bool = False) -> Path:
     """InfLLM's block stores (`infllm:store=PATH` puts one elsewhere); `create` makes the folder (kvpot's
     own, under its home: a folder a user named is never created)."""

@@ -17,3 +17,11 @@ def test_pieces_are_the_list_a_part_at_a_time(smol):
         ref += smol.tokenize(logbook(n_entries=400, seed=3000 + k, fact_at=2.0)[0])
         k += 1
     assert [t for p in pieces for t in p] == ref[:n] == generated_tokens(smol, n, seed=3)
+
+
+def test_pieces_from_a_token_on_are_the_rest_of_the_list(smol):
+    """A stopped read goes on with the tokens after its last one, also from inside a part."""
+    n = 40_000
+    whole = generated_tokens(smol, n, seed=1)
+    for skip in (0, 1, 17_000, n - 5, n):
+        assert [t for p in generated_pieces(smol, n, seed=1, skip=skip) for t in p] == whole[skip:]

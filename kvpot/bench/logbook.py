@@ -30,17 +30,21 @@ def logbook(n_entries: int = 60, seed: int = 7, fact_at: float = 0.5) -> tuple[s
     return "\n".join(lines) + "\n", "What is the code of the strongbox?", code
 
 
-def generated_pieces(model, n_tokens: int, seed: int = 0) -> Iterator[list[int]]:
+def generated_pieces(model, n_tokens: int, seed: int = 0, skip: int = 0) -> Iterator[list[int]]:
     """n_tokens of generated text tokenized by `model` (a kvpot.runtime.llama.LlamaModel), one logbook of
     400 entries (~17K tokens) at a time: a reader that streams them holds one part, not the whole input, so
-    its memory says what the reading holds (a 1M-token list is ~40 MiB of Python objects)."""
+    its memory says what the reading holds (a 1M-token list is ~40 MiB of Python objects).
+
+    `skip`: leave out the first `skip` of those tokens (a stopped read going on from where it was)."""
     left, part = n_tokens, 0
     while left > 0:
         text, _, _ = logbook(n_entries=400, seed=seed * 1000 + part, fact_at=2.0)  # fact_at > 1: no fact
         toks = model.tokenize(text)[:left]
         left -= len(toks)
         part += 1
-        yield toks
+        cut, skip = min(skip, len(toks)), skip - min(skip, len(toks))
+        if len(toks) > cut:
+            yield toks[cut:]
 
 
 def generated_tokens(model, n_tokens: int, seed: int = 0) -> list[int]:

@@ -11,15 +11,36 @@ import sys
 
 from kvpot.errors import KvpotError
 
+PROGRESS = "progress: "  # a worker's stderr line that says where its case is (passed on as it comes)
 
-def run_worker(args: list[str]) -> dict:
-    """`python -m kvpot.bench.worker ARGS` in a child process; its last stdout line is the case's JSON."""
+
+def run_worker(args: list[str], on_progress=None) -> dict:
+    """`python -m kvpot.bench.worker ARGS` in a child process; its last stdout line is the case's JSON.
+    `on_progress(msg)` hears each progress line the case writes to stderr as it comes (a read of hours
+    says where it is); the rest of stderr is kept for the error message."""
+    import threading
+
     cmd = [sys.executable, "-m", "kvpot.bench.worker", *args]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)  # never a full pipe
+        reader.start()
+        errs: list[str] = []
+        try:
+            for line in proc.stderr:
+                if not line.startswith(PROGRESS):
+                    errs.append(line)
+                elif on_progress is not None:
+                    on_progress(line[len(PROGRESS):].rstrip("\n"))
+            proc.wait()
+        except BaseException:  # Ctrl-C, or on_progress failing: the case does not run on without its parent
+            proc.kill()
+            raise
+        reader.join()
+    if proc.returncode != 0:
+        last = ("".join(errs).strip().splitlines() or ["no output"])[-1]
         raise KvpotError(f"benchmark case {' '.join(args)} failed: {last}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads("".join(out).strip().splitlines()[-1])
 
 
 def peak_rss_mb() -> float:

@@ -8,7 +8,8 @@ the cases (kvpot.bench.worker calls them)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from kvpot.bench.process import peak_rss_mb, rss_mb, run_worker
 
@@ -30,20 +31,53 @@ class ThroughputPlan:
     decode: int = 0  # answer tokens generated after each read (0: no decode measurement)
 
 
-def run_plan(plan: ThroughputPlan, say=lambda msg: None) -> dict:
+def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = None, on_part=None,
+             checkpoints: Path | None = None, save_every: float = 600.0, on_progress=None) -> dict:
+    """Stock's prefill, then the pot's read of each length, each in a worker process.
+
+    `done`: a result of this plan written before (stock's part and the lengths in it are kept, not run
+    again); `on_part(result)`: called with the result so far as each part ends (to write it down).
+    `checkpoints`: a folder each read is saved in as it goes (every `save_every` seconds of reading), and
+    gone on from when its file is there; `on_progress` hears where a read is at each save."""
     common = (["--chunk", str(plan.chunk), "--threads", str(plan.threads), "--decode", str(plan.decode)]
               + (["--flash-attn"] if plan.flash_attn else []))
-    say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
-    stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common])
-    cases = []
+    kept = {r["tokens"]: r for r in (done or {}).get("pot", [])}
+    stock = (done or {}).get("stock")
+    if stock is None:
+        say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
+        stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common])
+    result = {"plan": asdict(plan), "stock": stock, "pot": []}
+    if on_part:
+        on_part(result)
     for n in plan.pot_tokens:
+        if n in kept:
+            result["pot"].append(kept[n])
+            continue
         say(f"{plan.policy} at {plan.budget} cells over {n} tokens")
+        saving = []
+        if checkpoints is not None:
+            saving = ["--checkpoint", str(read_checkpoint_path(checkpoints, plan, n)), "--save-every", str(save_every)]
         r = run_worker(["kvpot-ingest", plan.model, str(n), "--policy", plan.policy, "--budget", str(plan.budget),
-                        *common])
+                        *common, *saving], on_progress=on_progress)
         r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
-        cases.append(r)
-    decode_ratios(stock, cases)
-    return {"plan": plan.__dict__, "stock": stock, "pot": cases}
+        result["pot"].append(r)
+        if on_part:
+            on_part(result)
+        if saving:  # the read's figures are kept: its save has done its job
+            read_checkpoint_path(checkpoints, plan, n).unlink(missing_ok=True)
+    decode_ratios(stock, result["pot"])
+    return result
+
+
+def read_checkpoint_path(folder: Path, plan: ThroughputPlan, n_tokens: int) -> Path:
+    """Where the read of `n_tokens` under `plan` is saved as it goes: one file per read, named by what it
+    reads with (so a read goes on only from its own save)."""
+    import hashlib
+    import json
+
+    what = asdict(plan) | {"pot_tokens": None, "stock_tokens": None, "tokens": n_tokens}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return folder / f"read-{digest}.npz"
 
 
 def decode_ratios(stock: dict, cases: list[dict]) -> None:
@@ -141,11 +175,15 @@ def _stock_decode(model, ctx, question: list[int], pos: int, n: int, chunk: int)
 
 
 def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk: int, threads: int,
-                 flash_attn: bool, decode: int = 0) -> dict:
+                 flash_attn: bool, decode: int = 0, checkpoint: str | None = None, save_every: float = 600.0,
+                 say=lambda msg: None) -> dict:
     """The pot reading the same generated text under `policy` at `budget` cells; with `decode`, then
     the question and `decode` greedy answer tokens through the engine's answer path (Engine.prompt,
-    Engine.generate: what `kvpot ask` runs, the policy's work while answering included)."""
-    from kvpot.bench.logbook import generated_pieces
+    Engine.generate: what `kvpot ask` runs, the policy's work while answering included).
+
+    `checkpoint`: a file the read is saved to every `save_every` seconds and goes on from when it is
+    there (kvpot.bench.read_checkpoint); `say` hears where the read is at each save."""
+    from kvpot.bench.read_checkpoint import timed_read
     from kvpot.engine import DEFAULT_ANSWER_RESERVE, Engine, EngineConfig
     from kvpot.policies import make_policy
 
@@ -153,26 +191,21 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
     reserve = max(DEFAULT_ANSWER_RESERVE, decode + 192)
     eng = Engine(model_path, make_policy(policy), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
                                                                 flash_attn=flash_attn, answer_reserve=reserve))
-    n_text = n_tokens - len(eng.model.bos())  # the engine adds the BOS
-    peak_bytes = [0]
-
-    def on_chunk(ev):
-        peak_bytes[0] = max(peak_bytes[0], ev.stats.bytes_used)
-
+    # what a saved part must have been read with to be gone on from
+    key = {"model": model_path, "model_bytes": Path(model_path).stat().st_size, "policy": policy, "budget": budget,
+           "chunk": chunk, "threads": threads, "flash_attn": flash_attn, "tokens": n_tokens, "decode": decode}
     with eng:  # closing deletes what the policy kept on disk (InfLLM's block store)
-        # RSS before and after the read. The input is generated and tokenized a part at a time as the
-        # engine reads it (the same tokens stock_prefill reads whole), so the peak is the reading's,
-        # not a list that grows with the input (a 1M-token one is ~40 MiB)
-        rss_start = rss_mb()
-        t0 = time.perf_counter()
-        eng.feed_stream(generated_pieces(eng.model, n_text), expected=n_text, on_chunk=on_chunk)
-        dt = time.perf_counter() - t0
+        # The input is generated and tokenized a part at a time as the engine reads it (the same tokens
+        # stock_prefill reads whole), so the peak is the reading's, not a list that grows with the input
+        # (a 1M-token one is ~40 MiB)
+        read = timed_read(eng, n_tokens, key, Path(checkpoint) if checkpoint else None, save_every, say)
         st = eng.stats()
-        res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": dt,
-               "tok_s": eng.tokens_seen / dt, "peak_rss_mb": peak_rss_mb(), "rss_start_mb": rss_start,
-               "rss_end_mb": rss_mb(), "kv_bytes": peak_bytes[0],
+        res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": read.seconds,
+               "tok_s": eng.tokens_seen / read.seconds, "peak_rss_mb": read.peak_rss_mb,
+               "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
-               "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn}
+               "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
+               "read_parts": read.parts, "read_saves": read.saves}
         if decode:  # after the read's figures, so they are the read's alone
             res |= _pot_decode(eng, decode)
         return res

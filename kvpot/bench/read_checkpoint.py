@@ -1,0 +1,153 @@
+"""A long `bench throughput` read that saves where it is every few minutes, so that a stopped one goes on
+from its last save (`--resume`) instead of from token 0. A 1M-token read is hours on a 2-core CPU: longer
+than the process that runs it may live.
+
+What a resumed read reports is what one uninterrupted read would: its tokens/s is the tokens over the
+reading time of every part (the saves are not counted), its peak RSS the largest of the parts' reading
+peaks. A resumed part measures its peak from after the restore (reset_peak_rss), since holding the saved
+state beside the cache it fills is the restore's, not the reading's. Its computation is the same too: the
+engine's own export/import (what saved contexts hold) and the same tokens from the same place, so the
+pot ends bit for bit where one read would have left it (tests/test_bench_read_checkpoint.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvpot.bench.process import peak_rss_mb, peak_rss_since_reset_mb, reset_peak_rss, rss_mb
+from kvpot.errors import KvpotError
+from kvpot.safe_write import atomic_write
+from kvpot.session.engine_state import EngineState, check_engine_values, check_policy_state, check_pot_bytes
+
+FORMAT = "kvpot bench read"
+
+
+@dataclass
+class ReadSoFar:
+    tokens: int = 0                     # tokens read (the engine's tokens_seen, the BOS included)
+    seconds: float = 0.0                # reading time, saves excluded
+    peak_rss_mb: float = 0.0            # the largest reading peak of the parts so far
+    rss_start_mb: float | None = None   # resident memory as the first part began reading
+    kv_bytes: int = 0                   # the most pot bytes in use after any chunk
+    parts: int = 0                      # processes that read a part (1: one uninterrupted read)
+    saves: int = 0
+
+
+class Stop(Exception):
+    """Raised by an `on_saved` callback to stop the read right after a save (what a killed process does)."""
+
+
+def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: float = 600.0,
+               say: Callable[[str], None] = lambda msg: None, on_saved: Callable[[ReadSoFar], None] | None = None,
+               pieces=None) -> ReadSoFar:
+    """Read `n_tokens` (the BOS included) of the throughput bench's generated text into `eng`, timed.
+
+    With `path`: go on from the read saved there, if any (it must have been saved for the same `key`),
+    and save there after the first chunk that ends `every` seconds of reading after the last save. The
+    caller deletes the file once the read's figures are kept. `pieces(skip)`: the input from its token
+    `skip` on (default: kvpot.bench.logbook.generated_pieces)."""
+    if pieces is None:
+        from kvpot.bench.logbook import generated_pieces
+
+        def pieces(skip):
+            return generated_pieces(eng.model, n_tokens - len(eng.model.bos()), skip=skip)
+
+    so_far = _load(path, eng, key) if path is not None and path.exists() else None
+    resumed = so_far is not None
+    if resumed:
+        # the restore's own peak (the saved state held beside the cache) is not the reading's
+        measured_from = rss_mb() if reset_peak_rss() else None
+    else:
+        so_far, measured_from = ReadSoFar(rss_start_mb=rss_mb()), None
+    so_far.parts += 1
+    bos = len(eng.model.bos())
+    skip = eng.tokens_seen - bos if resumed else 0
+    saving = [0.0]  # seconds spent saving in this part
+
+    def part_peak() -> float:
+        if measured_from is None:
+            return peak_rss_mb()
+        since = peak_rss_since_reset_mb()
+        return max(since or 0.0, measured_from or 0.0)
+
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def on_chunk(ev):
+        so_far.kv_bytes = max(so_far.kv_bytes, ev.stats.bytes_used)
+        now = time.perf_counter()
+        if path is None or now - last[0] < every or eng.tokens_seen >= n_tokens:
+            return
+        read_for = so_far.seconds + (now - t0 - saving[0])
+        snap = ReadSoFar(**{**asdict(so_far), "tokens": eng.tokens_seen, "seconds": read_for,
+                            "peak_rss_mb": max(so_far.peak_rss_mb, part_peak()), "saves": so_far.saves + 1})
+        _save(path, eng, key, snap)
+        so_far.saves = snap.saves
+        after = time.perf_counter()
+        saving[0] += after - now
+        last[0] = after
+        say(f"read {snap.tokens:,} of {n_tokens:,} tokens in {read_for:,.0f} s "
+            f"({snap.tokens / max(read_for, 1e-9):,.0f} tok/s), peak RSS {snap.peak_rss_mb:,.0f} MiB; "
+            f"saved, to go on from here with --resume")
+        if on_saved is not None:
+            on_saved(snap)
+
+    # a resumed read tells the policy no length: it keeps the one told when the read began (saved with it)
+    eng.feed_stream(pieces(skip), expected=None if resumed else n_tokens - bos, on_chunk=on_chunk)
+    so_far.seconds += time.perf_counter() - t0 - saving[0]
+    so_far.tokens = eng.tokens_seen
+    so_far.peak_rss_mb = max(so_far.peak_rss_mb, part_peak())
+    return so_far
+
+
+def _save(path: Path, eng, key: dict, so_far: ReadSoFar) -> None:
+    st = eng.export_state()
+    meta = {"format": FORMAT, "key": key, "so_far": asdict(so_far), "values": st.values}
+    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+              "seq": np.frombuffer(bytes(st.seq), dtype=np.uint8), "pot": np.frombuffer(st.pot, dtype=np.uint8)}
+    arrays |= {f"a.{name}": arr for name, arr in st.arrays.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "bench checkpoint") as f:
+        np.savez(f, **arrays)
+
+
+def _load(path: Path, eng, key: dict) -> ReadSoFar:
+    """The saved read restored into `eng`; one clear line for a file that is not one, or another read's."""
+    fix = "delete it to read from the start"
+    try:
+        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as z:
+            files = {name: z[name] for name in z.files}
+        meta = json.loads(files.pop("meta").tobytes())
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise ValueError("it is not a saved bench read")
+        if meta.get("key") != key:
+            raise KvpotError(f"bench checkpoint {path} was saved by another read ({_differs(meta.get('key'), key)}); {fix}")
+        so_far = ReadSoFar(**meta["so_far"])
+        arrays = {name[2:]: arr for name, arr in files.items() if name.startswith("a.")}
+        values = meta["values"]
+        check_engine_values(values, arrays, eng.ctx.n_ctx)
+        pot = files["pot"].tobytes()
+        check_pot_bytes(pot, arrays["positions"], values["pos_next"])
+        check_policy_state(eng.policy, values["policy"], arrays)
+        state = EngineState(seq=bytearray(files.pop("seq").data), pot=pot, values=values, arrays=arrays)
+    except KvpotError:
+        raise
+    except OSError as e:
+        raise KvpotError(f"cannot read bench checkpoint {path}: {e.strerror}") from None
+    except Exception as e:  # a truncated zip, bad JSON, a missing field: numpy and json raise many kinds
+        raise KvpotError(f"bench checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); {fix}") from None
+    eng.import_state(state)
+    return so_far
+
+
+def _differs(saved, wanted: dict) -> str:
+    if not isinstance(saved, dict):
+        return "it names no read"
+    diff = [k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
+    return ", ".join(f"{k} {saved.get(k)!r}, not {wanted.get(k)!r}" for k in diff[:3])

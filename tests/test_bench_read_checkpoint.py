@@ -1,0 +1,148 @@
+"""`bench throughput`'s long reads saved as they go (kvpot.bench.read_checkpoint): a read stopped after a
+save and gone on with in a fresh engine ends with the pot one uninterrupted read leaves, bit for bit; a
+file that is not a saved read, or another read's, is one clear error; and through the CLI a killed run
+goes on with --resume, keeping the parts it had finished."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvpot.bench.read_checkpoint import Stop, timed_read
+from kvpot.engine import Engine, EngineConfig
+from kvpot.errors import KvpotError
+from kvpot.policies import make_policy
+
+N = 1200
+KEY = {"read": "test"}
+
+
+def _engine(path, spec: str) -> Engine:
+    return Engine(str(path), make_policy(spec), EngineConfig(budget=128, chunk=64, n_threads=2))
+
+
+def _state(eng: Engine) -> dict:
+    """Everything a saved context holds of the engine, but the time compaction took (NaN, a log p not yet
+    known, as a word: NaN is not equal to itself)."""
+    st = eng.export_state()
+    values = {k: "nan" if isinstance(v, float) and math.isnan(v) else v
+              for k, v in st.values.items() if k != "compact_seconds"}
+    return {"seq": bytes(st.seq), "pot": st.pot, "values": values,
+            "arrays": {k: (a.dtype.str, a.shape, a.tobytes()) for k, a in st.arrays.items()}}
+
+
+def _stopped_read(path, spec, save, after_saves: int):
+    """A read saved after every chunk and stopped right after its `after_saves`-th save."""
+    seen = []
+
+    def stop(so_far):
+        seen.append(so_far)
+        if len(seen) == after_saves:
+            raise Stop
+
+    with _engine(path, spec) as eng, pytest.raises(Stop):
+        timed_read(eng, N, KEY, save, every=0.0, on_saved=stop)
+    return seen
+
+
+# InfiniPot (the NuC head's scores in the engine), H2O (accumulated scores in the policy's state) and
+# IMDC (chunks planned from the length told when the read began, which a resumed read does not tell
+# again); Gemma as well, whose BOS is a token of the read but not of the generated text
+@pytest.mark.parametrize("model, spec", [("smollm2_cut_path", "infinipot"), ("smollm2_cut_path", "h2o"),
+                                         ("smollm2_cut_path", "imdc:pruner=snapkv,m_0=40"),
+                                         ("gemma_cut_path", "infinipot")])
+def test_a_stopped_read_goes_on_to_the_pot_one_read_leaves(request, tmp_path, model, spec):
+    model_path = request.getfixturevalue(model)
+    with _engine(model_path, spec) as ref:
+        whole = timed_read(ref, N, KEY)
+        want = _state(ref)
+    assert whole.parts == 1 and whole.saves == 0 and whole.tokens == N
+    save = tmp_path / "read.npz"
+    seen = _stopped_read(model_path, spec, save, after_saves=5)
+    stopped_at = seen[-1].tokens
+    assert save.exists() and 0 < stopped_at < N and [s.saves for s in seen] == [1, 2, 3, 4, 5]
+    with _engine(model_path, spec) as eng:
+        rest = timed_read(eng, N, KEY, save, every=1e9)
+        assert eng.n_compactions > 0
+        assert _state(eng) == want
+    assert rest.parts == 2 and rest.saves == 5 and rest.tokens == N
+    # the reading time of both parts; the peak RSS the larger of both parts' reading peaks
+    assert rest.seconds > seen[-1].seconds > 0 and rest.peak_rss_mb >= seen[-1].peak_rss_mb > 0
+    assert rest.rss_start_mb == seen[0].rss_start_mb and rest.kv_bytes >= seen[-1].kv_bytes > 0
+
+
+def test_a_file_that_is_not_this_reads_save_is_refused(smollm2_cut_path, tmp_path):
+    save = tmp_path / "read.npz"
+    _stopped_read(smollm2_cut_path, "streaming", save, after_saves=1)
+    with _engine(smollm2_cut_path, "streaming") as eng:
+        with pytest.raises(KvpotError, match=r"was saved by another read \(read 'test', not 'other'\); delete it"):
+            timed_read(eng, N, {"read": "other"}, save)
+        save.write_bytes(save.read_bytes()[:-100])  # cut short, as a full disk or a crash mid-copy leaves it
+        with pytest.raises(KvpotError, match=r"bench checkpoint .* is unreadable .*; delete it to read from the start"):
+            timed_read(eng, N, KEY, save)
+        assert eng.tokens_seen == 0  # nothing of either was restored
+
+
+def _run_until_saved(args: list[str], env: dict, saves_dir) -> None:
+    """`kvpot ARGS` until its read has saved once, then killed with its worker, as a session's end kills it."""
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(saves_dir.glob("read-*.npz")):
+            assert proc.poll() is None, "the run ended before its read saved"
+            assert time.monotonic() < deadline, "no save in 300 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_killed_run_goes_on_with_resume(smollm2_cut_path, tmp_path):
+    out = tmp_path / "tp.json"
+    env = dict(os.environ, KVPOT_HOME=str(tmp_path / "home"), COLUMNS="200")
+    args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "4096", "--stock-tokens", "256",
+            "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out)]
+    _run_until_saved([*args, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
+    stock = json.loads(out.read_text())["stock"]  # written as stock's part ended
+    assert json.loads(out.read_text())["pot"] == []
+    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--resume"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    pot = data["pot"][0]
+    assert data["stock"] == stock  # kept, not measured again
+    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 and pot["read_saves"] >= 1 and pot["compactions"] > 0
+    assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
+    assert list((tmp_path / "home" / "bench-reads").glob("*")) == []  # the save went once the figures were kept
+    # another length goes on from the same file; the parts in it are kept
+    more = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--tokens", "512",
+                           "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert more.returncode == 0, more.stderr
+    again = json.loads(out.read_text())
+    assert again["stock"] == stock and again["pot"][0] == data["pot"][0] and again["pot"][1]["tokens"] == 512
+    assert again["pot"][1]["read_parts"] == 1
+
+
+def test_resume_refuses_a_file_of_another_plan(smollm2_cut_path, tmp_path):
+    from conftest import assert_one_line_error, run_cli
+
+    out = tmp_path / "tp.json"
+    common = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "256", "--stock-tokens", "256",
+              "--chunk", "64", "--decode", "0", "--json", str(out)]
+    env = {"KVPOT_HOME": str(tmp_path / "home")}
+    assert run_cli(*common, "--budget", "128", env=env).returncode == 0
+    res = run_cli(*common, "--budget", "192", "--resume", env=env)
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "was written with budget 128, not 192")
+    out.write_text("[1, 2]")
+    res = run_cli(*common, "--budget", "128", "--resume", env=env)
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "is not a `bench throughput` results file")
