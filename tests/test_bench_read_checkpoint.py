@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from kvpot.bench.read_checkpoint import Stop, timed_read
+from kvpot.bench.read_checkpoint import Stop, cpu_name, timed_read
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import make_policy
@@ -73,6 +73,7 @@ def test_a_stopped_read_goes_on_to_the_pot_one_read_leaves(request, tmp_path, mo
         assert eng.n_compactions > 0
         assert _state(eng) == want
     assert rest.parts == 2 and rest.saves == 5 and rest.tokens == N
+    assert rest.cpus == [cpu_name()] * 2  # each part's machine, since a read in parts may span several
     # the reading time of both parts; the peak RSS the larger of both parts' reading peaks
     assert rest.seconds > seen[-1].seconds > 0 and rest.peak_rss_mb >= seen[-1].peak_rss_mb > 0
     assert rest.rss_start_mb == seen[0].rss_start_mb and rest.kv_bytes >= seen[-1].kv_bytes > 0
@@ -119,7 +120,7 @@ def test_a_killed_run_goes_on_with_resume(smollm2_cut_path, tmp_path):
     data = json.loads(out.read_text())
     pot = data["pot"][0]
     assert data["stock"] == stock  # kept, not measured again
-    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 and pot["read_saves"] >= 1 and pot["compactions"] > 0
+    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 == len(pot["read_cpus"]) and pot["read_saves"] >= 1 and pot["compactions"] > 0
     assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
     assert list((tmp_path / "home" / "bench-reads").glob("*")) == []  # the save went once the figures were kept
     # another length goes on from the same file; the parts in it are kept

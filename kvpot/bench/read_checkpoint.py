@@ -15,7 +15,7 @@ import io
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ class ReadSoFar:
     kv_bytes: int = 0                   # the most pot bytes in use after any chunk
     parts: int = 0                      # processes that read a part (1: one uninterrupted read)
     saves: int = 0
+    cpus: list[str] = field(default_factory=list)  # each part's CPU: a read in parts may span machines
 
 
 class Stop(Exception):
@@ -66,6 +67,7 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
     else:
         so_far, measured_from = ReadSoFar(rss_start_mb=rss_mb()), None
     so_far.parts += 1
+    so_far.cpus.append(cpu_name())
     bos = len(eng.model.bos())
     skip = eng.tokens_seen - bos if resumed else 0
     saving = [0.0]  # seconds spent saving in this part
@@ -104,6 +106,22 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
     so_far.tokens = eng.tokens_seen
     so_far.peak_rss_mb = max(so_far.peak_rss_mb, part_peak())
     return so_far
+
+
+def cpu_name() -> str:
+    """The CPU's model name where the platform says it (/proc/cpuinfo; platform.processor() elsewhere)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "processor\t: ") ) and ":" in line:
+                    name = line.split(":", 1)[1].strip()
+                    if name and not name.isdigit():
+                        return name
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _save(path: Path, eng, key: dict, so_far: ReadSoFar) -> None:

@@ -205,7 +205,7 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
                "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
-               "read_parts": read.parts, "read_saves": read.saves}
+               "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus}
         if decode:  # after the read's figures, so they are the read's alone
             res |= _pot_decode(eng, decode)
         return res
