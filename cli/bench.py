@@ -70,10 +70,16 @@ def throughput(
     if saves is not None and not resume:  # a fresh run reads from token 0
         for n in plan.pot_tokens:
             read_checkpoint_path(saves, plan, n).unlink(missing_ok=True)
-    with steps("benchmarking") as status:
-        result = run_plan(plan, say=lambda msg: status.update(msg), done=done,
-                          on_part=(lambda r: _write_json(json_out, r)) if json_out else None,
-                          checkpoints=saves, save_every=save_every, on_progress=err.print)
+    try:
+        with steps("benchmarking") as status:
+            result = run_plan(plan, say=lambda msg: status.update(msg), done=done,
+                              on_part=(lambda r: _write_json(json_out, r)) if json_out else None,
+                              checkpoints=saves, save_every=save_every, on_progress=err.print)
+    except KeyboardInterrupt:
+        if json_out:  # what was done is kept: say how to go on from it
+            err.print(f"the parts done are in {json_out}; the same command with --resume goes on "
+                      f"(a read from its last save)")
+        raise
     err.print(throughput_table(result, facts.name))
     if json_out:
         _write_json(json_out, result)

@@ -1,7 +1,7 @@
 """`bench throughput`'s long reads saved as they go (kvpot.bench.read_checkpoint): a read stopped after a
 save and gone on with in a fresh engine ends with the pot one uninterrupted read leaves, bit for bit; a
-file that is not a saved read, or another read's, is one clear error; and through the CLI a killed run
-goes on with --resume, keeping the parts it had finished."""
+file that is not a saved read, or another read's, is one clear error; and through the CLI a run stopped
+with Ctrl-C says how to go on, and goes on with --resume, keeping the parts it had finished."""
 
 from __future__ import annotations
 
@@ -91,27 +91,35 @@ def test_a_file_that_is_not_this_reads_save_is_refused(smollm2_cut_path, tmp_pat
         assert eng.tokens_seen == 0  # nothing of either was restored
 
 
-def _run_until_saved(args: list[str], env: dict, saves_dir) -> None:
-    """`kvpot ARGS` until its read has saved once, then killed with its worker, as a session's end kills it."""
+def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.CompletedProcess:
+    """`kvpot ARGS` until its read has saved once, then Ctrl-C (SIGINT to its process group, the worker's
+    too, as a terminal sends it)."""
     cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not list(saves_dir.glob("read-*.npz")):
             assert proc.poll() is None, "the run ended before its read saved"
             assert time.monotonic() < deadline, "no save in 300 s"
             time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
 
 
-def test_a_killed_run_goes_on_with_resume(smollm2_cut_path, tmp_path):
+def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_path):
     out = tmp_path / "tp.json"
     env = dict(os.environ, KVPOT_HOME=str(tmp_path / "home"), COLUMNS="200")
     args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "4096", "--stock-tokens", "256",
             "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out)]
-    _run_until_saved([*args, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
+    stopped = _interrupt_once_saved([*args, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
+    assert stopped.returncode == 130
+    assert f"the parts done are in {out}; the same command with --resume goes on" in stopped.stderr
     stock = json.loads(out.read_text())["stock"]  # written as stock's part ended
     assert json.loads(out.read_text())["pot"] == []
     res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--resume"],
