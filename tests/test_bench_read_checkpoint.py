@@ -155,3 +155,29 @@ def test_resume_refuses_a_file_of_another_plan(smollm2_cut_path, tmp_path):
     res = run_cli(*common, "--budget", "128", "--resume", env=env)
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "is not a `bench throughput` results file")
+
+
+def test_what_a_save_holds_for_a_moment_is_not_the_readings_peak():
+    """_ReadingPeak: memory held only between the end of a stretch and its restart (a save's copy of the
+    state) is left out of the peak where the peak can be reset (Linux, Android), and counted where it
+    cannot; memory a later stretch holds is counted either way."""
+    import numpy as np
+
+    from kvpot.bench.process import peak_rss_mb, reset_peak_rss
+    from kvpot.bench.read_checkpoint import _ReadingPeak
+
+    peak = _ReadingPeak()
+    resets = reset_peak_rss()  # whether this platform can (restart tries it the same way)
+    peak.restart(0.0)  # a stretch from here, whatever this test process held before
+    base = peak.now()
+    held = np.ones(160 * 2**20, dtype=np.uint8)  # 160 MiB, every page touched: a save's copy of the state
+    del held
+    peak.restart(base)
+    after = peak.now()
+    if not resets:  # the process's peak is all there is, what the save held included
+        assert after == max(0.0, peak_rss_mb())
+        return
+    assert base <= after < base + 100
+    later = np.ones(120 * 2**20, dtype=np.uint8)  # the reading holding more: counted
+    assert peak.now() >= after + 110
+    del later

@@ -3,9 +3,9 @@ from its last save (`--resume`) instead of from token 0. A 1M-token read is hour
 than the process that runs it may live.
 
 What a resumed read reports is what one uninterrupted read would: its tokens/s is the tokens over the
-reading time of every part (the saves are not counted), its peak RSS the largest of the parts' reading
-peaks. A resumed part measures its peak from after the restore (reset_peak_rss), since holding the saved
-state beside the cache it fills is the restore's, not the reading's. Its computation is the same too: the
+reading time of every part (the saves are not counted), its peak RSS the largest reading peak of the
+parts. What a restore or a save holds for a moment beside the cache (the state it copies) is the
+saving's, not the reading's: the peak is measured afresh after each (_ReadingPeak). Its computation is the same too: the
 engine's own export/import (what saved contexts hold) and the same tokens from the same place, so the
 pot ends bit for bit where one read would have left it (tests/test_bench_read_checkpoint.py)."""
 
@@ -61,23 +61,16 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
 
     so_far = _load(path, eng, key) if path is not None and path.exists() else None
     resumed = so_far is not None
+    peak = _ReadingPeak()
     if resumed:
-        # the restore's own peak (the saved state held beside the cache) is not the reading's
-        measured_from = rss_mb() if reset_peak_rss() else None
+        peak.restart(0.0)  # the restore's own peak (the saved state held beside the cache) is not the reading's
     else:
-        so_far, measured_from = ReadSoFar(rss_start_mb=rss_mb()), None
+        so_far = ReadSoFar(rss_start_mb=rss_mb())
     so_far.parts += 1
     so_far.cpus.append(cpu_name())
     bos = len(eng.model.bos())
     skip = eng.tokens_seen - bos if resumed else 0
     saving = [0.0]  # seconds spent saving in this part
-
-    def part_peak() -> float:
-        if measured_from is None:
-            return peak_rss_mb()
-        since = peak_rss_since_reset_mb()
-        return max(since or 0.0, measured_from or 0.0)
-
     t0 = time.perf_counter()
     last = [t0]
 
@@ -87,9 +80,11 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
         if path is None or now - last[0] < every or eng.tokens_seen >= n_tokens:
             return
         read_for = so_far.seconds + (now - t0 - saving[0])
+        reading = peak.now()
         snap = ReadSoFar(**{**asdict(so_far), "tokens": eng.tokens_seen, "seconds": read_for,
-                            "peak_rss_mb": max(so_far.peak_rss_mb, part_peak()), "saves": so_far.saves + 1})
+                            "peak_rss_mb": max(so_far.peak_rss_mb, reading), "saves": so_far.saves + 1})
         _save(path, eng, key, snap)
+        peak.restart(reading)  # nor is the save's (the state exported beside the cache)
         so_far.saves = snap.saves
         after = time.perf_counter()
         saving[0] += after - now
@@ -104,8 +99,30 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
     eng.feed_stream(pieces(skip), expected=None if resumed else n_tokens - bos, on_chunk=on_chunk)
     so_far.seconds += time.perf_counter() - t0 - saving[0]
     so_far.tokens = eng.tokens_seen
-    so_far.peak_rss_mb = max(so_far.peak_rss_mb, part_peak())
+    so_far.peak_rss_mb = max(so_far.peak_rss_mb, peak.now())
     return so_far
+
+
+class _ReadingPeak:
+    """This process's peak resident memory while reading, in MiB: the peak of each stretch between a restore
+    or a save and the next, so that what they hold for a moment beside the cache (the exported state) is
+    not counted as the reading's. Each stretch after one is measured from a reset of the peak
+    (reset_peak_rss: Linux and Android); where the peak cannot be reset, the process's peak is all there
+    is, and it counts the restores and saves too."""
+
+    def __init__(self):
+        self.closed = 0.0                  # the largest peak of the stretches before this one
+        self.start: float | None = None    # RSS as this stretch began after a reset; None: it began with the process
+
+    def now(self) -> float:
+        if self.start is None:
+            return max(self.closed, peak_rss_mb())
+        return max(self.closed, self.start, peak_rss_since_reset_mb() or 0.0)
+
+    def restart(self, closed: float) -> None:
+        """A new stretch from here; `closed`: the reading peak up to just before what is left out."""
+        if reset_peak_rss():
+            self.closed, self.start = closed, rss_mb() or 0.0
 
 
 def cpu_name() -> str:
@@ -128,7 +145,7 @@ def _save(path: Path, eng, key: dict, so_far: ReadSoFar) -> None:
     st = eng.export_state()
     meta = {"format": FORMAT, "key": key, "so_far": asdict(so_far), "values": st.values}
     arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-              "seq": np.frombuffer(bytes(st.seq), dtype=np.uint8), "pot": np.frombuffer(st.pot, dtype=np.uint8)}
+              "seq": np.frombuffer(st.seq, dtype=np.uint8), "pot": np.frombuffer(st.pot, dtype=np.uint8)}
     arrays |= {f"a.{name}": arr for name, arr in st.arrays.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, "bench checkpoint") as f:
