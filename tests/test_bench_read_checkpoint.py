@@ -115,29 +115,29 @@ def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.C
 def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_path):
     out = tmp_path / "tp.json"
     env = dict(os.environ, KVPOT_HOME=str(tmp_path / "home"), COLUMNS="200")
-    args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "4096", "--stock-tokens", "256",
+    args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "512", "--stock-tokens", "256",
             "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out)]
-    stopped = _interrupt_once_saved([*args, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
+    first = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    short = json.loads(out.read_text())
+    # a longer read added, and stopped: the parts done before are still in the file
+    longer = [*args, "--tokens", "4096", "--resume"]
+    stopped = _interrupt_once_saved([*longer, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
     assert stopped.returncode == 130
     assert f"the parts done are in {out}; the same command with --resume goes on" in stopped.stderr
-    stock = json.loads(out.read_text())["stock"]  # written as stock's part ended
-    assert json.loads(out.read_text())["pot"] == []
-    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--resume"],
+    kept = json.loads(out.read_text())
+    assert (kept["stock"], kept["pot"]) == (short["stock"], short["pot"])
+    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *longer],
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
-    pot = data["pot"][0]
-    assert data["stock"] == stock  # kept, not measured again
-    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 == len(pot["read_cpus"]) and pot["read_saves"] >= 1 and pot["compactions"] > 0
-    assert pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
+    stock, pot = data["stock"], data["pot"][1]
+    assert stock == short["stock"] and data["pot"][0] == short["pot"][0]  # kept, not measured again
+    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 == len(pot["read_cpus"]) and pot["read_saves"] >= 1
+    assert pot["compactions"] > 0 and pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
+    assert short["pot"][0]["read_parts"] == 1
     assert list((tmp_path / "home" / "bench-reads").glob("*")) == []  # the save went once the figures were kept
-    # another length goes on from the same file; the parts in it are kept
-    more = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--tokens", "512",
-                           "--resume"], env=env, capture_output=True, text=True, timeout=600)
-    assert more.returncode == 0, more.stderr
-    again = json.loads(out.read_text())
-    assert again["stock"] == stock and again["pot"][0] == data["pot"][0] and again["pot"][1]["tokens"] == 512
-    assert again["pot"][1]["read_parts"] == 1
 
 
 def test_resume_refuses_a_file_of_another_plan(smollm2_cut_path, tmp_path):

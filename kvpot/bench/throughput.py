@@ -41,17 +41,19 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
     gone on from when its file is there; `on_progress` hears where a read is at each save."""
     common = (["--chunk", str(plan.chunk), "--threads", str(plan.threads), "--decode", str(plan.decode)]
               + (["--flash-attn"] if plan.flash_attn else []))
-    kept = {r["tokens"]: r for r in (done or {}).get("pot", [])}
+    parts = {r["tokens"]: r for r in (done or {}).get("pot", []) if r["tokens"] in plan.pot_tokens}
     stock = (done or {}).get("stock")
     if stock is None:
         say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
         stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common])
-    result = {"plan": asdict(plan), "stock": stock, "pot": []}
+
+    def result() -> dict:  # every part done, the ones kept from `done` included, in the plan's order
+        return {"plan": asdict(plan), "stock": stock, "pot": [parts[n] for n in plan.pot_tokens if n in parts]}
+
     if on_part:
-        on_part(result)
+        on_part(result())
     for n in plan.pot_tokens:
-        if n in kept:
-            result["pot"].append(kept[n])
+        if n in parts:
             continue
         say(f"{plan.policy} at {plan.budget} cells over {n} tokens")
         saving = []
@@ -60,13 +62,14 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
         r = run_worker(["kvpot-ingest", plan.model, str(n), "--policy", plan.policy, "--budget", str(plan.budget),
                         *common, *saving], on_progress=on_progress)
         r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
-        result["pot"].append(r)
+        parts[n] = r
         if on_part:
-            on_part(result)
+            on_part(result())
         if saving:  # the read's figures are kept: its save has done its job
             read_checkpoint_path(checkpoints, plan, n).unlink(missing_ok=True)
-    decode_ratios(stock, result["pot"])
-    return result
+    done_result = result()
+    decode_ratios(stock, done_result["pot"])
+    return done_result
 
 
 def read_checkpoint_path(folder: Path, plan: ThroughputPlan, n_tokens: int) -> Path:
