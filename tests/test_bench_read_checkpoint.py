@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from kvpot.bench.read_checkpoint import Stop, cpu_name, timed_read
+from kvpot.bench.read_checkpoint import Stop, timed_read
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import make_policy
+from kvpot.runtime.cpu import describe_host
 
 N = 1200
 KEY = {"read": "test"}
@@ -73,7 +74,7 @@ def test_a_stopped_read_goes_on_to_the_pot_one_read_leaves(request, tmp_path, mo
         assert eng.n_compactions > 0
         assert _state(eng) == want
     assert rest.parts == 2 and rest.saves == 5 and rest.tokens == N
-    assert rest.cpus == [cpu_name()] * 2  # each part's machine, since a read in parts may span several
+    assert rest.cpus == [describe_host()] * 2  # each part's machine, since a read in parts may span several
     # the reading time of both parts; the peak RSS the larger of both parts' reading peaks
     assert rest.seconds > seen[-1].seconds > 0 and rest.peak_rss_mb >= seen[-1].peak_rss_mb > 0
     assert rest.rss_start_mb == seen[0].rss_start_mb and rest.kv_bytes >= seen[-1].kv_bytes > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvpot import paths
 from kvpot.build.cross import staged_tree
 from kvpot.models.resolve import resolve_model
-from kvpot.runtime.cpu import _HOST_FLAG, host_flags
+from kvpot.runtime.cpu import describe_host
 
 SOURCE = Path(__file__).resolve().parents[2] / "tests" / "attn_speed.c"
 
@@ -59,22 +59,10 @@ def measure(exe: Path, head_dim: int, n_head: int, n_head_kv: int, cells: int, r
             "nmse": got["nmse"]}
 
 
-def cpu() -> str:
-    """What the figures were measured on: the CPU's name and the SIMD features ggml picks kernels by."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-    except OSError:  # not Linux
-        lines = []
-    name = next((line.partition(":")[2].strip() for line in lines if line.lower().startswith(("model name", "hardware"))),
-                "unknown CPU")
-    flags = host_flags() or frozenset()
-    return f"{name} ({', '.join(f for f, flag in _HOST_FLAG.items() if flag in flags and f.startswith(('AVX', 'F16C', 'FMA', 'NEON', 'SVE', 'AMX')))})"
-
-
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     exe = build()
-    print(cpu())
+    print(describe_host())
     results = []
     print(f"{'model':<22} {'cells':>7} {'off ms':>8} {'on ms':>8} {'on/off speed':>12} {'global layers, off':>19} {'max diff':>9}")
     for spec in ns.model:
@@ -90,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['off_ms'] * n_global / 1e3:>17.2f} s {r['max_abs_diff']:>9.1e}")
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps({"cpu": cpu(), "rows": ns.rows,
+        ns.json.write_text(json.dumps({"cpu": describe_host(), "rows": ns.rows,
                                        "threads": ns.threads, "reps": ns.reps, "results": results}, indent=1) + "\n")
     return 0
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from kvpot.bench.process import peak_rss_mb, peak_rss_since_reset_mb, reset_peak_rss, rss_mb
 from kvpot.errors import KvpotError
+from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import atomic_write
 from kvpot.session.engine_state import EngineState, check_engine_values, check_policy_state, check_pot_bytes
 
@@ -67,7 +68,7 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
     else:
         so_far = ReadSoFar(rss_start_mb=rss_mb())
     so_far.parts += 1
-    so_far.cpus.append(cpu_name())
+    so_far.cpus.append(describe_host())
     bos = len(eng.model.bos())
     skip = eng.tokens_seen - bos if resumed else 0
     saving = [0.0]  # seconds spent saving in this part
@@ -137,22 +138,6 @@ def _give_back_freed() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def cpu_name() -> str:
-    """The CPU's model name where the platform says it (/proc/cpuinfo; platform.processor() elsewhere)."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "processor\t: ") ) and ":" in line:
-                    name = line.split(":", 1)[1].strip()
-                    if name and not name.isdigit():
-                        return name
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _save(path: Path, eng, key: dict, so_far: ReadSoFar) -> None:

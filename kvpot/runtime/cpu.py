@@ -35,6 +35,20 @@ def parse_features(raw: str) -> dict[str, str]:
     return out
 
 
+def describe_host() -> str:
+    """What a figure was measured on: the CPU's name and the SIMD features ggml picks kernels by (a bench
+    run in parts may span machines, and the same name comes with other features)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:  # not Linux
+        lines = []
+    name = next((line.partition(":")[2].strip() for line in lines if line.lower().startswith(("model name", "hardware"))),
+                platform.processor() or platform.machine() or "unknown CPU")
+    flags = host_flags() or frozenset()
+    simd = (f for f, flag in _HOST_FLAG.items() if flag in flags and f.startswith(("AVX", "F16C", "FMA", "NEON", "SVE", "AMX")))
+    return f"{name} ({', '.join(simd)})"
+
+
 def host_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
     """The host CPU's feature flags, or None where they cannot be read (not Linux)."""
     try:
