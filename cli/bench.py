@@ -14,6 +14,7 @@ from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
 from kvpot.paths import bench_reads_dir
 from kvpot.policies import make_policy
+from kvpot.safe_write import atomic_write, protect, resolve_target
 from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
@@ -59,6 +60,7 @@ def throughput(
     check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
     facts, _ = resolve_model(model)
     check_adapters(policy, facts.path)
+    _outputs_checked({facts.path: "the model"}, json_out)
     if budget + chunk > 1 << 20:
         raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
@@ -147,6 +149,7 @@ def niah(
     facts, _ = resolve_model(model)
     for spec in policy:
         check_adapters(spec, facts.path)
+    _outputs_checked({facts.path: "the model"}, json_out, png_out)
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
@@ -228,6 +231,8 @@ def qa(
         for spec in policy:
             if spec not in (DEFAULT, CLOSED):
                 check_adapters(spec, facts.path)
+        protect(facts.path, "the model")
+    _outputs_checked({}, json_out)
     qset = load_set()
     if qset.notice():
         err.print(f"[yellow]questions {qset.notice()}[/yellow]")
@@ -279,10 +284,21 @@ def _recorder(results: list[dict], json_out: Path | None, status, describe):
     return on_case
 
 
+def _outputs_checked(reads: dict[Path, str], *outputs: Path | None) -> None:
+    """Refuse, before any reading, an output path (--json, --png) that could not be written or that names a
+    file this command reads (`reads`: path -> what it is): a bench of hours must not fail at its first
+    write, nor replace the model it measures."""
+    for path, role in reads.items():
+        protect(path, role)
+    for out in outputs:
+        if out is not None:
+            resolve_target(out, "results")
+
+
 def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    # flushed to disk before it replaces the last write: a part of a read of hours must survive a power cut
+    with atomic_write(path, "results") as f:
+        f.write(json.dumps(data, indent=1).encode())
 
 
 def _load_cases(path: Path | None) -> list[dict]:
@@ -322,6 +338,7 @@ def ppl(
     facts, _ = resolve_model(model)
     for spec in policy:  # a missing or foreign adapter, before the first policy's run
         check_adapters(spec, facts.path)
+    _outputs_checked({facts.path: "the model", file: "the input"}, json_out)
     text = read_document(file)
     lm = LlamaModel(str(facts.path))
     tokens = lm.tokenize(text)[: max_tokens or None]
@@ -359,6 +376,7 @@ def context(
     if policy:  # refuse a bad spec (or a budget it cannot work with) before any process starts
         check_budget(policy, budget, RunSettings().chunk) if budget else make_policy(policy)
     facts, _ = resolve_model(model)
+    _outputs_checked({facts.path: "the model"}, json_out)
     with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:
         out = keep_files or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)

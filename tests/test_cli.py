@@ -265,6 +265,38 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_cut_path, tmp_path):
     assert json.loads(out.read_text()) == cases
 
 
+BENCH_WRITERS = {  # each bench command that writes results, with what it needs to start reading
+    "throughput": ["--tokens", "512", "--stock-tokens", "256", "--decode", "0"],
+    "niah": ["--task", "passkey", "--length", "600", "-P", "full"],
+    "qa": ["-P", "full", "--length", "8192", "--limit", "1"],
+    "ppl": ["-f", "{text}"],
+    "context": ["--tokens", "512"],
+}
+
+
+@pytest.mark.parametrize("cmd", BENCH_WRITERS)
+def test_bench_refuses_an_output_it_cannot_or_must_not_write_before_reading(cmd, smollm2_cut_path, tmp_path):
+    """--json naming the model (or ppl's input), a directory, or a file in a missing folder gets one line and
+    exit 1 before any model is loaded, and the model and the input keep every byte."""
+    import hashlib
+    import shutil
+
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2_cut_path, model)
+    text = tmp_path / "doc.txt"
+    text.write_text("The storeroom's code is 4417.\n" * 40)
+    digest = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, text)}
+    args = [a.replace("{text}", str(text)) for a in BENCH_WRITERS[cmd]]
+    outputs = {model: "it is the model", tmp_path: "it is a directory", tmp_path / "none" / "r.json": "does not exist"}
+    if cmd == "ppl":
+        outputs[text] = "it is the input"
+    for out, said in outputs.items():
+        res = run_cli("bench", cmd, "-m", str(model), *args, "--json", str(out), env={"COLUMNS": "200"})
+        assert res.returncode == 1, res.stderr
+        assert_one_line_error(res.stderr, said)
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, text)} == digest
+
+
 def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_cut_path, tmp_path):
     """With a budget above the text's length neither StreamingLLM nor full attention evicts a cell, so
     both score every token given the same past: the same perplexity."""

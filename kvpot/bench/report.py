@@ -143,5 +143,8 @@ def heatmap_png(results: list[dict], path) -> None:
         ax.set_yticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths], fontsize=7)
         ax.set_xlabel("depth", fontsize=7)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    from kvpot.safe_write import atomic_write
+
+    with atomic_write(path, "heatmap") as f:  # a file there is replaced only by a whole image
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
