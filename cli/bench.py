@@ -49,7 +49,8 @@ def throughput(
                                  help="also write the results here as JSON (rewritten as each part ends)"),
     resume: bool = typer.Option(False, "--resume",
                                 help="keep the parts already in --json, and go on with a stopped read from "
-                                     "its last save"),
+                                     "its last save (while a read is still to do, parts measured on another "
+                                     "CPU are measured again)"),
     save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS",
                                      help="with --json, save a read where it is after this much reading, so that "
                                           "--resume goes on from there (0: after every chunk)"),

@@ -182,3 +182,38 @@ def test_what_a_save_holds_for_a_moment_is_not_the_readings_peak():
     later = np.ones(120 * 2**20, dtype=np.uint8)  # the reading holding more: counted
     assert peak.now() >= after + 110
     del later
+
+
+def test_resume_measures_again_what_another_cpu_measured_while_a_read_is_left(monkeypatch):
+    """A ratio to stock compares figures of one CPU: resumed on another machine with a read still to do, the
+    kept stock part and the kept reads measured elsewhere (or on a CPU not recorded) are measured again, and
+    those of this CPU are kept; a run with every part done keeps everything and runs nothing."""
+    from kvpot.bench import throughput as tp
+
+    runs = []
+
+    def fake_worker(args, on_progress=None):
+        runs.append((args[0], int(args[2])))
+        if args[0] == "stock-prefill":
+            return {"mode": "stock", "tokens": int(args[2]), "tok_s": 300.0}
+        return {"mode": "pot", "tokens": int(args[2]), "tok_s": 150.0, "read_cpus": [tp.describe_host()]}
+
+    monkeypatch.setattr(tp, "run_worker", fake_worker)
+    plan = tp.ThroughputPlan(model="m.gguf", policy="snapkv", budget=2048, chunk=512, threads=2, flash_attn=False,
+                             pot_tokens=(8192, 32768, 1048576), stock_tokens=2048)
+    here, there = tp.describe_host(), "AMD EPYC"
+    elsewhere = {"stock": {"tokens": 2048, "tok_s": 250.0, "cpu": there},
+                 "pot": [{"tokens": 8192, "tok_s": 120.0, "read_cpus": [there]},
+                         {"tokens": 32768, "tok_s": 110.0, "read_cpus": [here]}]}
+    out = tp.run_plan(plan, done=json.loads(json.dumps(elsewhere)))
+    assert runs == [("stock-prefill", 2048), ("kvpot-ingest", 8192), ("kvpot-ingest", 1048576)]
+    assert out["stock"] == {"mode": "stock", "tokens": 2048, "tok_s": 300.0, "cpu": here}
+    assert [r["tok_s"] for r in out["pot"]] == [150.0, 110.0, 150.0]  # this CPU's 32K read kept
+    assert [r["ratio_vs_stock"] for r in out["pot"]] == pytest.approx([0.5, 110.0 / 300.0, 0.5])
+    runs.clear()  # unrecorded stock CPU (a file written before parts recorded it): measured again
+    tp.run_plan(plan, done={"stock": {"tokens": 2048, "tok_s": 250.0}, "pot": []})
+    assert runs[0] == ("stock-prefill", 2048) and len(runs) == 4
+    runs.clear()  # every part done on another CPU: nothing to do, nothing measured again
+    whole = json.loads(json.dumps(elsewhere))
+    whole["pot"].append({"tokens": 1048576, "tok_s": 100.0, "read_cpus": [there, there]})
+    assert tp.run_plan(plan, done=whole)["stock"]["cpu"] == there and runs == []

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvpot.bench.process import peak_rss_mb, rss_mb, run_worker
+from kvpot.runtime.cpu import describe_host
 
 # asked after each read before the answer tokens are generated (kvpot: through Engine.prompt, as
 # `kvpot ask` asks, so a policy's lookup for the question, InfLLM's, is timed with it)
@@ -36,16 +37,23 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
     """Stock's prefill, then the pot's read of each length, each in a worker process.
 
     `done`: a result of this plan written before (stock's part and the lengths in it are kept, not run
-    again); `on_part(result)`: called with the result so far as each part ends (to write it down).
+    again, but for those measured on another CPU while a read is still to do); `on_part(result)`: called with the result so far as each part ends (to write it down).
     `checkpoints`: a folder each read is saved in as it goes (every `save_every` seconds of reading), and
     gone on from when its file is there; `on_progress` hears where a read is at each save."""
     common = (["--chunk", str(plan.chunk), "--threads", str(plan.threads), "--decode", str(plan.decode)]
               + (["--flash-attn"] if plan.flash_attn else []))
     parts = {r["tokens"]: r for r in (done or {}).get("pot", []) if r["tokens"] in plan.pot_tokens}
     stock = (done or {}).get("stock")
+    host = describe_host()
+    if stock is not None and len(parts) < len(plan.pot_tokens):
+        # a ratio compares figures of one CPU: with a read still to do here, what was measured on another
+        # CPU (or on one not recorded) is measured again; a read in parts goes on (read_cpus lists them)
+        if stock.get("cpu") != host:
+            stock = None
+        parts = {n: r for n, r in parts.items() if r.get("read_cpus") == [host]}
     if stock is None:
         say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
-        stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common])
+        stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common]) | {"cpu": host}
 
     def result() -> dict:  # every part done, the ones kept from `done` included, in the plan's order
         return {"plan": asdict(plan), "stock": stock, "pot": [parts[n] for n in plan.pot_tokens if n in parts]}
@@ -68,6 +76,8 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
         if saving:  # the read's figures are kept: its save has done its job
             read_checkpoint_path(checkpoints, plan, n).unlink(missing_ok=True)
     done_result = result()
+    for r in done_result["pot"]:  # against the stock part kept beside it (a kept read's may be measured again)
+        r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
     decode_ratios(stock, done_result["pot"])
     return done_result
 
