@@ -239,7 +239,7 @@ def qa(
         err.print(f"[yellow]questions {qset.notice()}[/yellow]")
     if not qset.questions:
         raise KvpotError("no question of the set can be asked on this machine")
-    previous = _load_qa_cases(json_out) if resume else []
+    previous = _load_cases(json_out, ("model", "policy", "length", "seed", "id"), "`bench qa`") if resume else []
     results: list[dict] = list(previous)
 
     with steps(f"{len(previous)} cases already run") as status:
@@ -261,18 +261,6 @@ def qa(
         _write_json(json_out, results)
         err.print(f"results written to {json_out}")
 
-
-def _load_qa_cases(path: Path | None) -> list[dict]:
-    if path is None:
-        raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
-    if not path.exists():
-        return []
-    try:
-        cases = json.loads(path.read_text())
-        assert isinstance(cases, list) and all({"model", "policy", "length", "seed", "id"} <= set(c) for c in cases)
-    except (ValueError, AssertionError):
-        raise KvpotError(f"{path} is not a `bench qa` results file; remove it or drop --resume") from None
-    return cases
 
 def _recorder(results: list[dict], json_out: Path | None, status, describe):
     """A grid's on_case: keep the case, rewrite --json after every case (so a long grid survives an
@@ -302,16 +290,17 @@ def _write_json(path: Path, data) -> None:
         f.write(json.dumps(data, indent=1).encode())
 
 
-def _load_cases(path: Path | None) -> list[dict]:
+def _load_cases(path: Path | None, fields=("policy", "length", "depth", "seed"), what: str = "niah") -> list[dict]:
+    """The cases a grid's --json holds already (each a dict with `fields`), for --resume."""
     if path is None:
         raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
     if not path.exists():
         return []
     try:
         cases = json.loads(path.read_text())
-        assert isinstance(cases, list) and all({"policy", "length", "depth", "seed"} <= set(c) for c in cases)
+        assert isinstance(cases, list) and all(isinstance(c, dict) and set(fields) <= set(c) for c in cases)
     except (ValueError, AssertionError):
-        raise KvpotError(f"{path} is not a niah results file; remove it or drop --resume") from None
+        raise KvpotError(f"{path} is not a {what} results file; remove it or drop --resume") from None
     return cases
 
 

@@ -263,6 +263,10 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_cut_path, tmp_path):
     again = run_cli(*args, "--resume", env={"COLUMNS": "200"})
     assert again.returncode == 0, again.stderr
     assert json.loads(out.read_text()) == cases
+    out.write_text("[1, 2]")  # JSON, but not cases: one line, not a traceback
+    res = run_cli(*args, "--resume")
+    assert res.returncode == 1
+    assert_one_line_error(res.stderr, "is not a niah results file")
 
 
 BENCH_WRITERS = {  # each bench command that writes results, with what it needs to start reading
