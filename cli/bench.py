@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import typer
@@ -281,7 +282,11 @@ def _outputs_checked(reads: dict[Path, str], *outputs: Path | None) -> None:
         protect(path, role)
     for out in outputs:
         if out is not None:
-            resolve_target(out, "results")
+            target = resolve_target(out, "results")
+            try:  # a folder that takes no new file (read-only mount, /proc) fails here, not after an hour
+                tempfile.TemporaryFile(dir=target.parent).close()
+            except OSError as e:
+                raise KvpotError(f"cannot save the results to {target}: {e.strerror}") from None
 
 
 def _write_json(path: Path, data) -> None:
@@ -359,8 +364,6 @@ def context(
                                  help="also write the results here as JSON"),
 ) -> None:
     """Time to the first answer token after reading N tokens, and reopening a saved context against reading the document again (`kvpot ask` with the model's default settings)."""
-    import tempfile
-
     from kvpot.bench.context import run_lengths
 
     if policy:  # refuse a bad spec (or a budget it cannot work with) before any process starts
