@@ -156,20 +156,23 @@ def niah(
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
     if resume and json_out.exists() and len(previous) != len(_load_cases(json_out)):
         raise KvpotError(f"{json_out} holds cases of another task; write --task {task} to another file")
-    if sources:  # a case of this grid recorded without --sources is run again, with them
-        from kvpot.bench.grid import case_key
+    from kvpot.bench.grid import case_key
 
-        grid = {(task, p, n, d, s) for p in policy for n in lengths for d in depths for s in seeds}
+    grid = {(task, p, n, d, s) for p in policy for n in lengths for d in depths for s in seeds}
+    if sources:  # a case of this grid recorded without --sources is run again, with them
         previous = [r for r in previous if r.get("source_hit") is not None or case_key(r) not in grid]
     results: list[dict] = list(previous)
 
-    with steps(f"{len(previous)}/{total} cases") as status:
+    def done() -> int:  # this grid's cases run so far (the file may hold other grids' cases too)
+        return sum(case_key(r) in grid for r in results)
+
+    with steps(f"{done()}/{total} cases") as status:
         on_case = _recorder(results, json_out, status, lambda r: (
-            f"{len(results)}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
+            f"{done()}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
             f"{'found' if r['correct'] else 'missed'}"))
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
                             on_case=on_case, done=previous, task=task, sources=sources,
-                            say=lambda m: status.update(f"case {len(results) + 1}/{total}: {m}"))
+                            say=lambda m: status.update(f"case {done() + 1}/{total}: {m}"))
     err.print(niah_table(results, facts.name, task, policy, lengths, depths, sources=sources))
     if json_out:
         _write_json(json_out, results)

@@ -265,6 +265,12 @@ def test_bench_niah_reports_every_case_and_resumes(smollm2_cut_path, tmp_path):
     again = run_cli(*args, "--resume", env={"COLUMNS": "200"})
     assert again.returncode == 0, again.stderr
     assert json.loads(out.read_text()) == cases
+    # another grid into the same file: counted as its own cases, the file's others kept
+    other = [a if a != "0.5" else "0.9" for a in args[:args.index("-P")]] + ["-P", "streaming", *args[args.index("--budget"):]]
+    more = run_cli(*other, "--resume", env={"COLUMNS": "200"})
+    assert more.returncode == 0, more.stderr
+    assert "case 1/1: streaming 600 @ 0.9, seed 0" in more.stderr.splitlines(), more.stderr
+    assert json.loads(out.read_text())[:2] == cases and len(json.loads(out.read_text())) == 3
     out.write_text("[1, 2]")  # JSON, but not cases: one line, not a traceback
     res = run_cli(*args, "--resume")
     assert res.returncode == 1
