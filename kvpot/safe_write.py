@@ -21,6 +21,7 @@ import re
 import secrets
 import signal
 import stat
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,8 +99,13 @@ def resolve_target(path: Path | str, what: str = "file") -> Path:
     folder = path.parent
     if not folder.is_dir():
         raise KvpotError(f"cannot save the {what}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise KvpotError(f"cannot save the {what} to {path}: folder {folder} is not writable")
+    try:  # a file made and dropped there: also a folder that takes none (read-only mount, /proc) fails now,
+        # before the reading, where a permission check alone would pass (root, a read-only file system)
+        tempfile.TemporaryFile(dir=folder).close()
+    except PermissionError:
+        raise KvpotError(f"cannot save the {what} to {path}: folder {folder} is not writable") from None
+    except OSError as e:
+        raise KvpotError(f"cannot save the {what} to {path}: {e.strerror}") from None
     return path
 
 

@@ -37,7 +37,8 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
     """Stock's prefill, then the pot's read of each length, each in a worker process.
 
     `done`: a result of this plan written before (stock's part and the lengths in it are kept, not run
-    again, but for those measured on another CPU while a read is still to do); `on_part(result)`: called with the result so far as each part ends (to write it down).
+    again, but for those measured on another CPU while a read is still to do); `on_part(result)`: called
+    with the result so far as each part ends (to write it down).
     `checkpoints`: a folder each read is saved in as it goes (every `save_every` seconds of reading), and
     gone on from when its file is there; `on_progress` hears where a read is at each save."""
     common = (["--chunk", str(plan.chunk), "--threads", str(plan.threads), "--decode", str(plan.decode)]
