@@ -71,8 +71,10 @@ def throughput(
     done = _load_throughput(json_out, plan) if resume else None
     saves = bench_reads_dir() if json_out else None
     if saves is not None and not resume:  # a fresh run reads from token 0
+        from kvpot.bench.read_checkpoint import drop as drop_read_save
+
         for n in plan.pot_tokens:
-            read_checkpoint_path(saves, plan, n).unlink(missing_ok=True)
+            drop_read_save(read_checkpoint_path(saves, plan, n))
     try:
         with steps("benchmarking") as status:
             result = run_plan(plan, say=lambda msg: status.update(msg), done=done,

@@ -15,11 +15,13 @@ import time
 
 import pytest
 
-from kvpot.bench.read_checkpoint import Stop, timed_read
+from kvpot.bench.read_checkpoint import Stop, drop, timed_read
 from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.policies import make_policy
 from kvpot.runtime.cpu import describe_host
+from kvpot.session.context_file import read_context
+from kvpot.session.state_container import read_state, write_state
 
 N = 1200
 KEY = {"read": "test"}
@@ -65,7 +67,7 @@ def test_a_stopped_read_goes_on_to_the_pot_one_read_leaves(request, tmp_path, mo
         whole = timed_read(ref, N, KEY)
         want = _state(ref)
     assert whole.parts == 1 and whole.saves == 0 and whole.tokens == N
-    save = tmp_path / "read.npz"
+    save = tmp_path / "read.kvstate"
     seen = _stopped_read(model_path, spec, save, after_saves=5)
     stopped_at = seen[-1].tokens
     assert save.exists() and 0 < stopped_at < N and [s.saves for s in seen] == [1, 2, 3, 4, 5]
@@ -81,15 +83,48 @@ def test_a_stopped_read_goes_on_to_the_pot_one_read_leaves(request, tmp_path, mo
 
 
 def test_a_file_that_is_not_this_reads_save_is_refused(smollm2_cut_path, tmp_path):
-    save = tmp_path / "read.npz"
+    save = tmp_path / "read.kvstate"
     _stopped_read(smollm2_cut_path, "streaming", save, after_saves=1)
     with _engine(smollm2_cut_path, "streaming") as eng:
         with pytest.raises(KvpotError, match=r"was saved by another read \(read 'test', not 'other'\); delete it"):
             timed_read(eng, N, {"read": "other"}, save)
         save.write_bytes(save.read_bytes()[:-100])  # cut short, as a full disk or a crash mid-copy leaves it
-        with pytest.raises(KvpotError, match=r"bench checkpoint .* is unreadable .*; delete it to read from the start"):
+        with pytest.raises(KvpotError, match=r"bench checkpoint .* is truncated or corrupted \(checksum mismatch\); "
+                                             r"delete it to read from the start"):
             timed_read(eng, N, KEY, save)
         assert eng.tokens_seen == 0  # nothing of either was restored
+
+
+def test_dropping_a_save_removes_what_a_killed_save_left(tmp_path):
+    """A case killed while it saved (SIGKILL: no handler runs) leaves the save's temporary file; once the
+    read's figures are kept, both go."""
+    save = tmp_path / "read-0123.kvstate"
+    save.write_bytes(b"saved")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    left = tmp_path / f".{save.name}.{dead.stdout.strip()}.0a1b2c3d.tmp"
+    left.write_bytes(b"half a save")
+    mine = tmp_path / f".{save.name}.{os.getpid()}.0a1b2c3d.tmp"  # a writer that runs keeps its file
+    mine.write_bytes(b"being written")
+    drop(save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name]
+
+
+def test_a_save_and_a_saved_context_are_told_apart(smollm2_cut_path, tmp_path):
+    """Both are kvpot.session.state_container files: each reader names the other kind instead of reading it."""
+    save = tmp_path / "read.kvstate"
+    _stopped_read(smollm2_cut_path, "streaming", save, after_saves=1)
+    with pytest.raises(KvpotError, match=r"saved context .* is malformed: header field format is 'kvpot bench read': "
+                                         r"not a saved context"):
+        read_context(save)
+    ctx = tmp_path / "doc.kvctx"
+    with _engine(smollm2_cut_path, "streaming") as eng:
+        _, state = read_state(save, "bench checkpoint")
+        write_state(ctx, {"format": "kvpot saved context"}, state, "context")
+        with pytest.raises(KvpotError, match=r"is not a kvpot bench checkpoint \(it is a 'kvpot saved context'\); "
+                                             r"delete it"):
+            timed_read(eng, N, KEY, ctx)
+        assert eng.tokens_seen == 0
 
 
 def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.CompletedProcess:
@@ -100,7 +135,7 @@ def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.C
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not list(saves_dir.glob("read-*.npz")):
+        while not list(saves_dir.glob("read-*.kvstate")):
             assert proc.poll() is None, "the run ended before its read saved"
             assert time.monotonic() < deadline, "no save in 300 s"
             time.sleep(0.05)

@@ -34,13 +34,24 @@ def run_worker(args: list[str], on_progress=None) -> dict:
                     on_progress(line[len(PROGRESS):].rstrip("\n"))
             proc.wait()
         except BaseException:  # Ctrl-C, or on_progress failing: the case does not run on without its parent
-            proc.kill()
+            _stop(proc)
             raise
         reader.join()
     if proc.returncode != 0:
         last = ("".join(errs).strip().splitlines() or ["no output"])[-1]
         raise KvpotError(f"benchmark case {' '.join(args)} failed: {last}")
     return json.loads("".join(out).strip().splitlines()[-1])
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a case: SIGTERM first, so that a save it is writing removes its temporary file (kvpot.safe_write),
+    then SIGKILL if it is still there after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def peak_rss_mb() -> float:

@@ -11,22 +11,20 @@ pot ends bit for bit where one read would have left it (tests/test_bench_read_ch
 
 from __future__ import annotations
 
-import io
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from kvpot.bench.process import peak_rss_mb, peak_rss_since_reset_mb, reset_peak_rss, rss_mb
 from kvpot.errors import KvpotError
 from kvpot.runtime.cpu import describe_host
-from kvpot.safe_write import atomic_write
-from kvpot.session.engine_state import EngineState, check_engine_values, check_policy_state, check_pot_bytes
+from kvpot.safe_write import remove_stale_temps
+from kvpot.session.engine_state import check_engine_values, check_policy_state, check_pot_bytes
+from kvpot.session.state_container import one_line, read_state, write_state
 
-FORMAT = "kvpot bench read"
+FORMAT = "kvpot bench read"   # the header's "format": what tells a bench read's save from a saved context
+WHAT = "bench checkpoint"
 
 
 @dataclass
@@ -140,42 +138,35 @@ def _give_back_freed() -> None:
         pass
 
 
+def drop(path: Path) -> None:
+    """Delete a read's save, and a temporary file a killed save to it left (kvpot.safe_write)."""
+    path.unlink(missing_ok=True)
+    remove_stale_temps(path)
+
+
 def _save(path: Path, eng, key: dict, so_far: ReadSoFar) -> None:
-    st = eng.export_state()
-    meta = {"format": FORMAT, "key": key, "so_far": asdict(so_far), "values": st.values}
-    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-              "seq": np.frombuffer(st.seq, dtype=np.uint8), "pot": np.frombuffer(st.pot, dtype=np.uint8)}
-    arrays |= {f"a.{name}": arr for name, arr in st.arrays.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "bench checkpoint") as f:
-        np.savez(f, **arrays)
+    write_state(path, {"format": FORMAT, "key": key, "so_far": asdict(so_far)}, eng.export_state(), WHAT)
 
 
 def _load(path: Path, eng, key: dict) -> ReadSoFar:
     """The saved read restored into `eng`; one clear line for a file that is not one, or another read's."""
     fix = "delete it to read from the start"
     try:
-        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as z:
-            files = {name: z[name] for name in z.files}
-        meta = json.loads(files.pop("meta").tobytes())
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ValueError("it is not a saved bench read")
-        if meta.get("key") != key:
-            raise KvpotError(f"bench checkpoint {path} was saved by another read ({_differs(meta.get('key'), key)}); {fix}")
+        meta, state = read_state(path, WHAT)
+    except KvpotError as e:  # unreadable, cut short, altered, not such a file
+        raise KvpotError(f"{e}; {fix}") from None
+    if meta.get("format") != FORMAT:
+        raise KvpotError(f"{path} is not a kvpot {WHAT} (it is a {str(meta.get('format'))[:40]!r}); {fix}")
+    if meta.get("key") != key:
+        raise KvpotError(f"{WHAT} {path} was saved by another read ({_differs(meta.get('key'), key)}); {fix}")
+    try:
         so_far = ReadSoFar(**meta["so_far"])
-        arrays = {name[2:]: arr for name, arr in files.items() if name.startswith("a.")}
-        values = meta["values"]
-        check_engine_values(values, arrays, eng.ctx.n_ctx)
-        pot = files["pot"].tobytes()
-        check_pot_bytes(pot, arrays["positions"], values["pos_next"])
-        check_policy_state(eng.policy, values["policy"], arrays)
-        state = EngineState(seq=bytearray(files.pop("seq").data), pot=pot, values=values, arrays=arrays)
-    except KvpotError:
-        raise
-    except OSError as e:
-        raise KvpotError(f"cannot read bench checkpoint {path}: {e.strerror}") from None
-    except Exception as e:  # a truncated zip, bad JSON, a missing field: numpy and json raise many kinds
-        raise KvpotError(f"bench checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); {fix}") from None
+        check_engine_values(state.values, state.arrays, eng.ctx.n_ctx)
+        check_pot_bytes(state.pot, state.arrays["positions"], state.values["pos_next"])
+        check_policy_state(eng.policy, state.values["policy"], state.arrays)
+    except Exception as e:  # a wrong field in a file whose checksum holds: the checks raise many kinds
+        raise KvpotError(f"{WHAT} {path} is malformed ({type(e).__name__}: {one_line(e)}); {fix}") from None
     eng.import_state(state)
     return so_far
 

@@ -75,7 +75,9 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
         if on_part:
             on_part(result())
         if saving:  # the read's figures are kept: its save has done its job
-            read_checkpoint_path(checkpoints, plan, n).unlink(missing_ok=True)
+            from kvpot.bench.read_checkpoint import drop
+
+            drop(read_checkpoint_path(checkpoints, plan, n))
     done_result = result()
     for r in done_result["pot"]:  # against the stock part kept beside it (a kept read's may be measured again)
         r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
@@ -91,7 +93,7 @@ def read_checkpoint_path(folder: Path, plan: ThroughputPlan, n_tokens: int) -> P
 
     what = asdict(plan) | {"pot_tokens": None, "stock_tokens": None, "tokens": n_tokens}
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-    return folder / f"read-{digest}.npz"
+    return folder / f"read-{digest}.kvstate"
 
 
 def decode_ratios(stock: dict, cases: list[dict]) -> None:

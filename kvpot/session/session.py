@@ -22,7 +22,7 @@ from kvpot.models.model_hash import model_sha256
 from kvpot.policies import Policy, make_policy
 from kvpot.runtime import abort, library
 from kvpot.session.answer import AnswerText
-from kvpot.session.context_file import SavedContext, read_context, write_context
+from kvpot.session.context_file import FORMAT_NAME, SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
 from kvpot.session.read_point import PieceLog, ReadPoint, resumable_sources, text_after
@@ -315,7 +315,7 @@ class Session:
     def save(self, path: Path) -> int:
         rt = library.info()
         header = {
-            "format": "kvpot saved context",
+            "format": FORMAT_NAME,
             "kvpot_version": __version__,
             "runtime": {"abi": rt.abi, "llama_commit": rt.llama_commit},
             "model": {"name": self.model_name, "path": str(self.facts.path), "sha256": model_sha256(self.facts.path),
