@@ -110,6 +110,21 @@ def test_dropping_a_save_removes_what_a_killed_save_left(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name]
 
 
+@pytest.mark.parametrize("field, value", [("tokens", "1200"), ("seconds", -1.0), ("cpus", [3]), ("parts", True)])
+def test_a_save_whose_figures_are_of_another_type_is_refused(smollm2_cut_path, tmp_path, field, value):
+    """A right checksum over a crafted or hand-edited header: its figures are checked before they are used."""
+    save = tmp_path / "read.kvstate"
+    _stopped_read(smollm2_cut_path, "streaming", save, after_saves=1)
+    meta, state = read_state(save, "bench checkpoint")
+    meta["so_far"][field] = value
+    write_state(save, meta, state, "bench checkpoint")
+    with _engine(smollm2_cut_path, "streaming") as eng:
+        with pytest.raises(KvpotError, match=rf"bench checkpoint .* is malformed \(ValueError: so_far\.{field} is .*\); "
+                                             r"delete it to read from the start"):
+            timed_read(eng, N, KEY, save)
+        assert eng.tokens_seen == 0
+
+
 def test_a_save_and_a_saved_context_are_told_apart(smollm2_cut_path, tmp_path):
     """Both are kvpot.session.state_container files: each reader names the other kind instead of reading it."""
     save = tmp_path / "read.kvstate"

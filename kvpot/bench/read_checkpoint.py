@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from kvpot.bench.process import peak_rss_mb, peak_rss_since_reset_mb, reset_peak_rss, rss_mb
@@ -161,7 +161,7 @@ def _load(path: Path, eng, key: dict) -> ReadSoFar:
     if meta.get("key") != key:
         raise KvpotError(f"{WHAT} {path} was saved by another read ({_differs(meta.get('key'), key)}); {fix}")
     try:
-        so_far = ReadSoFar(**meta["so_far"])
+        so_far = _so_far(meta.get("so_far"))
         check_engine_values(state.values, state.arrays, eng.ctx.n_ctx)
         check_pot_bytes(state.pot, state.arrays["positions"], state.values["pos_next"])
         check_policy_state(eng.policy, state.values["policy"], state.arrays)
@@ -169,6 +169,23 @@ def _load(path: Path, eng, key: dict) -> ReadSoFar:
         raise KvpotError(f"{WHAT} {path} is malformed ({type(e).__name__}: {one_line(e)}); {fix}") from None
     eng.import_state(state)
     return so_far
+
+
+def _so_far(saved) -> ReadSoFar:
+    """The figures of a save, each of the type ReadSoFar declares (a dataclass checks none itself)."""
+    if not isinstance(saved, dict) or set(saved) != {f.name for f in fields(ReadSoFar)}:
+        raise ValueError("so_far does not hold the figures of a read")
+    for name, value in saved.items():
+        if name == "cpus":
+            ok = isinstance(value, list) and all(isinstance(c, str) for c in value)
+        elif name == "rss_start_mb" and value is None:
+            ok = True
+        else:
+            kind = (int, float) if name.endswith("_mb") or name == "seconds" else int
+            ok = isinstance(value, kind) and not isinstance(value, bool) and value >= 0
+        if not ok:
+            raise ValueError(f"so_far.{name} is {str(value)[:40]!r}")
+    return ReadSoFar(**saved)
 
 
 def _differs(saved, wanted: dict) -> str:
