@@ -357,11 +357,11 @@ bench-infllm-memory: pull-test-models
 		--stock-tokens 2048 -t 2 --json $(BENCH_DIR)/infllm/read-gemma3-1m-graph-exc256-const.json
 
 # every method's peak RSS at 8K and 1M tokens read (issue 34: flat within 5 %), Gemma-3-270M at 2,048 cells, one
-# `bench throughput` per method (its input generated as it is read, so the peak is the reading's). From 75
-# minutes (Locret, EdgeInfinite) to over 3 hours (InfiniPot's exact NuC head) a method on 2 cores. Each part is
+# `bench throughput` per method (its input generated as it is read, so the peak is the reading's). From 50
+# minutes (H2O on an AMX Xeon) to over 3 hours (InfiniPot's exact NuC head on an AVX2 EPYC) a method on 2 cores. Each part is
 # written as it ends and each read saved every 10 minutes of reading, so running it again goes on where it
 # stopped (--resume), and a method whose JSON is whole runs nothing
-RSS_1M_POLICIES ?= streaming locret edgeinfinite infinipot imdc:pruner=snapkv snapkv h2o
+RSS_1M_POLICIES ?= streaming locret edgeinfinite infinipot imdc:pruner=snapkv snapkv h2o infllm
 bench-rss-1m: pull-test-models
 	mkdir -p $(BENCH_DIR)/rss
 	for P in $(RSS_1M_POLICIES); do out=$(BENCH_DIR)/rss/rss-gemma3-$${P%%:*}-8k-1m.json; \
