@@ -100,13 +100,16 @@ def test_imdc_checks_its_pruner_at_m_max_and_at_m_0():
     imdc = IMDC(SnapKV(window=32), m_max=1024, chunk=512)
     imdc.fit(1024, 512)  # the input's length is not known yet: m_max alone
     imdc.set_expected_length(16 * 512)  # 16 chunks: m_0 = 64
+    assert imdc.schedule()[0][1] == 64
+    imdc.set_expected_length(40 * 512)  # the paper's m_0 = 1024 // 40 = 25 is not more than the window: 33
+    assert imdc.schedule()[0][1] == 33
+    told = IMDC(SnapKV(window=32), m_max=1024, chunk=512, m_0=25)  # an m_0 the user set is theirs: refused
+    told.fit(1024, 512)
     with pytest.raises(BudgetTooSmall, match=r"over 40 chunks .* as few as 25 cells.*needs at least 33.*m_0=33"):
-        imdc.set_expected_length(40 * 512)  # m_0 = 1024 // 40 = 25, not more than the window
+        told.set_expected_length(40 * 512)
     with pytest.raises(BudgetTooSmall, match=r"as few as 25 cells"):  # what the CLI runs, with the input's estimate
-        check_budget("imdc:pruner=snapkv,m_max=1024,chunk=512", 1024, 512, expected_tokens=40 * 512)
-    fixed = IMDC(SnapKV(window=32), m_max=1024, chunk=512, m_0=33)
-    fixed.fit(1024, 512)
-    fixed.set_expected_length(40 * 512)
+        check_budget("imdc:pruner=snapkv,m_max=1024,chunk=512,m_0=25", 1024, 512, expected_tokens=40 * 512)
+    check_budget("imdc:pruner=snapkv,m_max=1024,chunk=512", 1024, 512, expected_tokens=40 * 512)
 
 
 def test_the_settings_check_names_the_option_and_the_least_budget():
@@ -161,11 +164,12 @@ def test_a_budget_from_the_config_file_is_named_as_such(silent_fifo, tmp_path):
 
 
 def test_imdc_m_0_is_checked_against_the_input_before_reading(smollm2_path, tmp_path):
-    """IMDC's first step keeps m_max / n cells, n from the input's length: a long input with the default
-    m_0 leaves SnapKV less than its window. Said after the input's size is known, before the model loads."""
+    """IMDC's first step keeps m_0 cells: one set too small for a long input leaves SnapKV less than its
+    window (the default rises to the window itself). Said after the input's size is known, before the
+    model loads."""
     doc = tmp_path / "long.txt"
     doc.write_text("The quick brown fox jumps over the lazy dog. " * 2000)  # ~90 KB: ~44 chunks of 512
-    res = run_cli("ask", str(doc), "q?", "-m", str(smollm2_path), "-P", "imdc:pruner=snapkv", "--budget", "1024",
+    res = run_cli("ask", str(doc), "q?", "-m", str(smollm2_path), "-P", "imdc:pruner=snapkv,m_0=20", "--budget", "1024",
                   "--chunk", "512", env={"KVPOT_HOME": str(tmp_path)}, timeout=120)
     assert res.returncode == 1
     assert_one_line_error(res.stderr, "too few for its pruner snapkv, which needs at least 33")

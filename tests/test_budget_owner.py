@@ -96,7 +96,9 @@ def test_a_budget_the_policy_cannot_honour_is_refused(spec, budget, needle):
 
 
 def test_imdc_refuses_a_schedule_too_small_for_its_pruner_before_reading():
-    p = build_policy("imdc:pruner=snapkv", 1024, 512)  # SnapKV's window is 32 cells
-    p.set_expected_length(16 * 512)                    # m_0 = 1024 / 16 = 64: fine
+    p = build_policy("imdc:pruner=snapkv,m_0=8", 1024, 512)  # SnapKV's window is 32 cells
     with pytest.raises(BudgetTooSmall, match="keeps as few as 8 cells, too few for its pruner"):
-        p.set_expected_length(128 * 512)              # m_0 = 8
+        p.set_expected_length(128 * 512)
+    p = build_policy("imdc:pruner=snapkv", 1024, 512)  # the default m_0: the paper's 1024 / 128 = 8 rises to 33
+    p.set_expected_length(128 * 512)
+    assert min(m for _, m in p.schedule()) == 33

@@ -187,6 +187,18 @@ def test_explicit_m_0_and_the_small_cases():
     assert planned(64 * 1000, m_max=32, chunk=64, decremental_chunk=False).schedule()[0][1] == 1
 
 
+def test_the_default_m_0_rises_to_what_the_pruner_keeps():
+    """Section 4.1's m_0 = m_max / n falls below SnapKV's window (32 cells + 1) past 31 chunks of a
+    1024-cell memory; the default m_0 is then the pruner's least budget, and eq. 1 runs from there."""
+    n_tokens = 2048 * 512  # 1M tokens, 2,048 chunks: the paper's m_0 would be 0, floored to 1
+    policy = IMDC(SnapKV(), m_max=1024, chunk=512, decremental_chunk=False)
+    policy.set_expected_length(n_tokens)
+    check_memory(policy.schedule(), "linear", 1024, 33, n_tokens, 512)
+    short = IMDC(SnapKV(), m_max=1024, chunk=512)  # where the paper's is enough it stays
+    short.set_expected_length(16 * 512)
+    check_memory(short.schedule(), "linear", 1024, None, 16 * 512, 512)
+
+
 def test_refuses_a_schedule_with_empty_chunks():
     policy = IMDC(SnapKV(), m_max=1024, chunk=512, function="square")
     with pytest.raises(KvpotError, match="decremental_chunk=false") as info:

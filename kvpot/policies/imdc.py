@@ -78,7 +78,10 @@ class IMDC(Wrapping):
                        m_hat = sum_{i=0}^{n-2} m_i / (n - 1), so the attention length
                        c_i + m_{i-1} stays at c + m_hat (up to one token of rounding);
                        False: IM, c_i = c (default True)
-    m_0:               initial memory size (default floor(m_max / n), at least 1, section 4.1)
+    m_0:               initial memory size (default floor(m_max / n), at least 1, section 4.1, and at
+                       least the smallest budget the pruner works with: over many chunks (SnapKV's
+                       window 32 at m_max 2048: past 64 chunks, 32K tokens with c 512) the paper's
+                       floor would hand the pruner fewer cells than it keeps)
     expected_tokens:   the input length to plan for when the engine has not declared one; the
                        engine declares it (set_expected_length) when it starts reading, so this
                        mostly sizes the context (cache_cells) before the first document
@@ -212,7 +215,15 @@ class IMDC(Wrapping):
         return self._plan[1], self._plan[2]
 
     def _m_0(self, n: int) -> int:
-        return self.m_0 if self.m_0 is not None else max(1, self.m_max // n)
+        if self.m_0 is not None:
+            return self.m_0
+        paper = max(1, self.m_max // n)
+        try:  # past m_max / least chunks the paper's floor falls below what the pruner can keep (SnapKV: window + 1)
+            self.pruner.check_budget(paper)
+        except BudgetTooSmall as e:
+            if e.least is not None and e.least <= self.m_max:
+                return e.least
+        return paper
 
     def layer_memory(self, step: int, n_layer: int) -> np.ndarray:
         """m_i^j for the pot layers j at step i, [n_layer]; the same for every layer unless the
