@@ -58,7 +58,9 @@ def throughput(
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's.
 
     A read of hours can stop (Ctrl-C, a session's end) and go on: with --json the parts done are written as they end and each read is saved every --save-every seconds; --resume keeps them. A read in parts reports its reading time summed and the largest part's peak RSS."""
-    check_budget(policy, budget, chunk)  # refuse a bad spec or an impossible budget before any process starts
+    # a bad spec or an impossible budget is refused before any process starts, at the longest read (IMDC's
+    # smallest step shrinks as the input grows)
+    check_budget(policy, budget, chunk, expected_tokens=max(tokens))
     facts, _ = resolve_model(model)
     check_adapters(policy, facts.path)
     _outputs_checked({facts.path: "the model"}, json_out)

@@ -311,6 +311,17 @@ def test_bench_refuses_an_output_it_cannot_or_must_not_write_before_reading(cmd,
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, text)} == digest
 
 
+def test_bench_throughput_refuses_a_schedule_its_longest_read_cannot_keep_before_any_part(smollm2_cut_path):
+    """IMDC's first step keeps m_0 cells whatever the length, and an m_0 of 8 leaves SnapKV less than its
+    window once the input is long: said before stock's part or the first read runs."""
+    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "-P", "imdc:pruner=snapkv,m_0=8",
+                  "--budget", "1024", "--chunk", "512", "--tokens", "2048", "--tokens", "65536", "--decode", "0",
+                  env={"COLUMNS": "200"})
+    assert res.returncode == 1
+    assert_one_line_error(res.stderr, "keeps as few as 8 cells, too few for its pruner snapkv")
+    assert "stock llama.cpp prefill" not in res.stderr
+
+
 def test_bench_ppl_equals_across_policies_that_evict_nothing(smollm2_cut_path, tmp_path):
     """With a budget above the text's length neither StreamingLLM nor full attention evicts a cell, so
     both score every token given the same past: the same perplexity."""
