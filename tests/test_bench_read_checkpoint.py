@@ -173,7 +173,9 @@ def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_pat
     assert first.returncode == 0, first.stderr
     short = json.loads(out.read_text())
     # a longer read added, and stopped: the parts done before are still in the file
-    longer = [*args, "--tokens", "4096", "--resume"]
+    # long enough that the interrupt lands mid-read even when this process is slow to send it (a loaded
+    # machine): with 4,096 tokens a read could end, and its save go, between the poll and the signal
+    longer = [*args, "--tokens", "16384", "--resume"]
     stopped = _interrupt_once_saved([*longer, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
     assert stopped.returncode == 130
     assert f"the parts done are in {out}; the same command with --resume goes on" in stopped.stderr
@@ -185,7 +187,7 @@ def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_pat
     data = json.loads(out.read_text())
     stock, pot = data["stock"], data["pot"][1]
     assert stock == short["stock"] and data["pot"][0] == short["pot"][0]  # kept, not measured again
-    assert pot["tokens"] == 4096 and pot["read_parts"] == 2 == len(pot["read_cpus"]) and pot["read_saves"] >= 1
+    assert pot["tokens"] == 16384 and pot["read_parts"] == 2 == len(pot["read_cpus"]) and pot["read_saves"] >= 1
     assert pot["compactions"] > 0 and pot["ratio_vs_stock"] == pytest.approx(pot["tok_s"] / stock["tok_s"])
     assert short["pot"][0]["read_parts"] == 1
     assert list((tmp_path / "home" / "bench-reads").glob("*")) == []  # the save went once the figures were kept
