@@ -80,7 +80,7 @@ class IMDC(Wrapping):
                        False: IM, c_i = c (default True)
     m_0:               initial memory size (default floor(m_max / n), at least 1, section 4.1, and at
                        least the smallest budget the pruner works with: over many chunks (SnapKV's
-                       window 32 at m_max 2048: past 64 chunks, 32K tokens with c 512) the paper's
+                       33 cells at m_max 2048: past 62 chunks, 64K tokens with c 1024) the paper's
                        floor would hand the pruner fewer cells than it keeps)
     expected_tokens:   the input length to plan for when the engine has not declared one; the
                        engine declares it (set_expected_length) when it starts reading, so this
@@ -218,7 +218,7 @@ class IMDC(Wrapping):
         if self.m_0 is not None:
             return self.m_0
         paper = max(1, self.m_max // n)
-        try:  # past m_max / least chunks the paper's floor falls below what the pruner can keep (SnapKV: window + 1)
+        try:  # past m_max / least chunks the paper's floor is less than the pruner keeps (SnapKV: window + 1)
             self.pruner.check_budget(paper)
         except BudgetTooSmall as e:
             if e.least is not None and e.least <= self.m_max:
