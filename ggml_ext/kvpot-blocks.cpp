@@ -9,7 +9,6 @@
 #include <numeric>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,14 +90,30 @@ bool write_all(int fd, const void * data, size_t n, uint64_t off) {
     return true;
 }
 
+// a file that ends early (cut by another process) reads as an I/O error
+bool read_all(int fd, void * data, size_t n, uint64_t off) {
+    auto * p = (uint8_t *) data;
+    while (n > 0) {
+        const ssize_t r = pread(fd, p, n, (off_t) off);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) {
+                continue;
+            }
+            if (r == 0) {
+                errno = EIO;
+            }
+            return false;
+        }
+        p += r; n -= (size_t) r; off += (uint64_t) r;
+    }
+    return true;
+}
+
 } // namespace
 
 constexpr char kvpot_block_store::MAGIC[8];
 
 kvpot_block_store::~kvpot_block_store() {
-    if (base) {
-        munmap(base, mapped);
-    }
     if (fd >= 0) {
         close(fd);
     }
@@ -222,50 +237,9 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
         s->nblk = (uint32_t) (body / per_block);
     }
     s->rec = record_bytes_of(s->shp);
-    if (!s->map(why)) {
-        return nullptr;
-    }
+    s->scratch.resize(s->rec);
     guard.release();
     return s;
-}
-
-bool kvpot_block_store::map(std::string & why) {
-    const uint64_t need = file_bytes();
-    if (base && mapped >= need) {
-        return true;
-    }
-    if (base) {
-        munmap(base, mapped);
-        base = nullptr;
-        mapped = 0;
-    }
-    // map with headroom so appends do not remap every time (up to 64 blocks, at most 1 GiB of address
-    // space); pages past the end are never touched
-    const uint64_t per_block = rec*shp.n_layer;
-    const uint64_t len = std::max<uint64_t>(need, HEADER_BYTES) + per_block*std::clamp<uint64_t>((1ull << 30)/per_block, 1, 64);
-    void * p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        why = errno_text("cannot map block store " + path);
-        return false;
-    }
-    base = (uint8_t *) p;
-    mapped = len;
-    madvise(base, mapped, MADV_RANDOM); // blocks are read one by one: no read-ahead into RSS
-    return true;
-}
-
-void kvpot_block_store::drop_pages(uint64_t off, uint64_t len) {
-    // a file-backed page that was read stays in this process's RSS until dropped; the page cache
-    // keeps it for the next read, so RAM charged to kvpot stays at the LRU cache plus one record.
-    // A fault also maps the cached pages around it (the kernel's fault-around, 64 KiB by default),
-    // so the margin drops those too.
-    const uint64_t page   = (uint64_t) sysconf(_SC_PAGESIZE);
-    const uint64_t margin = 256*1024;
-    const uint64_t a = (off > margin ? off - margin : 0) & ~(page - 1);
-    const uint64_t b = std::min(off + len + margin, mapped);
-    if (b > a) {
-        madvise(base + a, b - a, MADV_DONTNEED);
-    }
 }
 
 int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const float * k, const float * v,
@@ -312,10 +286,6 @@ int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const
         }
     }
     nblk++;
-    if (!map(why)) {
-        nblk--;
-        return -1;
-    }
     return (int64_t) nblk - 1;
 }
 
@@ -344,8 +314,14 @@ const kvpot_block_data * kvpot_block_store::get(uint32_t layer, uint32_t block, 
     d.repr.resize((size_t) H*dk);
     d.k.resize((size_t) H*bs*dk);
     d.v.resize((size_t) H*bs*dv);
-    const uint64_t off = offset(layer, block);
-    const uint8_t * p = base + off;
+    // one pread of the record into the scratch buffer: the page cache keeps the file, and nothing of it
+    // is mapped into this process (RSS stays at the LRU cache plus one record, and a file cut short by
+    // another process is a read error here, not a SIGBUS on a mapped page)
+    if (!read_all(fd, scratch.data(), rec, offset(layer, block))) {
+        why = errno_text("cannot read block " + std::to_string(block) + " of block store " + path);
+        return nullptr;
+    }
+    const uint8_t * p = scratch.data();
     memcpy(d.pos.data(), p, 4ull*bs);
     p += 4ull*bs;
     memcpy(d.repr.data(), p, 4ull*H*dk);
@@ -355,7 +331,6 @@ const kvpot_block_data * kvpot_block_store::get(uint32_t layer, uint32_t block, 
     ggml_get_type_traits(tk)->to_float(p, d.k.data(), (int64_t) H*bs*dk);
     p += (size_t) H*bs*ggml_row_size(tk, dk);
     ggml_get_type_traits(tv)->to_float(p, d.v.data(), (int64_t) H*bs*dv);
-    drop_pages(off, rec);
     order.push_front(key);
     auto & e = lru[key];
     e.data = std::move(d);
@@ -378,8 +353,10 @@ bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_
         return false;
     }
     const uint32_t H = shp.n_head_kv, dk = shp.d_k, bs = shp.block_size;
-    // score in parts: each part reads SCORE_PART representatives (H*dk floats each) from the map,
-    // keeps the running top k, and gives its pages back
+    // score in parts: each part reads SCORE_PART representatives (H*dk floats each) and keeps the
+    // running top k. Every lookup reads one representative from each block, so this loop is what grows
+    // with the input: a pread from the page cache costs ~0.9 us a block, where a fault on a mapped page
+    // and the madvise that gave it back (so RSS stayed flat) cost ~6 us, half a chunk's time at 1M tokens
     std::vector<std::pair<float, int32_t>> best; // (score, block), kept sorted best first
     best.reserve((size_t) k + SCORE_PART);
     std::vector<float> repr((size_t) H*dk);
@@ -387,7 +364,10 @@ bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_
         const uint32_t b1 = std::min(nblk, b0 + SCORE_PART);
         for (uint32_t b = b0; b < b1; ++b) {
             const uint64_t off = offset(layer, b) + 4ull*bs;
-            memcpy(repr.data(), base + off, 4ull*H*dk);
+            if (!read_all(fd, repr.data(), 4ull*H*dk, off)) {
+                why = errno_text("cannot read block store " + path);
+                return false;
+            }
             double s = 0.0;
             for (size_t i = 0; i < (size_t) H*dk; ++i) {
                 s += (double) q[i]*repr[i];
@@ -396,7 +376,6 @@ bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_
                 scores[b] = (float) s;
             }
             best.emplace_back((float) s, (int32_t) b);
-            drop_pages(off, 4ull*H*dk);
         }
         auto better = [](const std::pair<float, int32_t> & a, const std::pair<float, int32_t> & b) {
             return a.first > b.first || (a.first == b.first && a.second < b.second);

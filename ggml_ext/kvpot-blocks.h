@@ -82,21 +82,18 @@ public:
 
 private:
     kvpot_block_store() = default;
-    bool map(std::string & why);                 // (re)map the file after it grew
     uint64_t offset(uint32_t layer, uint32_t block) const {
         return HEADER_BYTES + ((uint64_t) block*shp.n_layer + layer)*rec;
     }
-    void drop_pages(uint64_t off, uint64_t len); // give mapped pages back so RSS stays bounded
 
     std::string        path;
     int                fd   = -1;
-    uint8_t *          base = nullptr;
-    uint64_t           mapped = 0;
     kvpot_blocks_shape shp;
     uint64_t           rec  = 0;
     uint32_t           nblk = 0;
     uint32_t           cap  = 0;
     bool               writable = true;
+    std::vector<uint8_t> scratch; // one record, read with pread (the store is never mapped)
 
     // LRU of decoded blocks, key = layer * 2^32 + block
     std::list<uint64_t> order; // most recent first

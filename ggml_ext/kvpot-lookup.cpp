@@ -6,7 +6,7 @@
 //
 // The copies are expanded into the graph before the layer's attention nodes, and ggml runs nodes in the
 // order they were expanded (llama.cpp's own cpy_k relies on this), so the attention reads the fetched
-// cells. The representatives stay in the mapped store and are scored by the store's own part-wise
+// cells. The representatives stay in the store's file and are scored by the store's own part-wise
 // topk (bounded memory for a store of any size); ggml has no op that reads a file, so the fetch is a
 // custom op and runs on the CPU whatever the backend (with a GPU, the scheduler copies qsum down and
 // the fetched rows up: two extra splits per pot layer).

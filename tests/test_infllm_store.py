@@ -102,6 +102,21 @@ def test_missing_store_and_bad_reads_fail_cleanly(tmp_path):
         store.read(0, 0)
 
 
+def test_a_store_cut_short_by_another_process_is_a_read_error_not_a_crash(tmp_path):
+    """Another process truncates the file under an open store: reading a block past the new end and
+    scoring the blocks fail with one line (a page of a mapped file past its end would be SIGBUS)."""
+    path = tmp_path / "cut.kvblk"
+    store, blocks = make_store(path, np.random.default_rng(5), 6, max_cached=1)
+    record = (store.info().file_bytes - 64) // (6 * 2)
+    os.truncate(path, 64 + 2 * 2 * record)  # blocks 0 and 1 whole, for both layers
+    np.testing.assert_array_equal(store.read(1, 1)[0], blocks[1][0])
+    with pytest.raises(BlockStoreError, match=r"cannot read block 4 of block store .*cut\.kvblk"):
+        store.read(0, 4)
+    with pytest.raises(BlockStoreError, match=r"cannot read block store .*cut\.kvblk"):
+        store.topk(0, np.ones((3, 8), np.float32), 2)
+    store.close()
+
+
 def rss_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -112,7 +127,7 @@ def rss_bytes() -> int:
 
 def test_lru_and_rss_stay_bounded_while_the_store_grows(tmp_path):
     """A store of ~100 MiB read through a 3-block cache: at most 3 blocks decoded, and the process's
-    RSS grows by far less than the file (the mapped pages are given back after each read)."""
+    RSS grows by far less than the file (records and representatives are read with pread, never mapped)."""
     L, H, dk, dv, bs = 3, 1, 256, 256, 128
     store = BlockStore(tmp_path / "big.kvblk", n_layer=L, n_head_kv=H, d_k=dk, d_v=dv, block_size=bs,
                        max_cached=3, create=True)
