@@ -39,6 +39,7 @@ from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
 from kvpot.models.registry import KNOWN
 from kvpot.policies import make_policy
+from kvpot.runtime.blocks import KV_TYPES
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = sorted(set(re.findall(r"^(bench-[\w-]+):", (REPO / "Makefile").read_text(), re.M)))
@@ -283,6 +284,21 @@ def test_nuc_head_times_each_mode_on_a_small_chunk(tmp_path, smollm2_path):
     med = row["median"]
     assert row["nuc_share"] == (med[nuc_head.MODES[1]] - med[nuc_head.MODES[0]]) / med[nuc_head.MODES[1]]
     assert row["blocks_vs_model_head"] == med[nuc_head.MODES[1]] / med[nuc_head.MODES[2]]
+
+
+def test_store_cost_times_every_shape_and_format_on_a_small_store(tmp_path):
+    """kvpot.bench.store_cost over 16 blocks a store: a row per registry shape and row format, with the
+    record size the store reports (computed here from the shape) and every cost measured (no timing is
+    asserted)."""
+    out = tmp_path / "cost.json"
+    store_cost.main(["--blocks", "16", "--rounds", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert {(r["model"], r["kv_type"]) for r in rows} == {(m, t) for m, *_ in store_cost.SHAPES for t in KV_TYPES}
+    row_bytes = {"f16": lambda d: 2 * d, "q8_0": lambda d: d // 32 * 34, "q4_0": lambda d: d // 32 * 18}
+    for r in rows:  # positions, the representatives in f32, then K and V rows; padded to 64 bytes
+        h, d, bs = r["n_head_kv"], r["head_dim"], r["block_size"]
+        assert r["record_bytes"] == -(-(4 * bs + 4 * h * d + 2 * h * bs * row_bytes[r["kv_type"]](d)) // 64) * 64
+        assert r["miss_us"] > 0 and r["hit_us"] > 0 and r["score_ns"] > 0
 
 
 def test_nuc_shortlist_logprob_against_the_set_it_sums():

@@ -1,6 +1,8 @@
 """What InfLLM's block store costs per block read, by row format: a read the LRU cache misses (the
-record read from the file's map, decoded to f32, its pages given back) against one it serves, and the
-bytes a block takes on disk. The figures decide how large the in-RAM cache is worth making (docs/pot.md).
+record read from the file with pread, decoded to f32) against one it serves, the bytes a block takes on
+disk, and what the lookup's scoring costs per block stored (every lookup scores every block of a layer, so
+this is the part of a chunk's time that grows with the input). The figures decide how large the in-RAM
+cache is worth making (docs/pot.md).
 
     python -m kvpot.bench.store_cost --json docs/bench/infllm/store-cost.json
 """
@@ -24,7 +26,8 @@ SHAPES = (("gemma3-270m", 1, 256, 64), ("qwen2.5-coder-1.5b", 2, 128, 64), ("smo
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvpot.bench.store_cost", description=__doc__.splitlines()[0])
-    p.add_argument("--blocks", type=int, default=256, help="blocks per store (more than the cache holds)")
+    p.add_argument("--blocks", type=int, default=4096, help="blocks per store (more than the cache holds; "
+                                                            "4096 blocks of 64 are 256K tokens)")
     p.add_argument("--rounds", type=int, default=4, help="passes over the blocks, each read once a pass")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     return p
@@ -57,8 +60,13 @@ def measure(n_head_kv: int, d: int, bs: int, kv_type: str, n_blocks: int, rounds
         hit = (time.perf_counter() - t0) / (rounds * n_blocks)
         info = store.info()
         assert info.misses >= rounds * n_blocks  # the first loop really missed
+        q = rng.standard_normal((n_head_kv, d), dtype=np.float32)
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            store.topk(0, q, 8)
+        score = (time.perf_counter() - t0) / (rounds * n_blocks)
         return dict(kv_type=kv_type, n_head_kv=n_head_kv, head_dim=d, block_size=bs, miss_us=miss * 1e6,
-                    hit_us=hit * 1e6, record_bytes=info.record_bytes)
+                    hit_us=hit * 1e6, score_ns=score * 1e9, record_bytes=info.record_bytes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             r = dict(model=name, **measure(heads, d, bs, kv_type, a.blocks, a.rounds))
             rows.append(r)
             print(f"{name:20s} {kv_type:5s} miss {r['miss_us']:7.1f} us  hit {r['hit_us']:5.1f} us  "
-                  f"record {r['record_bytes']:,} B")
+                  f"scoring {r['score_ns']:6.0f} ns a block  record {r['record_bytes']:,} B")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
