@@ -75,26 +75,12 @@ std::string errno_text(const std::string & what) {
     return what + ": " + std::strerror(errno);
 }
 
-bool write_all(int fd, const void * data, size_t n, uint64_t off) {
-    const auto * p = (const uint8_t *) data;
+// all n bytes at off through pread or pwrite, going on after a short transfer or EINTR; a file that
+// ends early (cut by another process) reads as an I/O error
+template <typename Byte, typename Io>
+bool transfer_all(Io io, int fd, Byte * data, size_t n, uint64_t off) {
     while (n > 0) {
-        const ssize_t w = pwrite(fd, p, n, (off_t) off);
-        if (w <= 0) {
-            if (w < 0 && errno == EINTR) {
-                continue;
-            }
-            return false;
-        }
-        p += w; n -= (size_t) w; off += (uint64_t) w;
-    }
-    return true;
-}
-
-// a file that ends early (cut by another process) reads as an I/O error
-bool read_all(int fd, void * data, size_t n, uint64_t off) {
-    auto * p = (uint8_t *) data;
-    while (n > 0) {
-        const ssize_t r = pread(fd, p, n, (off_t) off);
+        const ssize_t r = io(fd, data, n, (off_t) off);
         if (r <= 0) {
             if (r < 0 && errno == EINTR) {
                 continue;
@@ -104,9 +90,17 @@ bool read_all(int fd, void * data, size_t n, uint64_t off) {
             }
             return false;
         }
-        p += r; n -= (size_t) r; off += (uint64_t) r;
+        data += r; n -= (size_t) r; off += (uint64_t) r;
     }
     return true;
+}
+
+bool write_all(int fd, const void * data, size_t n, uint64_t off) {
+    return transfer_all(::pwrite, fd, (const uint8_t *) data, n, off);
+}
+
+bool read_all(int fd, void * data, size_t n, uint64_t off) {
+    return transfer_all(::pread, fd, (uint8_t *) data, n, off);
 }
 
 } // namespace
@@ -355,8 +349,9 @@ bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_
     const uint32_t H = shp.n_head_kv, dk = shp.d_k, bs = shp.block_size;
     // score in parts: each part reads SCORE_PART representatives (H*dk floats each) and keeps the
     // running top k. Every lookup reads one representative from each block, so this loop is what grows
-    // with the input: a pread from the page cache costs ~0.9 us a block, where a fault on a mapped page
-    // and the madvise that gave it back (so RSS stayed flat) cost ~6 us, half a chunk's time at 1M tokens
+    // with the input: a pread from the page cache costs 0.7-0.8 us a block, where a fault on a mapped page
+    // and the madvise that gave it back (so RSS stayed flat) cost ~5 us, 0.25 s of a Gemma chunk's ~0.6 s
+    // at 1M tokens (python -m kvpot.bench.store_cost; docs/benchmarks.md)
     std::vector<std::pair<float, int32_t>> best; // (score, block), kept sorted best first
     best.reserve((size_t) k + SCORE_PART);
     std::vector<float> repr((size_t) H*dk);
