@@ -11,6 +11,7 @@ needle's (the answer's attention over the kept cells, ranked as kvpot.session.so
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass
 
@@ -147,11 +148,34 @@ class CaseResult:
     compactions: int
     task: str = "passkey"
     distractor: bool = False   # the answer gave another needle's key (multikey)
+    nearer: str | None = None  # multikey: whose code the answer's number is closest to (nearest_code)
     # with --sources (None without): the top passage of the answer's sources is the needle's; the rank of
     # the first of the SOURCE_RANKS passages that is (None: none is); the needle's stream positions
     source_hit: bool | None = None
     source_rank: int | None = None
     needle_span: list[int] | None = None
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions that turn a into b."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (ca != cb))
+    return row[-1]
+
+
+def nearest_code(answer: str, key: str, distractors) -> str | None:
+    """Whose code the answer's first number is closest to by edit distance: "key", "distractor", or None
+    (no number, or a tie). A miss such as "85321" for the key 32518 then reads as what it is, the code
+    85322 of another place with one digit changed, not the key's digits out of order."""
+    m = re.search(r"\d+", answer)
+    if m is None:
+        return None
+    to_key = edit_distance(m.group(0), key)
+    to_other = min(edit_distance(m.group(0), d) for d in distractors)
+    return None if to_key == to_other else "key" if to_key < to_other else "distractor"
 
 
 def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
@@ -177,4 +201,5 @@ def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth
                       read_seconds=read, distill_seconds=engine.compact_seconds, peak_pot_bytes=peak[0],
                       compactions=engine.n_compactions, task=task,
                       distractor=any(k in answer for k in case.distractors),
+                      nearer=nearest_code(answer, case.key, case.distractors) if case.distractors else None,
                       source_hit=hit, source_rank=rank, needle_span=span)

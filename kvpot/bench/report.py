@@ -61,6 +61,9 @@ def niah_table(results: list[dict], model_name: str, task: str, policies: list[s
     if sources:
         table.add_column("source@1", justify="right")
         table.add_column("source@1 | correct", justify="right")
+    multikey = task == "multikey"
+    if multikey:
+        table.add_column("misses nearer another code", justify="right")
     acc = accuracy_table(results)
     for spec in policies:
         for n in lengths:
@@ -69,10 +72,19 @@ def niah_table(results: list[dict], model_name: str, task: str, policies: list[s
             read = sum(r["read_seconds"] for r in rows)
             extra = [_share([r for r in rows if r.get("source_hit") is not None]),
                      _share([r for r in rows if r.get("source_hit") is not None and r["correct"]])] if sources else []
+            if multikey:
+                extra.append(_nearer_other(rows))
             table.add_row(spec, str(n), *[f"{c:.0%}" for c in cells], f"{sum(cells) / len(cells):.0%}",
                           f"{sum(r['tokens'] for r in rows) / read:.0f}",
                           f"{100 * sum(r['distill_seconds'] for r in rows) / read:.1f}", *extra)
     return table
+
+
+def _nearer_other(rows: list[dict]) -> str:
+    """Of the misses, those whose answer is nearer another needle's code than the asked one (kvpot.bench.niah.
+    nearest_code), as "2/3"; "-" where no miss has the field (a JSON written before it)."""
+    misses = [r for r in rows if not r["correct"] and "nearer" in r]
+    return f"{sum(r['nearer'] == 'distractor' for r in misses)}/{len(misses)}" if misses else "-"
 
 
 def _share(rows: list[dict]) -> str:
