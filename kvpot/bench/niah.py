@@ -166,15 +166,21 @@ def edit_distance(a: str, b: str) -> int:
     return row[-1]
 
 
+def first_number(answer: str) -> str:
+    """The answer's first run of digits ("" when it has none): the code it gives."""
+    m = re.search(r"\d+", answer)
+    return m.group(0) if m else ""
+
+
 def nearest_code(answer: str, key: str, distractors) -> str | None:
     """Whose code the answer's first number is closest to by edit distance: "key", "distractor", or None
     (no number, or a tie). A miss such as "85321" for the key 32518 then reads as what it is, the code
     85322 of another place with one digit changed, not the key's digits out of order."""
-    m = re.search(r"\d+", answer)
-    if m is None:
+    number = first_number(answer)
+    if not number:
         return None
-    to_key = edit_distance(m.group(0), key)
-    to_other = min(edit_distance(m.group(0), d) for d in distractors)
+    to_key = edit_distance(number, key)
+    to_other = min(edit_distance(number, d) for d in distractors)
     return None if to_key == to_other else "key" if to_key < to_other else "distractor"
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from kvpot.bench.haystack import draw_needles
-from kvpot.bench.niah import TASKS, edit_distance, nearest_code
+from kvpot.bench.niah import TASKS, edit_distance, first_number, nearest_code
 
 
 def misses(rows: list[dict]) -> list[dict]:
@@ -31,7 +30,7 @@ def misses(rows: list[dict]) -> list[dict]:
             raise ValueError(f"{r['policy']} @ {r['depth']} seed {r['seed']}: key {r['key']} is not this "
                              f"seed's draw ({needles[0].key}): a grid of another haystack")
         others = [n.key for n in needles[1:]]
-        number = (re.findall(r"\d+", r["answer"]) or [""])[0]
+        number = first_number(r["answer"])
         near = min(others, key=lambda k: edit_distance(number, k))
         out.append({"policy": r["policy"], "depth": r["depth"], "seed": r["seed"], "key": r["key"],
                     "answer": number, "to_key": edit_distance(number, r["key"]), "other": near,
