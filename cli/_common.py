@@ -8,8 +8,11 @@ import fcntl
 import functools
 import io
 import json
+import math
 import os
 import sys
+import time
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
@@ -44,6 +47,20 @@ def steps(first: str):
             yield status
     else:
         yield _StepLines()
+
+
+def at_most_every(seconds: float, update: Callable[[str], None]) -> Callable[[str], None]:
+    """`update`, passed on at most once per `seconds` (the first at once): progress of a read of an hour,
+    reported every chunk, as a line a minute in a log rather than one every few seconds."""
+    last = -math.inf
+
+    def call(msg: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= seconds:
+            last = now
+            update(msg)
+    return call
 
 
 class OutputFailed(KvpotError):

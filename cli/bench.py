@@ -18,8 +18,10 @@ from kvpot.safe_write import atomic_write, protect, resolve_target
 from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
-from ._common import err, steps, user_errors
+from ._common import at_most_every, err, steps, user_errors
 from ._options import KvpotGroup, aliased
+
+READ_LINE_EVERY_S = 60.0  # in a log, a line a minute of how far a reading is (one past the window takes up to an hour)
 
 app = typer.Typer(cls=KvpotGroup, help="Benchmarks, each reported as a ratio to stock llama.cpp measured in the same run.",
                   no_args_is_help=True)
@@ -263,7 +265,8 @@ def qa(
             plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                         threads=threads, budget=budget, per_question=per_question, multikey=multikey,
                         only=tuple(only or ()), question_before=question_before)
-            run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update)
+            run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
+                on_read=status.update if err.is_terminal else at_most_every(READ_LINE_EVERY_S, status.update))
     err.print(qa_table(results))
     if json_out:
         _write_json(json_out, results)

@@ -123,8 +123,12 @@ def test_tiny_run_writes_every_case_and_resume_skips_them(smollm2_cut_path, tmp_
     qs = load_set().questions[:2]
     plan = Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False)
     seen: list[dict] = []
-    results = run(plan, qs, on_case=seen.append)
+    lines: list[str] = []
+    results = run(plan, qs, on_case=seen.append, on_read=lines.append)
     assert len(results) == len(seen) == 2 and {r["id"] for r in results} == {q.id for q in qs}
+    # how far the one reading got, after each chunk, up to every token it read
+    assert lines and all(line.startswith("full 512, input 1: read ") for line in lines), lines
+    assert f"read {results[0]['tokens']:,} of ~" in lines[-1] and "tok/s, 0 compactions" in lines[-1], lines
     for r in results:
         for key in ("id", "length", "depth", "policy", "answer", "correct", "exact", "read_tok_s", "read_seconds",
                     "answer_seconds", "heldout"):
@@ -238,8 +242,10 @@ def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_cut_path, 
     out = tmp_path / "qa.json"
     args = ("bench", "qa", "-m", str(smollm2_cut_path), "-P", "full", "--length", "512", "--limit", "1", "--no-multikey",
             "--json", str(out), "--resume")
-    assert run_cli(*args).returncode == 0
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
     first = json.loads(out.read_text())
+    assert "full 512, input 1: read " in res.stderr and " tok/s, " in res.stderr  # a line in a log: the first at once
     assert len(first) == 1
     out.write_text(json.dumps([{**first[0], "frame": "\n\n{question}", "answer": "old"}]))
     res = run_cli(*args)
@@ -347,3 +353,17 @@ def test_budget_plot_refuses_what_is_not_bench_qa_json_in_one_line(tmp_path, cap
             main([str(bad), "--png", str(tmp_path / "p.png")])
         assert e.value.code == 2 and str(bad) in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_reading_lines_in_a_log_come_at_most_once_a_minute(monkeypatch):
+    """`bench qa` hears every chunk of a reading; in a log it says one line a minute (the first at once)."""
+    from cli import _common
+
+    now = [0.0]
+    monkeypatch.setattr(_common.time, "monotonic", lambda: now[0])
+    said: list[str] = []
+    update = _common.at_most_every(60.0, said.append)
+    for t in (1000.0, 1030.0, 1059.9, 1060.0, 1119.0, 1125.0):
+        now[0] = t
+        update(f"at {t}")
+    assert said == ["at 1000.0", "at 1060.0", "at 1125.0"]

@@ -19,12 +19,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpot.bench.qa_inputs import JoinedInput, build_inputs
 from kvpot.bench.qa_questions import Question
 from kvpot.bench.qa_score import contains, exact
 from kvpot.errors import KvpotError
 from kvpot.session.prompting import choose_format, question_frame
+from kvpot.wording import plural
+
+if TYPE_CHECKING:
+    from kvpot.session.session import ReadProgress
 
 DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
 # closed book: each question after a document that holds nothing, read with full attention. What the model
@@ -76,8 +81,10 @@ def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Qu
 
 
 def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: Callable[[dict], None] = lambda r: None,
-        say: Callable[[str], None] = lambda m: None) -> list[dict]:
-    """Every case not in `done`; returns done + the new cases (each also passed to on_case as it ends)."""
+        say: Callable[[str], None] = lambda m: None, on_read: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """Every case not in `done`; returns done + the new cases (each also passed to on_case as it ends).
+    `on_read` hears, after every chunk of a reading, how far it got (a read past the window takes up to an
+    hour: the caller decides how often to show it)."""
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
 
@@ -122,7 +129,8 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
                     path.write_text(joined.text, encoding="utf-8")
-                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame):
+                    for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame,
+                                        on_read):
                         if "resolved_policy" in r:
                             readings.setdefault(reading_key(r), {}).setdefault(r["id"], r)
                         results.append(r)
@@ -178,7 +186,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
 
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
-               readings: dict[tuple, dict[str, dict]], frame: str):
+               readings: dict[tuple, dict[str, dict]], frame: str, on_read: Callable[[str], None]):
     from kvpot.bench.process import peak_rss_since_reset_mb, reset_peak_rss
     from kvpot.ingest import collect_sources
     from kvpot.session.session import Session
@@ -214,7 +222,9 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
         with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once
             if len(asks) == 1 and plan.per_question:
                 s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
-            s.read(collect_sources([str(path)]))
+            # a read per question is named by its question, one read asked in turn by its input
+            label = asks[0].id if plan.per_question and len(asks) == 1 else f"input {joined.index + 1}"
+            s.read(collect_sources([str(path)]), _read_lines(f"{spec} {n:,}, {label}", on_read))
             st = s.stats()
             read = {"resolved_policy": resolved if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
                     "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
@@ -229,6 +239,17 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                        "correct": contains(answer, list(a.refs), a.question),
                        "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False,
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _read_lines(what: str, on_read: Callable[[str], None]) -> Callable[[ReadProgress], None]:
+    """A Session.read progress callback that says how far the reading is, in the words of `kvpot ask`'s log lines."""
+    t0 = time.perf_counter()
+
+    def progress(p: ReadProgress) -> None:
+        of = f" of ~{p.est_total:,}" if p.est_total else ""
+        rate = p.tokens / max(time.perf_counter() - t0, 1e-9)
+        on_read(f"{what}: read {p.tokens:,}{of} tokens, {rate:,.0f} tok/s, {plural(p.compactions, 'compaction')}")
+    return progress
 
 
 def _rounded(mib: float | None) -> float | None:
