@@ -177,7 +177,8 @@ def niah(
             f"{'found' if r['correct'] else 'missed'}"))
         results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
                             on_case=on_case, done=previous, task=task, sources=sources,
-                            say=lambda m: status.update(f"case {done() + 1}/{total}: {m}"))
+                            say=lambda m: status.update(f"case {done() + 1}/{total}: {m}"),
+                            on_read=_reading_lines(status))
     err.print(niah_table(results, facts.name, task, policy, lengths, depths, sources=sources))
     if json_out:
         _write_json(json_out, results)
@@ -266,11 +267,17 @@ def qa(
                         threads=threads, budget=budget, per_question=per_question, multikey=multikey,
                         only=tuple(only or ()), question_before=question_before)
             run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
-                on_read=status.update if err.is_terminal else at_most_every(READ_LINE_EVERY_S, status.update))
+                on_read=_reading_lines(status))
     err.print(qa_table(results))
     if json_out:
         _write_json(json_out, results)
         err.print(f"results written to {json_out}")
+
+
+def _reading_lines(status):
+    """Where a grid's reading is told how far it got after every chunk: the status line in a terminal,
+    a line a minute in a log."""
+    return status.update if err.is_terminal else at_most_every(READ_LINE_EVERY_S, status.update)
 
 
 def _recorder(results: list[dict], json_out: Path | None, status, describe):

@@ -20,11 +20,13 @@ FULL_ROOM = 256
 
 def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
               seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None,
-              done: list[dict] = (), task: str = "passkey", sources: bool = False, say=lambda m: None) -> list[dict]:
+              done: list[dict] = (), task: str = "passkey", sources: bool = False, say=lambda m: None,
+              on_read=lambda m: None) -> list[dict]:
     """Every policy x length x depth x seed; one engine per (policy, length), reset between cases.
     Cases already in `done` (same task, policy, length, depth, seed) are kept and not run again.
     `sources`: each case also records where its answer's attention went (niah.source_check).
-    `say` is told each case as it starts (a case reads the whole haystack: minutes on a large model).
+    `say` is told each case as it starts (a case reads the whole haystack: minutes on a large model),
+    `on_read` how far its read is after every chunk (niah.read_and_ask).
     `full` gets a context of the haystack's length (stock llama.cpp's whole-prompt prefill)."""
     results = list(done)
     have = {case_key(r) for r in results}
@@ -39,7 +41,8 @@ def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: li
             try:
                 for depth, seed in todo:
                     say(f"{spec} {n:,} @ {depth}, seed {seed}")
-                    r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task, sources=sources))
+                    r = asdict(read_and_ask(eng, spec, model_name, n, depth, seed, task=task, sources=sources,
+                                                on_read=on_read))
                     results.append(r)
                     on_case(r)
             finally:

@@ -15,6 +15,8 @@ import re
 import time
 from dataclasses import dataclass
 
+from kvpot.bench.read_lines import reading_line
+
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n\n")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -185,15 +187,20 @@ def nearest_code(answer: str, key: str, distractors) -> str | None:
 
 
 def read_and_ask(engine, policy_spec: str, model_name: str, n_tokens: int, depth: float, seed: int,
-             task: str = "passkey", sources: bool = False) -> CaseResult:
+             task: str = "passkey", sources: bool = False, on_read=lambda m: None) -> CaseResult:
     """Read one haystack with the engine (reset first) and ask for the key; with `sources`, also where
-    the answer's attention went (source_check)."""
+    the answer's attention went (source_check). `on_read` hears how far the read is after every chunk."""
     engine.reset()
     case = make_case(engine.model, task, n_tokens, depth, seed)
     engine.set_question(case.question)
     peak = [0]
     t0 = time.perf_counter()
-    engine.feed(case.tokens, on_chunk=lambda ev: peak.__setitem__(0, max(peak[0], ev.stats.bytes_used)))
+    what = f"{policy_spec} {n_tokens:,} @ {depth}, seed {seed}"
+
+    def on_chunk(ev) -> None:
+        peak[0] = max(peak[0], ev.stats.bytes_used)
+        on_read(reading_line(what, ev.tokens_read, len(case.tokens), time.perf_counter() - t0, engine.n_compactions))
+    engine.feed(case.tokens, on_chunk=on_chunk)
     read = time.perf_counter() - t0
     doc_first = engine.tokens_seen - len(case.tokens)  # past the BOS feed added
     engine.track_answer_attention(sources)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 from kvpot.bench.qa_inputs import JoinedInput, build_inputs
 from kvpot.bench.qa_questions import Question
 from kvpot.bench.qa_score import contains, exact
+from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.prompting import choose_format, question_frame
-from kvpot.wording import plural
 
 if TYPE_CHECKING:
     from kvpot.session.session import ReadProgress
@@ -242,13 +242,11 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
 
 
 def _read_lines(what: str, on_read: Callable[[str], None]) -> Callable[[ReadProgress], None]:
-    """A Session.read progress callback that says how far the reading is, in the words of `kvpot ask`'s log lines."""
+    """A Session.read progress callback that tells `on_read` how far the reading is."""
     t0 = time.perf_counter()
 
     def progress(p: ReadProgress) -> None:
-        of = f" of ~{p.est_total:,}" if p.est_total else ""
-        rate = p.tokens / max(time.perf_counter() - t0, 1e-9)
-        on_read(f"{what}: read {p.tokens:,}{of} tokens, {rate:,.0f} tok/s, {plural(p.compactions, 'compaction')}")
+        on_read(reading_line(what, p.tokens, p.est_total, time.perf_counter() - t0, p.compactions))
     return progress
 
 
