@@ -154,6 +154,18 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None, timeo
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, input=input, timeout=timeout)
 
 
+def sigint_disposition(ignored: bool = False):
+    """A Popen preexec_fn for a test that sends Ctrl-C: SIGINT as a terminal's foreground job has it (the
+    default), or ignored as the shell gives a job started with `&`. A child inherits its parent's choice,
+    so a suite started with `&` from a script would otherwise run every child with SIGINT ignored."""
+    import signal
+
+    def preexec():
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.SIG_DFL)
+
+    return preexec
+
+
 def assert_one_line_error(stderr: str, needle: str) -> None:
     """The error contract: one line that says what is wrong, no traceback."""
     assert "Traceback" not in stderr, stderr

@@ -144,10 +144,12 @@ def test_a_save_and_a_saved_context_are_told_apart(smollm2_cut_path, tmp_path):
 
 def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.CompletedProcess:
     """`kvpot ARGS` until its read has saved once, then Ctrl-C (SIGINT to its process group, the worker's
-    too, as a terminal sends it)."""
+    too, as a terminal sends it). SIGINT is the default in it, whichever way this suite was started."""
+    from conftest import sigint_disposition
+
     cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_disposition())
     try:
         deadline = time.monotonic() + 300
         while not list(saves_dir.glob("read-*.kvstate")):

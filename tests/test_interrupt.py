@@ -29,13 +29,11 @@ def doc(tmp_path_factory, smollm2_cut_path):
 def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False) -> tuple[int, str]:
     """Run kvpot with `args`, send `sig` when a stderr line starts with `line_start`; exit status and stderr.
     `ignore`: SIGINT ignored, as the shell gives a background job (else the default)."""
+    from conftest import sigint_disposition
+
     cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
-
-    def disposition():
-        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.SIG_DFL)
-
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=disposition)
+                            preexec_fn=sigint_disposition(ignored=ignore))
     lines = []
     for line in proc.stderr:
         lines.append(line)
