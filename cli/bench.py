@@ -216,15 +216,25 @@ def qa(
                                         "N's access code); the inputs stay the ones the whole set builds"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                   help="write every case here as JSON (rewritten after each case)"),
-    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
+    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing "
+                                                        "ones, a stopped reading going on from its last save"),
+    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS",
+                                     help="with --json, save each reading where it is after this much reading, so "
+                                          "that one stopped (Ctrl-C, SIGTERM, a session's end) goes on with "
+                                          "--resume (0: after every chunk)"),
 ) -> None:
     """Answer quality on real documents: questions over licence texts, man pages, package documentation and Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
 
     `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none`
-    asks each question with no document (closed book: right answers a reading must beat)."""
+    asks each question with no document (closed book: right answers a reading must beat). A reading past the
+    window takes an hour or more on 2 cores: with --json it is saved as it goes, and Ctrl-C or SIGTERM stop it
+    after a save, to go on with --resume."""
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
+    from kvpot.bench.qa_read_save import QaReadStopped, QaSaves
     from kvpot.bench.qa_report import qa_table
+
+    from ._interrupt import Interrupts
 
     if question_before and not per_question:
         raise KvpotError("--question-before needs --per-question (the question must be known before reading)")
@@ -253,7 +263,9 @@ def qa(
     previous = _load_cases(json_out, ("model", "policy", "length", "seed", "id"), "`bench qa`") if resume else []
     results: list[dict] = list(previous)
 
-    with steps(f"{len(previous)} cases already run") as status:
+    saves = QaSaves(bench_reads_dir(), save_every, resume) if json_out else None
+    # a first Ctrl-C, SIGTERM or SIGHUP stops the reading in progress, which is saved; a second ends at once
+    with Interrupts(terminate=True) as interrupts, steps(f"{len(previous)} cases already run") as status:
         record = _recorder(results, json_out, status, lambda r: (
             f"{len(results)} cases; last: {r['policy']} {r['length']} {r['id']}: "
             f"{'skipped' if 'skipped' in r else 'right' if r['correct'] else 'wrong'}"))
@@ -262,16 +274,34 @@ def qa(
             # run() asks again only what was asked with another prompt: the new answer replaces it
             results[:] = [x for x in results if case_key(x) != case_key(r)]
             record(r)
-        for m in models:
-            plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
-                        threads=threads, budget=budget, per_question=per_question, multikey=multikey,
-                        only=tuple(only or ()), question_before=question_before)
-            run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
-                on_read=_reading_lines(status))
+        try:
+            for m in models:
+                plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
+                            threads=threads, budget=budget, per_question=per_question, multikey=multikey,
+                            only=tuple(only or ()), question_before=question_before)
+                run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
+                    on_read=_reading_lines(status), saves=saves, stop=lambda: interrupts.hit)
+        except QaReadStopped as e:
+            _say_stopped(e, json_out)
+            interrupts.end_if_terminated()
+            raise KeyboardInterrupt from None
     err.print(qa_table(results))
     if json_out:
         _write_json(json_out, results)
         err.print(f"results written to {json_out}")
+
+
+def _say_stopped(e, json_out: Path | None) -> None:
+    """Where a stopped `bench qa` is, and how it goes on."""
+    if e.saved is not None:
+        err.print(f"stopped {e.what} after {e.tokens:,} tokens; saved at {e.saved}: the same command with --resume "
+                  f"goes on from there", soft_wrap=True, markup=False)
+    else:
+        why = ("it was not saved (saves need --json)" if json_out is None else
+               "nothing of it was saved (it had read nothing yet, or its policy keeps data on disk)")
+        err.print(f"stopped {e.what} after {e.tokens:,} tokens; {why}", soft_wrap=True, markup=False)
+    if json_out is not None:
+        err.print(f"the cases done are in {json_out}", soft_wrap=True, markup=False)
 
 
 def _reading_lines(status):

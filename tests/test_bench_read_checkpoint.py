@@ -213,15 +213,14 @@ def test_resume_refuses_a_file_of_another_plan(smollm2_cut_path, tmp_path):
 
 
 def test_what_a_save_holds_for_a_moment_is_not_the_readings_peak():
-    """_ReadingPeak: memory held only between the end of a stretch and its restart (a save's copy of the
+    """ReadingPeak: memory held only between the end of a stretch and its restart (a save's copy of the
     state) is left out of the peak where the peak can be reset (Linux, Android), and counted where it
     cannot; memory a later stretch holds is counted either way."""
     import numpy as np
 
-    from kvpot.bench.process import peak_rss_mb, reset_peak_rss
-    from kvpot.bench.read_checkpoint import _ReadingPeak
+    from kvpot.bench.process import ReadingPeak, peak_rss_mb, reset_peak_rss
 
-    peak = _ReadingPeak()
+    peak = ReadingPeak()
     resets = reset_peak_rss()  # whether this platform can (restart tries it the same way)
     peak.restart(0.0)  # a stretch from here, whatever this test process held before
     base = peak.now()

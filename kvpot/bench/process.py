@@ -93,3 +93,39 @@ def peak_rss_since_reset_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+class ReadingPeak:
+    """This process's peak resident memory while reading, in MiB: the peak of each stretch between a restore
+    or a save and the next, so that what they hold for a moment beside the cache (the exported state) is
+    not counted as the reading's. Each stretch after one is measured from a reset of the peak
+    (reset_peak_rss: Linux and Android); where the peak cannot be reset, the process's peak is all there
+    is, and it counts the restores and saves too."""
+
+    def __init__(self):
+        self.closed = 0.0                  # the largest peak of the stretches before this one
+        self.start: float | None = None    # RSS as this stretch began after a reset; None: it began with the process
+
+    def now(self) -> float:
+        if self.start is None:
+            return max(self.closed, peak_rss_mb())
+        return max(self.closed, self.start, peak_rss_since_reset_mb() or 0.0)
+
+    def restart(self, closed: float) -> None:
+        """A new stretch from here; `closed`: the reading peak up to just before what is left out."""
+        _give_back_freed()
+        if reset_peak_rss():
+            self.closed, self.start = closed, rss_mb() or 0.0
+
+
+def _give_back_freed() -> None:
+    """Return the memory a restore or a save freed to the system (glibc keeps freed heap pages of ~10 MiB
+    copies resident, which would then count as the reading's); nothing where there is no malloc_trim."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -17,19 +17,20 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpot.bench.qa_inputs import JoinedInput, build_inputs
 from kvpot.bench.qa_questions import Question
+from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar, this_part
 from kvpot.bench.qa_score import contains, exact
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.prompting import choose_format, question_frame
 
 if TYPE_CHECKING:
-    from kvpot.session.session import ReadProgress
+    from kvpot.session.session import ReadProgress, Session
 
 DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
 # closed book: each question after a document that holds nothing, read with full attention. What the model
@@ -81,10 +82,13 @@ def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Qu
 
 
 def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: Callable[[dict], None] = lambda r: None,
-        say: Callable[[str], None] = lambda m: None, on_read: Callable[[str], None] = lambda m: None) -> list[dict]:
+        say: Callable[[str], None] = lambda m: None, on_read: Callable[[str], None] = lambda m: None,
+        saves: QaSaves | None = None, stop: Callable[[], bool] = lambda: False) -> list[dict]:
     """Every case not in `done`; returns done + the new cases (each also passed to on_case as it ends).
-    `on_read` hears, after every chunk of a reading, how far it got (a read past the window takes up to an
-    hour: the caller decides how often to show it)."""
+    `on_read` hears, after every chunk of a reading, how far it got (a read past the window takes up to
+    two hours: the caller decides how often to show it). `saves`: where each reading is saved as it goes
+    and gone on from (kvpot.bench.qa_read_save); `stop()` true (a signal, set by the caller) stops the
+    reading at its next chunk with QaReadStopped, after saving it where `saves` allows."""
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
 
@@ -130,7 +134,7 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
                     path.write_text(joined.text, encoding="utf-8")
                     for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame,
-                                        on_read):
+                                        on_read, _Reading(saves, stop, say)):
                         if "resolved_policy" in r:
                             readings.setdefault(reading_key(r), {}).setdefault(r["id"], r)
                         results.append(r)
@@ -186,10 +190,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
 
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
-               readings: dict[tuple, dict[str, dict]], frame: str, on_read: Callable[[str], None]):
-    from kvpot.bench.process import peak_rss_since_reset_mb, reset_peak_rss
-    from kvpot.ingest import collect_sources
-    from kvpot.session.session import Session
+               readings: dict[tuple, dict[str, dict]], frame: str, on_read: Callable[[str], None], how: _Reading):
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
             "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
@@ -218,18 +219,22 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     for asks in reads:
         if before and full:  # the question is counted in the input, as ask counts it
             settings, full = _settings(plan, facts, known, spec, path, asks[0].question)
-        measured = reset_peak_rss()  # this reading's peak: the model's load and the read, weights included
-        with Session(facts, name, settings, resettable=len(asks) > 1) as s:  # as `kvpot ask` when asked once
-            if len(asks) == 1 and plan.per_question:
-                s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
-            # a read per question is named by its question, one read asked in turn by its input
-            label = asks[0].id if plan.per_question and len(asks) == 1 else f"input {joined.index + 1}"
-            s.read(collect_sources([str(path)]), _read_lines(f"{spec} {n:,}, {label}", on_read))
+        # a read per question is named by its question, one read asked in turn by its input
+        label = asks[0].id if plan.per_question and len(asks) == 1 else f"input {joined.index + 1}"
+        saving = None
+        if how.saves is not None and not closed:
+            saving = how.saves.read({**base, "resolved_policy": resolved, "budget": settings.budget,
+                                     "ids": [a.id for a in asks], "text_sha256": _sha256(joined.text)})
+        s, part, peak = _read(plan, facts, name, settings, asks, path, f"{spec} {n:,}, {label}", saving, how, on_read)
+        with s:
             st = s.stats()
+            seconds = part.seconds + s.read_seconds
             read = {"resolved_policy": resolved if closed else s.policy_spec, "budget": settings.budget, "tokens": s.doc_tokens,
-                    "read_seconds": round(s.read_seconds, 2), "read_tok_s": st.get("read tok/s"),
+                    "read_seconds": round(seconds, 2), "read_tok_s": round(s.doc_tokens / seconds, 1) if seconds else None,
                     "compactions": st["compactions"], "question_before": s.settings.question_before == "on",
-                    "peak_rss_mib": _rounded(peak_rss_since_reset_mb() if measured else None)}
+                    "peak_rss_mib": _rounded(peak)}
+            if part.parts > 1:  # a reading in parts: the processes and CPUs that read it
+                read |= {"read_parts": part.parts, "read_cpus": part.cpus}
             for i, a in enumerate(asks):
                 if i:
                     s.reset_conversation()
@@ -239,6 +244,87 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                        "correct": contains(answer, list(a.refs), a.question),
                        "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False,
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
+        if saving is not None:  # its cases are written down: the save has done its job
+            saving.drop()
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How a grid's readings are saved and stopped (run's `saves`, `stop`, `say`)."""
+    saves: QaSaves | None
+    stop: Callable[[], bool]
+    say: Callable[[str], None]
+
+
+def _read(plan: Plan, facts, name: str, settings, asks, path: Path, what: str, saving: QaReadSave | None,
+          how: _Reading, on_read: Callable[[str], None]) -> tuple[Session, QaSoFar, float | None]:
+    """A Session that has read `path` (the caller closes it), gone on from its save where there is one;
+    the reading's figures before this process's part (and this part counted), and its peak RSS in MiB
+    (None where the peak cannot be reset: it would hold the readings before it).
+
+    With `saving`, the reading stops every `saves.every` seconds to save and goes on at once; `stop()`
+    stops it at the next chunk (a signal: at once) with QaReadStopped, after a save where it can."""
+    from kvpot.bench.process import ReadingPeak
+    from kvpot.ingest import collect_sources
+    from kvpot.session.session import ReadingStopped, Session
+
+    if how.stop():
+        raise QaReadStopped(what, 0, None)
+    resettable = len(asks) > 1  # as `kvpot ask` when asked once
+    if saving is not None and not how.saves.resume:
+        saving.drop()
+    so_far = saving.load(how.say) if saving is not None else None
+    peak = ReadingPeak()
+    peak.restart(0.0)  # this reading's peak: the model's load and the read, weights included
+    measured = peak.start is not None
+    s = saving.reopen(facts, name, plan.threads, resettable, so_far, how.say) if so_far is not None else None
+    if s is None:
+        so_far = None
+        s = Session(facts, name, settings, resettable=resettable)
+    part = this_part(so_far)
+    try:
+        if so_far is not None:
+            how.say(f"{what}: going on from the save of its first {s.doc_tokens:,} tokens")
+            peak.restart(so_far.peak_rss_mib or 0.0)  # the restore's own peak (the saved state beside the cache) is not the reading's
+        if len(asks) == 1 and plan.per_question:
+            s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
+        if saving is not None and s.engine.policy.disk_need(facts, s.engine.ctx.n_ctx) is not None:
+            saving = None  # its block store is not in the context (kvpot.bench.qa_read_save)
+        point = s.read_point if so_far is not None else None
+        sources = collect_sources([str(path)])
+        lines = _read_lines(what, on_read)
+        last = time.perf_counter()
+
+        def progress(p: ReadProgress) -> None:
+            lines(p)
+            if how.stop() or (saving is not None and time.perf_counter() - last >= how.saves.every):
+                raise ReadingStopped
+
+        while True:
+            try:
+                s.read(sources, progress, resume=point)
+                break
+            except ReadingStopped:
+                stopped = how.stop()
+                if saving is None or s.read_point is None:
+                    raise QaReadStopped(what, s.doc_tokens, None) from None
+                figures = replace(part, tokens=s.doc_tokens, seconds=part.seconds + s.read_seconds,
+                                  peak_rss_mib=_rounded(peak.now()) if measured else None)
+                saving.save(s, figures)
+                peak.restart(figures.peak_rss_mib or 0.0)  # nor is the save's (the state exported beside the cache)
+                if stopped:
+                    raise QaReadStopped(what, s.doc_tokens, saving.context) from None
+                point, last = s.read_point, time.perf_counter()
+    except BaseException:
+        s.close()
+        raise
+    return s, part, peak.now() if measured else None
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _read_lines(what: str, on_read: Callable[[str], None]) -> Callable[[ReadProgress], None]:

@@ -5,9 +5,10 @@ than the process that runs it may live.
 What a resumed read reports is what one uninterrupted read would: its tokens/s is the tokens over the
 reading time of every part (the saves are not counted), its peak RSS the largest reading peak of the
 parts. What a restore or a save holds for a moment beside the cache (the state it copies) is the
-saving's, not the reading's: the peak is measured afresh after each (_ReadingPeak). Its computation is the same too: the
-engine's own export/import (what saved contexts hold) and the same tokens from the same place, so the
-pot ends bit for bit where one read would have left it (tests/test_bench_read_checkpoint.py)."""
+saving's, not the reading's: the peak is measured afresh after each (kvpot.bench.process.ReadingPeak).
+Its computation is the same too: the engine's own export/import (what saved contexts hold) and the same
+tokens from the same place, so the pot ends bit for bit where one read would have left it
+(tests/test_bench_read_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from kvpot.bench.process import peak_rss_mb, peak_rss_since_reset_mb, reset_peak_rss, rss_mb
+from kvpot.bench.process import ReadingPeak, rss_mb
 from kvpot.errors import KvpotError
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import remove_stale_temps
@@ -60,7 +61,7 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
 
     so_far = _load(path, eng, key) if path is not None and path.exists() else None
     resumed = so_far is not None
-    peak = _ReadingPeak()
+    peak = ReadingPeak()
     if resumed:
         peak.restart(0.0)  # the restore's own peak (the saved state held beside the cache) is not the reading's
     else:
@@ -100,42 +101,6 @@ def timed_read(eng, n_tokens: int, key: dict, path: Path | None = None, every: f
     so_far.tokens = eng.tokens_seen
     so_far.peak_rss_mb = max(so_far.peak_rss_mb, peak.now())
     return so_far
-
-
-class _ReadingPeak:
-    """This process's peak resident memory while reading, in MiB: the peak of each stretch between a restore
-    or a save and the next, so that what they hold for a moment beside the cache (the exported state) is
-    not counted as the reading's. Each stretch after one is measured from a reset of the peak
-    (reset_peak_rss: Linux and Android); where the peak cannot be reset, the process's peak is all there
-    is, and it counts the restores and saves too."""
-
-    def __init__(self):
-        self.closed = 0.0                  # the largest peak of the stretches before this one
-        self.start: float | None = None    # RSS as this stretch began after a reset; None: it began with the process
-
-    def now(self) -> float:
-        if self.start is None:
-            return max(self.closed, peak_rss_mb())
-        return max(self.closed, self.start, peak_rss_since_reset_mb() or 0.0)
-
-    def restart(self, closed: float) -> None:
-        """A new stretch from here; `closed`: the reading peak up to just before what is left out."""
-        _give_back_freed()
-        if reset_peak_rss():
-            self.closed, self.start = closed, rss_mb() or 0.0
-
-
-def _give_back_freed() -> None:
-    """Return the memory a restore or a save freed to the system (glibc keeps freed heap pages of ~10 MiB
-    copies resident, which would then count as the reading's); nothing where there is no malloc_trim."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def drop(path: Path) -> None:
