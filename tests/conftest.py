@@ -166,6 +166,33 @@ def sigint_disposition(ignored: bool = False):
     return preexec
 
 
+def interrupt_once_saved(args: list[str], env: dict, saves_dir: Path, pattern: str):
+    """`kvpot ARGS` until a file matching `pattern` appears in `saves_dir` (its read has saved once), then
+    Ctrl-C: SIGINT to its process group (a bench worker's too), as a terminal sends it, with SIGINT the
+    default in it whichever way this suite was started. The finished process (stderr kept)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=sigint_disposition())
+    try:
+        deadline = time.monotonic() + 300
+        while not list(saves_dir.glob(pattern)):
+            assert proc.poll() is None, "the run ended before its read saved"
+            assert time.monotonic() < deadline, "no save in 300 s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
+
+
 def assert_one_line_error(stderr: str, needle: str) -> None:
     """The error contract: one line that says what is wrong, no traceback."""
     assert "Traceback" not in stderr, stderr

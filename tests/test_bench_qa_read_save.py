@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -117,7 +115,7 @@ def test_without_resume_an_old_save_is_dropped_and_the_reading_starts_again(smol
 
 
 def test_cli_ctrl_c_saves_the_reading_and_resume_goes_on(smollm2_cut_path, tmp_path):
-    from conftest import sigint_disposition
+    from conftest import interrupt_once_saved
 
     out = tmp_path / "qa.json"
     home = tmp_path / "home"
@@ -125,25 +123,12 @@ def test_cli_ctrl_c_saves_the_reading_and_resume_goes_on(smollm2_cut_path, tmp_p
     # long enough that the interrupt lands mid-read even when this process is slow to send it
     args = ["bench", "qa", "-m", str(smollm2_cut_path), "-P", "infinipot", "--budget", "1024", "--per-question",
             "--length", "16384", "--limit", "1", "--no-multikey", "--json", str(out)]
-    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
-    proc = subprocess.Popen([*cmd, "--save-every", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=sigint_disposition())
-    try:
-        deadline = time.monotonic() + 300
-        while not list((home / "bench-reads").glob("qa-*.kvpot")):
-            assert proc.poll() is None, "the run ended before its reading saved"
-            assert time.monotonic() < deadline, "no save in 300 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert "the same command with --resume goes on from there" in stderr, stderr
-    res = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    stopped = interrupt_once_saved([*args, "--save-every", "0"], env, home / "bench-reads", "qa-*.kvpot")
+    assert stopped.returncode == 130, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert "the same command with --resume goes on from there" in stopped.stderr, stopped.stderr
+    res = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args, "--resume"],
+                         env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     (case,) = json.loads(out.read_text())
     assert case["read_parts"] == 2 and case["compactions"] > 0

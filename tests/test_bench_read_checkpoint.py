@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -142,30 +140,9 @@ def test_a_save_and_a_saved_context_are_told_apart(smollm2_cut_path, tmp_path):
         assert eng.tokens_seen == 0
 
 
-def _interrupt_once_saved(args: list[str], env: dict, saves_dir) -> subprocess.CompletedProcess:
-    """`kvpot ARGS` until its read has saved once, then Ctrl-C (SIGINT to its process group, the worker's
-    too, as a terminal sends it). SIGINT is the default in it, whichever way this suite was started."""
-    from conftest import sigint_disposition
-
-    cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=sigint_disposition())
-    try:
-        deadline = time.monotonic() + 300
-        while not list(saves_dir.glob("read-*.kvstate")):
-            assert proc.poll() is None, "the run ended before its read saved"
-            assert time.monotonic() < deadline, "no save in 300 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
-
-
 def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_path):
+    from conftest import interrupt_once_saved
+
     out = tmp_path / "tp.json"
     env = dict(os.environ, KVPOT_HOME=str(tmp_path / "home"), COLUMNS="200")
     args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "512", "--stock-tokens", "256",
@@ -178,7 +155,7 @@ def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_pat
     # long enough that the interrupt lands mid-read even when this process is slow to send it (a loaded
     # machine): with 4,096 tokens a read could end, and its save go, between the poll and the signal
     longer = [*args, "--tokens", "16384", "--resume"]
-    stopped = _interrupt_once_saved([*longer, "--save-every", "0"], env, tmp_path / "home" / "bench-reads")
+    stopped = interrupt_once_saved([*longer, "--save-every", "0"], env, tmp_path / "home" / "bench-reads", "read-*.kvstate")
     assert stopped.returncode == 130
     assert f"the parts done are in {out}; the same command with --resume goes on" in stopped.stderr
     kept = json.loads(out.read_text())
