@@ -56,8 +56,11 @@ def test_a_stopped_reading_goes_on_from_its_save_to_the_same_answer(smollm2_cut_
     assert 0 < e.tokens < whole["tokens"]
     meta = json.loads(e.saved.with_suffix(".json").read_text())
     assert meta["so_far"]["tokens"] == e.tokens and meta["so_far"]["parts"] == 1
-    (r,) = run(plan, question, saves=saves, say=said.append)
+    lines: list[str] = []
+    (r,) = run(plan, question, saves=saves, say=said.append, on_read=lines.append)
     assert {k: r[k] for k in SAME} == {k: whole[k] for k in SAME}
+    # the part gone on from the save starts past its tokens, and says the rate of what it reads
+    assert not any(f"read {n:,} of" in line for line in lines for n in range(1, e.tokens + 1)), lines
     assert r["read_parts"] == 2 and len(r["read_cpus"]) == 2
     assert r["read_seconds"] > meta["so_far"]["seconds"] > 0
     assert any(f"going on from the save of its first {e.tokens:,} tokens" in m for m in said), said

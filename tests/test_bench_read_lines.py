@@ -10,6 +10,8 @@ def test_the_line_says_tokens_rate_and_compactions():
     assert reading_line("full 512, input 1", 1024, 2048, 2.0, 1) == \
         "full 512, input 1: read 1,024 of ~2,048 tokens, 512 tok/s, 1 compaction"
     assert reading_line("x", 10, None, 0.0, 3).startswith("x: read 10 tokens, ")  # an unknown total, no time yet
+    # a reading gone on from its save at token 1,000: the rate is of the 1,048 tokens this part read
+    assert reading_line("x", 2048, 4096, 2.0, 2, before=1000) == "x: read 2,048 of ~4,096 tokens, 524 tok/s, 2 compactions"
 
 
 def test_a_niah_case_says_each_chunk_up_to_the_last_token_and_its_compactions(smollm2_cut_path):

@@ -292,7 +292,7 @@ def _read(plan: Plan, facts, name: str, settings, asks, path: Path, what: str, s
             saving = None  # its block store is not in the context (kvpot.bench.qa_read_save)
         point = s.read_point if so_far is not None else None
         sources = collect_sources([str(path)])
-        lines = _read_lines(what, on_read)
+        lines = _read_lines(what, on_read, s.doc_tokens if so_far is not None else 0)
         last = time.perf_counter()
 
         def progress(p: ReadProgress) -> None:
@@ -327,12 +327,13 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _read_lines(what: str, on_read: Callable[[str], None]) -> Callable[[ReadProgress], None]:
-    """A Session.read progress callback that tells `on_read` how far the reading is."""
+def _read_lines(what: str, on_read: Callable[[str], None], before: int = 0) -> Callable[[ReadProgress], None]:
+    """A Session.read progress callback that tells `on_read` how far the reading is (`before`: the tokens
+    a reading gone on from its save had read)."""
     t0 = time.perf_counter()
 
     def progress(p: ReadProgress) -> None:
-        on_read(reading_line(what, p.tokens, p.est_total, time.perf_counter() - t0, p.compactions))
+        on_read(reading_line(what, p.tokens, p.est_total, time.perf_counter() - t0, p.compactions, before))
     return progress
 
 
