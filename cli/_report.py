@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -79,11 +80,16 @@ def answer_tracked(session: Session, question: str, sampler: Sampler | None, sto
 
 
 def answer_with_sources(session: Session, question: str, sampler: Sampler | None, stop_at: tuple[str, ...],
-                        json_out: bool, want_sources: bool, context: str | None = None) -> Answered:
-    """Answer as ask and run do, then the passages it drew on (--sources) and the JSON object (--json)."""
+                        json_out: bool, want_sources: bool, context: str | None = None,
+                        amend: Callable[[dict], None] | None = None) -> Answered:
+    """Answer as ask and run do, then the passages it drew on (--sources) and the JSON object (--json),
+    changed by `amend` before it is printed (ask's focused read reports the pot's reading too)."""
     said, seconds, found = answer_tracked(session, question, sampler, stop_at, not json_out, want_sources)
     if json_out:
-        print_report(report(session, said, seconds, context, found))
+        obj = report(session, said, seconds, context, found)
+        if amend is not None:
+            amend(obj)
+        print_report(obj)
     elif found is not None and not said.stopped:
         write_out(format_passages(found))
     return said

@@ -34,6 +34,7 @@ from ._common import (
     user_errors,
     write_out,
 )
+from ._focus import find_passages, focus_report, focused_session
 from ._options import N_PREDICT_HELP, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
@@ -96,6 +97,11 @@ FlashAttnOpt = Annotated[str, typer.Option(
          "five times the cells, but reads a large context slower on a CPU; auto: on only where the device "
          "cannot hold, without it, the context of the reading chosen (the model's window, or the pot or the input read in "
          "full once known). A saved context reopens as it was read")]
+FocusOpt = Annotated[bool, typer.Option(
+    "--focus/--no-focus",
+    help="where the pot had to leave part of the input out: answer from the pot once without showing it, read the "
+         "passages that answer drew on again with full attention, and answer from that reading (files only, not a "
+         "pipe or a reopened --context; docs/benchmarks.md, The focused read). --no-focus answers from the pot")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
     "--question-before", metavar="on|off", show_default=RunSettings.question_before,
     help="on: put the question before the document as well as after it, so the document is read knowing what "
@@ -194,6 +200,7 @@ def ask(
     max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
     question_before: QuestionBeforeOpt = None,
+    focus: FocusOpt = True,
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
@@ -233,8 +240,20 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
-                                   context=None if context is None else str(context))
+        found = find_passages(session, question) if focus and context is None else None
+        if found is None:
+            said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
+                                       context=None if context is None else str(context))
+        facts, name = session.facts, session.model_name
+    if found is not None:  # the pot's session is closed: the focused read loads the model afresh
+        with focused_session(found, facts, name) as focused:
+            read_with_progress(focused, found.text)
+
+            def amend(obj: dict) -> None:
+                obj["inputs"]["read"], obj["seconds"]["read"] = found.pot["inputs"], found.pot["read_seconds"]
+                obj.update(focus_report(found, focused))
+
+            said = answer_with_sources(focused, question, sampler, stops(stop), json_out, sources, amend=amend)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

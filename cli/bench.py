@@ -211,6 +211,10 @@ def qa(
     question_before: bool = typer.Option(False, "--question-before",
                                          help="with --per-question: the question before the document too, as "
                                               "`kvpot ask --question-before on` (full attention read per question too)"),
+    focus: bool = typer.Option(False, "--focus",
+                               help="with --per-question: where the pot left part of the input out, answer from a "
+                                    "focused read of the passages its own answer drew on (as `kvpot ask`); each "
+                                    "case records the pot's answer too (pot_answer, pot_correct)"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
                                    help="ask only these questions (repeatable; ids as in the JSON, multikey-N for input "
                                         "N's access code); the inputs stay the ones the whole set builds"),
@@ -238,6 +242,8 @@ def qa(
 
     if question_before and not per_question:
         raise KvpotError("--question-before needs --per-question (the question must be known before reading)")
+    if focus and not per_question:
+        raise KvpotError("--focus needs --per-question (the question must be known before reading)")
     for spec in policy:
         if spec not in (DEFAULT, CLOSED):
             try:
@@ -278,7 +284,7 @@ def qa(
             for m in models:
                 plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                             threads=threads, budget=budget, per_question=per_question, multikey=multikey,
-                            only=tuple(only or ()), question_before=question_before)
+                            only=tuple(only or ()), question_before=question_before, focus=focus)
                 run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
                     on_read=_reading_lines(status), saves=saves, stop=lambda: interrupts.hit)
         except QaReadStopped as e:

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeR
 from rich.text import Text
 
 from kvpot.ingest import SourceSet
+from kvpot.ingest.sources import STDIN
 from kvpot.session.read_point import ReadPoint
 from kvpot.session.session import ReadingStopped, ReadProgress, Session
 from kvpot.wording import plural
@@ -32,7 +33,8 @@ def _describe(sources: SourceSet) -> str:
     # a stream read ahead to its end has a known size: what was read
     sizes = [s.size if s.size is not None else (len(s.head) if s.complete else None) for s in srcs]
     if len(srcs) == 1:
-        what = "stdin" if srcs[0].path is None else srcs[0].name
+        # a focused read's passages (kvpot.session.focus) are held in memory and named by what they come from
+        what = "stdin" if srcs[0].path is None and srcs[0].name == STDIN else srcs[0].name
     else:
         n_files = len(srcs) - len(streams)
         parts = [f"{n_files} file{'s' if n_files != 1 else ''}"] if n_files else []

@@ -27,6 +27,7 @@ from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar
 from kvpot.bench.qa_score import contains, exact
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
+from kvpot.session.focus import focus_for, locate, why_not
 from kvpot.session.prompting import choose_format, question_frame
 
 if TYPE_CHECKING:
@@ -57,11 +58,12 @@ class Plan:
     group: int | None = None   # questions per input (None: qa_inputs.per_input)
     only: tuple[str, ...] = ()  # ask only these question ids (the inputs are still built from the whole set)
     question_before: bool = False  # with per_question: the question before the document too (--question-before on)
+    focus: bool = False        # with per_question: answer from the focused read, as `kvpot ask` (kvpot.session.focus)
 
 
 def case_key(r: dict) -> tuple:
     return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)),
-            bool(r.get("question_before", False)))
+            bool(r.get("question_before", False)), bool(r.get("focus", False)))
 
 
 def reading_key(r: dict) -> tuple:
@@ -69,7 +71,7 @@ def reading_key(r: dict) -> tuple:
     the same policy and budget for the same input (`-P default` is full attention wherever the input
     fits, as `-P full` is) read and answer identically (greedy), so the second one's cases are copies."""
     return (r["model"], r["length"], r["seed"], r["input"], bool(r.get("per_question", False)),
-            bool(r.get("question_before", False)), r["resolved_policy"], r["budget"])
+            bool(r.get("question_before", False)), bool(r.get("focus", False)), r["resolved_policy"], r["budget"])
 
 
 def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
@@ -128,7 +130,8 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                             results = [r for r in results if id(r) not in stale]
                             have = {case_key(r) for r in results}
                     todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
-                            and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec)) not in have]
+                            and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec),
+                                 _focus(plan, spec)) not in have]
                     if not todo:
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
@@ -164,6 +167,11 @@ def _before(plan: Plan, spec: str) -> bool:
     return plan.question_before and plan.per_question and spec != CLOSED
 
 
+def _focus(plan: Plan, spec: str) -> bool:
+    """Whether this spec's cases answer from a focused read where one applies (closed book reads nothing)."""
+    return plan.focus and plan.per_question and spec != CLOSED
+
+
 def _settings_prompt(known) -> str:
     """The prompt format `kvpot ask` would use for this model (registry, then the user's config)."""
     from kvpot.session.settings import resolve_settings
@@ -194,6 +202,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
             "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
+    if _focus(plan, spec):
+        base["focus"] = True
     closed = spec == CLOSED
     if closed:  # the same questions and frame, no input: one tiny read per input (a few tokens)
         path = path.with_name("no-document.txt")
@@ -235,15 +245,22 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     "peak_rss_mib": _rounded(peak)}
             if part.parts > 1:  # a reading in parts: the processes and CPUs that read it
                 read |= {"read_parts": part.parts, "read_cpus": part.cpus}
-            for i, a in enumerate(asks):
+            focusing = _focus(plan, spec) and len(asks) == 1 and why_not(s) is None
+            for i, a in enumerate(asks if not focusing else []):
                 if i:
                     s.reset_conversation()
                 t0 = time.perf_counter()
                 answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
-                yield {**base, **_ask_fields(a), **read, "answer": answer, "exact": exact(answer, list(a.refs)),
-                       "correct": contains(answer, list(a.refs), a.question),
-                       "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False,
+                yield {**base, **_ask_fields(a), **read, **_scored(answer, a),
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
+            if focusing:
+                t0 = time.perf_counter()
+                located = locate(s, asks[0].question)
+                text, focused = focus_for(s, located)
+                read |= {"pot_answer": located.answer,
+                         "pot_correct": contains(located.answer, list(asks[0].refs), asks[0].question)}
+        if focusing:  # the pot's session is closed: the focused read loads the model afresh, as `kvpot ask` does
+            yield {**base, **_ask_fields(asks[0]), **read, **_focused(facts, name, focused, text, asks[0], t0)}
         if saving is not None:  # its cases are written down: the save has done its job
             saving.drop()
 
@@ -339,6 +356,25 @@ def _read_lines(what: str, on_read: Callable[[str], None], before: int = 0) -> C
 
 def _rounded(mib: float | None) -> float | None:
     return None if mib is None else round(mib, 1)
+
+
+def _scored(answer: str, a) -> dict:
+    return {"answer": answer, "exact": exact(answer, list(a.refs)), "correct": contains(answer, list(a.refs), a.question),
+            "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False}
+
+
+def _focused(facts, name: str, settings, text, a, t0: float) -> dict:
+    """The answer of the focused read of `text` (the passages the pot's answer drew on, `settings` its own),
+    with its figures;
+    t0: when locating began (focus_seconds counts locating, loading, reading and answering)."""
+    from kvpot.session.session import Session
+
+    with Session(facts, name, settings, resettable=False) as f:
+        f.read(text)
+        answer = "".join(f.ask(a.question, max_tokens=MAX_TOKENS)).strip()
+        got = {"focus_passages": len(text.windows), "focus_tokens": f.doc_tokens,
+               "focus_read_seconds": round(f.read_seconds, 2)}
+    return {**_scored(answer, a), **got, "focus_seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _ask_fields(a) -> dict:

@@ -93,6 +93,10 @@ class SourceSet:
         what reading them meets is told to this set's `warn` and recorded in its `warnings`."""
         return SourceSet(sources=list(self.sources), warn=self.warn, warnings=self.warnings)
 
+    def can_read_again(self) -> bool:
+        """pieces() gives the same text again: every source is a file (a pipe or stdin is read once)."""
+        return all(s.path is not None and s.stream is None for s in self.sources)
+
     @property
     def sizes_are_text(self) -> bool:
         """Every size is its text's size (plain text files): no PDF, document or compressed file."""

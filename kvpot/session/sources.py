@@ -169,12 +169,16 @@ def top_passages(session, top: int = TOP) -> list[Passage]:
     smap: SourceMap = session.source_map
     out = []
     eng = session.engine
-    for p0, p1, share in rank(eng.answer_mass or {}, smap, top, eng.policy.sink_tokens()):
+    # twice as many ranked as shown: a passage before the first mark is the heading of the first source (or of
+    # a focused read's first passage), not text of the input
+    for p0, p1, share in rank(eng.answer_mass or {}, smap, 2 * top, eng.policy.sink_tokens()):
         a = smap.offset(p0)
         b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
         mark = smap.where(a)
+        if mark is None and smap.marks:
+            continue
         out.append(Passage(mark.source if mark else "", mark.where if mark else "", a, b, share))
-    return quote(out, reread(session), smap)
+    return quote(out[:top], reread(session), smap)
 
 
 def reread(session) -> SourceSet | None:
@@ -184,7 +188,7 @@ def reread(session) -> SourceSet | None:
 
     if session.source_set is not None:
         src = session.source_set
-        return src if all(s.path is not None and s.stream is None for s in src.sources) else None
+        return src if src.can_read_again() else None
     names = [s["name"] for s in session.sources]
     if STDIN in names:  # read once, gone (and reading it again would wait on the terminal)
         return None

@@ -1,0 +1,77 @@
+"""`kvpot ask`'s focused read (kvpot.session.focus) on the terminal: the locating answer under a status line,
+the passages found said on stderr, the pot's session closed before the focused one loads (the two never
+share the device's memory), and the focused read shown as any read is."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from kvpot.errors import KvpotError
+from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, locate, why_not
+from kvpot.session.session import Session
+
+from ._common import err
+from ._interrupt import Interrupts
+
+# said when the input was read through a pot from a pipe: the passages cannot be read again
+FROM_A_PIPE = ("the answer comes from the pot: {why}, so the passages its answer draws on cannot be read again with "
+               "full attention (pass files to have them read again)")
+
+
+class Focus:
+    """What the pot's reading found for the focused read: its input and settings, and the pot reading's figures
+    for --json."""
+
+    def __init__(self, text: FocusText, settings, located: Located, pot: dict):
+        self.text, self.settings, self.located, self.pot = text, settings, located, pot
+
+    def places(self) -> str:
+        """"notes.txt line 40, line 1,210; log.txt line 3": where each passage starts, by file."""
+        by: dict[str, list[str]] = {}
+        for w in self.text.windows:
+            by.setdefault(w.source, []).append(w.where or "?")
+        return "; ".join(f"{src} {', '.join(wheres)}".strip() for src, wheres in by.items())
+
+
+def find_passages(session: Session, question: str) -> Focus | None:
+    """The focused read's input, or None where the answer comes from the pot (nothing was left out; a pipe;
+    the passages cannot be read again or cannot fit). Raises KeyboardInterrupt when Ctrl-C stops it."""
+    why = why_not(session)
+    if why is not None:
+        if why == READ_ONCE:
+            err.print(FROM_A_PIPE.format(why=why), soft_wrap=True)
+        return None
+    with Interrupts() as stop, err.status("finding the passages the question needs in what the pot kept"):
+        located = locate(session, question, stop=lambda: stop.hit)
+    if located.stopped:
+        raise KeyboardInterrupt
+    try:
+        text, settings = focus_for(session, located)
+    except KvpotError as e:
+        err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(str(e))}", soft_wrap=True)
+        return None
+    st = session.engine.stats()
+    pot = {"policy": session.policy_spec, "budget": session.settings.budget, "tokens_read": session.doc_tokens,
+           "cells": st.n_cells_used, "compactions": st.n_compactions, "read_seconds": round(session.read_seconds, 3),
+           "inputs": [s["name"] for s in session.sources]}
+    return Focus(text, settings, located, pot)
+
+
+def focused_session(focus: Focus, facts, model_name: str) -> Session:
+    """The session that reads the passages with full attention (the pot's session already closed)."""
+    n = len(focus.text.windows)
+    err.print(f"[bold]focus:[/bold] the pot's own answer drew most on {n} passage{'s' if n != 1 else ''}, read again "
+              f"with full attention: {escape(focus.places())}", soft_wrap=True)
+    with err.status(f"loading {facts.name}"):
+        return Session(facts, model_name, focus.settings, resettable=False)
+
+
+def focus_report(focus: Focus, session: Session) -> dict:
+    """--json: the pot's reading as the answer's reading, and the focused read beside it."""
+    p = focus.pot
+    return {"policy": p["policy"], "budget": p["budget"], "tokens_read": p["tokens_read"], "cells": p["cells"],
+            "compactions": p["compactions"],
+            "focus": {"passages": [{"source": w.source, "where": w.where, "start": w.start, "end": w.end}
+                                   for w in focus.text.windows],
+                      "tokens_read": session.doc_tokens, "read_seconds": round(session.read_seconds, 3),
+                      "pot_answer": focus.located.answer}}

@@ -1,0 +1,227 @@
+"""The focused read of `kvpot ask` past what the pot holds: the passages the pot's answer drew on, read
+again with full attention, and that reading answers.
+
+Why: past the window a pot holds a few thousand cells of ~100K tokens, and a fact in the middle survives
+only if every distillation keeps it; on the 1.5B model most do not ("What 15 distillations leave of a code",
+docs/benchmarks.md). Where the question's passage lies survives far better than the fact itself: the
+attention an answer from the pot pays to the document (the ranking `--sources` shows) names the passage
+even when the answer is wrong. So `ask` reads in two steps. The pot, read with the question first, answers
+once without showing it (`locate`: up to LOCATING_TOKENS tokens, greedy, with that attention summed by
+stream position); the PASSAGES passages it drew on most are widened by REACH_CHARS characters each side
+to whole lines, joined in the document's order, and read in a new session with full attention (stock
+llama.cpp's computation over a few thousand tokens); the answer comes from that reading.
+
+The passages' text is read again from the inputs (`FocusText`), checked to be the text that was read
+(its places are the ones recorded), so a focused read needs inputs that can be read again: files, not a
+pipe. Each passage is headed with its file and line, and `--sources` of the focused answer names places
+of the original inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvpot.errors import KvpotError
+from kvpot.ingest.sources import Mark, Source, SourceSet
+from kvpot.session.sources import SourceMap, rank
+
+PASSAGES = 8            # passages the locating answer drew on most
+REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
+LINE_REACH = 400        # at most this much further, to end a window at a line's end
+LOCATING_TOKENS = 48    # the locating answer's length: a short factual answer fits
+
+
+@dataclass(frozen=True)
+class Window:
+    """One stretch of the joined input to read again: characters [start, end) of the joined text."""
+    start: int
+    end: int
+    source: str = ""     # the file it starts in
+    where: str = ""      # "line 1,204", "p. 12"
+    text: str = ""
+
+
+def spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
+          reach: int = REACH_CHARS) -> list[tuple[int, int]]:
+    """Character spans [start, end) of the joined text around the `passages` passages with the most mass,
+    each widened by `reach` characters each side, overlaps merged, in the document's order."""
+    out: list[tuple[int, int]] = []
+    for p0, p1, _share in rank(mass, smap, passages, sinks):
+        a = smap.offset(p0)
+        b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
+        if a is None or b is None:
+            continue
+        out.append((max(0, a - reach), min(smap.end_char, b + reach)))
+    out.sort()
+    merged: list[tuple[int, int]] = []
+    for lo, hi in out:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> list[Window]:
+    """The text of each span, read again from the inputs and widened to whole lines (by up to LINE_REACH
+    characters each side), with the file and place it starts at. Refused when the inputs read now are not
+    the text that was read (a file changed: its places differ from the recorded ones)."""
+    if not wanted:
+        return []
+    last = wanted[-1][1] + LINE_REACH
+    got: list[list[str]] = [[] for _ in wanted]
+    firsts: list[tuple[int, str, str] | None] = [None] * len(wanted)  # (piece start, piece, its mark) of each start
+    seen = 0
+    for piece in text.pieces():
+        end = seen + len(piece)
+        for i, (lo, hi) in enumerate(wanted):
+            a, b = max(lo - LINE_REACH, seen), min(hi + LINE_REACH, end)
+            if a < b:
+                got[i].append(piece[a - seen:b - seen])
+            if firsts[i] is None and seen <= lo < end:
+                firsts[i] = (seen, piece, text.marks[-1].where if text.marks else "")
+        seen = end
+        if seen >= last:
+            break
+    n = len(text.marks)
+    if text.marks[:n] != smap.marks[:n] or any(f is None for f in firsts):
+        raise KvpotError("the inputs changed since they were read: the passages cannot be read again")
+    out = []
+    for (lo, hi), parts, first in zip(wanted, got, firsts):
+        buf = "".join(parts)
+        base = max(lo - LINE_REACH, 0)
+        a, b = lo - base, min(hi - base, len(buf))
+        nl = buf.rfind("\n", 0, a)
+        a = nl + 1 if nl >= 0 and a - nl <= LINE_REACH else a
+        nl = buf.find("\n", b)
+        b = nl if 0 <= nl and nl - b <= LINE_REACH else b
+        start = base + a
+        mark = smap.where(start)
+        out.append(Window(start, base + b, mark.source if mark else "", _where(mark, first, start), buf[a:b]))
+    return out
+
+
+def _where(mark: Mark | None, first: tuple[int, str, str], start: int) -> str:
+    """The place a window starts: the line itself for text inputs (marked per piece, "line N" where the
+    piece starts), else the piece's own mark (a page, a chapter)."""
+    piece_start, piece, where = first
+    if mark is None:
+        return ""
+    if where.startswith("line ") and mark.offset <= piece_start:
+        return f"line {int(where[5:]) + piece.count(chr(10), 0, max(0, start - piece_start)):,}"
+    return mark.where
+
+
+def heading(w: Window) -> str:
+    """What each passage of a focused read is headed with: where in the inputs it comes from."""
+    place = ", ".join(x for x in (w.source, w.where) if x)
+    return f"\n\n===== {place or 'passage'} =====\n\n"
+
+
+@dataclass
+class FocusText(SourceSet):
+    """The windows as one input: each headed with its place, marked with the original file and place
+    (so `--sources` of the focused answer names the inputs' places), and read again the same way for
+    quotes."""
+    windows: list[Window] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, wins: list[Window], names: list[str]) -> FocusText:
+        total = sum(len((heading(w) + w.text).encode("utf-8")) for w in wins)
+        src = Source(name=f"{len(wins)} passages of {', '.join(names)}", path=None, size=total, complete=True)
+        return cls(sources=[src], windows=list(wins))
+
+    def can_read_again(self) -> bool:
+        return True
+
+    def counter(self) -> FocusText:
+        return FocusText(sources=list(self.sources), warn=self.warn, warnings=self.warnings, windows=self.windows)
+
+    def pieces(self, piece_bytes: int = 0, stdin=None) -> Iterator[str]:
+        self.marks, self.chars = [], 0
+        for w in self.windows:
+            head = heading(w)
+            self.chars += len(head)
+            self.bytes_read += len(head.encode("utf-8"))
+            yield head
+            self.marks.append(Mark(self.chars, w.source, w.where))
+            self.chars += len(w.text)
+            self.bytes_read += len(w.text.encode("utf-8"))
+            yield w.text
+
+
+# why a focused read does not apply, for stderr (None: it does)
+NOTHING_LEFT_OUT = "nothing of the input was left out of memory"
+READ_IN_FULL = "the input was read with full attention"
+READ_ONCE = "the input cannot be read again (stdin or a pipe)"
+
+
+def why_not(session) -> str | None:
+    """None when the session's reading left part of the input out and its inputs can be read again (a
+    focused read can then add what the pot lost); else why not."""
+    from kvpot.session.settings import reads_in_full
+
+    if reads_in_full(session.policy_spec):
+        return READ_IN_FULL
+    if session.engine.stats().n_compactions == 0:
+        return NOTHING_LEFT_OUT
+    if session.source_set is None or not session.source_set.can_read_again():
+        return READ_ONCE
+    return None
+
+
+@dataclass(frozen=True)
+class Located:
+    """The locating answer and the attention it paid to each stream position (Engine.answer_mass)."""
+    answer: str
+    mass: dict[int, float]
+    stopped: bool = False   # stop() ended it before its end
+
+
+def locate(session, question: str, tokens: int = LOCATING_TOKENS, stop=lambda: False) -> Located:
+    """The locating answer: `question` answered from the pot (greedy, not shown), with the attention its
+    rows paid to the document. The exchange stays in the session's pot. `stop()` true ends it early."""
+    eng = session.engine
+    eng.track_answer_attention(True)
+    try:
+        said = []
+        for piece in session.ask(question, max_tokens=tokens):
+            said.append(piece)
+            if stop():
+                return Located("".join(said).strip(), dict(eng.answer_mass or {}), stopped=True)
+        return Located("".join(said).strip(), dict(eng.answer_mass or {}))
+    finally:
+        eng.track_answer_attention(False)
+
+
+def focus_for(session, located: Located, passages: int = PASSAGES):
+    """(the focused read's input, its settings): the passages `located` drew on most, read again from the
+    session's inputs (why_not() is None), and full attention sized to them. Where that cannot fit the device
+    or the model's window, fewer passages (halved until one); the last refusal is raised."""
+    facts = session.facts
+    eng = session.engine
+    k, last = passages, None
+    while k >= 1:
+        wanted = spans(located.mass, session.source_map, eng.policy.sink_tokens(), k)
+        if not wanted:
+            raise KvpotError("the answer from memory drew on no passage of the input")
+        text = FocusText.of(windows(session.source_set, session.source_map, wanted), [s["name"] for s in session.sources])
+        try:
+            return text, focus_settings(session.settings, facts, text)
+        except KvpotError as e:
+            last, k = e, k // 2
+    raise last
+
+
+def focus_settings(settings, facts, text: FocusText):
+    """The settings of the focused read: full attention over `text`, its context sized to it (refused,
+    as `--policy full` is, where it cannot fit the device or the model's window)."""
+    from dataclasses import replace
+
+    from kvpot.session.reading_plan import plan_reading
+    from kvpot.session.room import answer_reserve
+    from kvpot.session.settings import AUTO
+
+    full = replace(settings, policy="full", budget=AUTO, question_before="off", flash_attn="auto")
+    return plan_reading(full, facts, text, policy_chosen=True, reserve=answer_reserve(full)).settings
