@@ -240,7 +240,7 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        found = find_passages(session, question) if focus and context is None else None
+        found = find_passages(session, question) if focus else None
         if found is None:
             said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
                                        context=None if context is None else str(context))

@@ -89,7 +89,8 @@ def test_a_long_question_shows_progress(doc, fast):
     """A question longer than the free cells is read through the pot like a document, and says so."""
     path, question, _ = doc
     small = [a if a != "512" else "256" for a in fast]
-    res = runner.invoke(app, ["ask", str(path), "Tell me about the voyage. " * 100 + question, "-P", "snapkv", *small])
+    res = runner.invoke(app, ["ask", str(path), "Tell me about the voyage. " * 100 + question, "-P", "snapkv", "--no-focus",
+                                 *small])
     assert res.exit_code in (0, 5), res.output  # 5: the model answered nothing (said on stderr), not this test's concern
     lines = res.stderr.splitlines()
     start = [ln for ln in lines if ln.startswith("reading the question (")]

@@ -13,7 +13,7 @@ llama.cpp's computation over a few thousand tokens); the answer comes from that 
 
 The passages' text is read again from the inputs (`FocusText`), checked to be the text that was read
 (its places are the ones recorded), so a focused read needs inputs that can be read again: files, not a
-pipe. Each passage is headed with its file and line, and `--sources` of the focused answer names places
+pipe; a reopened context's files are found again by name, as `--sources` finds them for quotes. Each passage is headed with its file and line, and `--sources` of the focused answer names places
 of the original inputs.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
-from kvpot.session.sources import SourceMap, rank
+from kvpot.session.sources import SourceMap, rank, reread
 
 PASSAGES = 8            # passages the locating answer drew on most
 REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
@@ -119,6 +119,13 @@ def heading(w: Window) -> str:
     return f"\n\n===== {place or 'passage'} =====\n\n"
 
 
+def _head(wins: list[Window], i: int) -> str:
+    """Passage i's heading. The first passage has none: the model's attention gathers on the first tokens it
+    reads (StreamingLLM's sinks), and after a heading those are the passage's first words, which `--sources`
+    would then name whatever the answer says."""
+    return heading(wins[i]) if i else ""
+
+
 @dataclass
 class FocusText(SourceSet):
     """The windows as one input: each headed with its place, marked with the original file and place
@@ -128,7 +135,7 @@ class FocusText(SourceSet):
 
     @classmethod
     def of(cls, wins: list[Window], names: list[str]) -> FocusText:
-        total = sum(len((heading(w) + w.text).encode("utf-8")) for w in wins)
+        total = sum(len((_head(wins, i) + w.text).encode("utf-8")) for i, w in enumerate(wins))
         src = Source(name=f"{len(wins)} passages of {', '.join(names)}", path=None, size=total, complete=True)
         return cls(sources=[src], windows=list(wins))
 
@@ -138,13 +145,34 @@ class FocusText(SourceSet):
     def counter(self) -> FocusText:
         return FocusText(sources=list(self.sources), warn=self.warn, warnings=self.warnings, windows=self.windows)
 
+    def in_heading(self, offset: int) -> bool:
+        """Whether `offset` of this text falls in a passage's heading (a place, not the inputs' text)."""
+        at = 0
+        for i, w in enumerate(self.windows):
+            head = _head(self.windows, i)
+            if offset < at + len(head):
+                return offset >= at
+            at += len(head) + len(w.text)
+        return False
+
+    def input_offset(self, offset: int) -> int:
+        """The character of the inputs' joined text at `offset` of this text (a heading: its passage's start)."""
+        at = 0
+        for i, w in enumerate(self.windows):
+            at += len(_head(self.windows, i))
+            if offset < at + len(w.text) or w is self.windows[-1]:
+                return w.start + min(max(offset - at, 0), len(w.text))
+            at += len(w.text)
+        return 0
+
     def pieces(self, piece_bytes: int = 0, stdin=None) -> Iterator[str]:
         self.marks, self.chars = [], 0
-        for w in self.windows:
-            head = heading(w)
-            self.chars += len(head)
-            self.bytes_read += len(head.encode("utf-8"))
-            yield head
+        for i, w in enumerate(self.windows):
+            head = _head(self.windows, i)
+            if head:
+                self.chars += len(head)
+                self.bytes_read += len(head.encode("utf-8"))
+                yield head
             self.marks.append(Mark(self.chars, w.source, w.where))
             self.chars += len(w.text)
             self.bytes_read += len(w.text.encode("utf-8"))
@@ -154,7 +182,7 @@ class FocusText(SourceSet):
 # why a focused read does not apply, for stderr (None: it does)
 NOTHING_LEFT_OUT = "nothing of the input was left out of memory"
 READ_IN_FULL = "the input was read with full attention"
-READ_ONCE = "the input cannot be read again (stdin or a pipe)"
+READ_ONCE = "the input cannot be read again (stdin, a pipe, or a file no longer there)"
 
 
 def why_not(session) -> str | None:
@@ -166,7 +194,7 @@ def why_not(session) -> str | None:
         return READ_IN_FULL
     if session.engine.stats().n_compactions == 0:
         return NOTHING_LEFT_OUT
-    if session.source_set is None or not session.source_set.can_read_again():
+    if reread(session) is None:
         return READ_ONCE
     return None
 
@@ -176,6 +204,7 @@ class Located:
     """The locating answer and the attention it paid to each stream position (Engine.answer_mass)."""
     answer: str
     mass: dict[int, float]
+    question_tokens: int    # the question as the answering turn puts it (its chat template's tokens too)
     stopped: bool = False   # stop() ended it before its end
 
 
@@ -183,14 +212,15 @@ def locate(session, question: str, tokens: int = LOCATING_TOKENS, stop=lambda: F
     """The locating answer: `question` answered from the pot (greedy, not shown), with the attention its
     rows paid to the document. The exchange stays in the session's pot. `stop()` true ends it early."""
     eng = session.engine
+    asked = len(session._tokens(session.format.first_question(question)))
     eng.track_answer_attention(True)
     try:
         said = []
         for piece in session.ask(question, max_tokens=tokens):
             said.append(piece)
             if stop():
-                return Located("".join(said).strip(), dict(eng.answer_mass or {}), stopped=True)
-        return Located("".join(said).strip(), dict(eng.answer_mass or {}))
+                return Located("".join(said).strip(), dict(eng.answer_mass or {}), asked, stopped=True)
+        return Located("".join(said).strip(), dict(eng.answer_mass or {}), asked)
     finally:
         eng.track_answer_attention(False)
 
@@ -206,22 +236,29 @@ def focus_for(session, located: Located, passages: int = PASSAGES):
         wanted = spans(located.mass, session.source_map, eng.policy.sink_tokens(), k)
         if not wanted:
             raise KvpotError("the answer from memory drew on no passage of the input")
-        text = FocusText.of(windows(session.source_set, session.source_map, wanted), [s["name"] for s in session.sources])
+        again = reread(session)
+        if again is None:
+            raise KvpotError(READ_ONCE)
+        text = FocusText.of(windows(again, session.source_map, wanted), [s["name"] for s in session.sources])
         try:
-            return text, focus_settings(session.settings, facts, text)
+            return text, focus_settings(session.settings, facts, text, located.question_tokens)
         except KvpotError as e:
             last, k = e, k // 2
     raise last
 
 
-def focus_settings(settings, facts, text: FocusText):
-    """The settings of the focused read: full attention over `text`, its context sized to it (refused,
-    as `--policy full` is, where it cannot fit the device or the model's window)."""
+def focus_settings(settings, facts, text: FocusText, question_tokens: int = 0):
+    """The settings of the focused read: full attention over `text`, its context sized to it and to the
+    question (refused, as `--policy full` is, where it cannot fit the device or the model's window)."""
     from dataclasses import replace
 
     from kvpot.session.reading_plan import plan_reading
-    from kvpot.session.room import answer_reserve
+    from kvpot.session.room import QUESTION_ROOM, answer_reserve
     from kvpot.session.settings import AUTO
 
     full = replace(settings, policy="full", budget=AUTO, question_before="off", flash_attn="auto")
-    return plan_reading(full, facts, text, policy_chosen=True, reserve=answer_reserve(full)).settings
+    # a question longer than the reserve's room for one is held whole too: full attention drops nothing
+    # (the session's context is its budget and the usual reserve: the budget takes the rest)
+    extra = max(0, question_tokens - QUESTION_ROOM)
+    planned = plan_reading(full, facts, text, policy_chosen=True, reserve=answer_reserve(full) + extra).settings
+    return replace(planned, budget=planned.budget + extra)

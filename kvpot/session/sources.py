@@ -20,7 +20,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -169,16 +169,25 @@ def top_passages(session, top: int = TOP) -> list[Passage]:
     smap: SourceMap = session.source_map
     out = []
     eng = session.engine
-    # twice as many ranked as shown: a passage before the first mark is the heading of the first source (or of
-    # a focused read's first passage), not text of the input
-    for p0, p1, share in rank(eng.answer_mass or {}, smap, 2 * top, eng.policy.sink_tokens()):
+    # twice as many ranked as shown: a passage before the first mark is the heading of the first source, and one
+    # in a focused read's headings (kvpot.session.focus) names a place, neither is text of the input
+    mass = eng.answer_mass or {}
+    heading = getattr(session.source_set, "in_heading", None)
+    if heading is not None:
+        mass = {p: m for p, m in mass.items() if not heading(smap.offset(p) or 0)}
+    for p0, p1, share in rank(mass, smap, 2 * top, eng.policy.sink_tokens()):
         a = smap.offset(p0)
         b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
         mark = smap.where(a)
         if mark is None and smap.marks:
             continue
         out.append(Passage(mark.source if mark else "", mark.where if mark else "", a, b, share))
-    return quote(out[:top], reread(session), smap)
+    found = quote(out[:top], reread(session), smap)
+    # a focused read's text is passages of the inputs (kvpot.session.focus): offsets of the inputs' own text
+    to_input = getattr(session.source_set, "input_offset", None)
+    if to_input is None:
+        return found
+    return [replace(p, start=to_input(p.start), end=to_input(p.end)) for p in found]
 
 
 def reread(session) -> SourceSet | None:
