@@ -53,7 +53,8 @@ def find_passages(session: Session, question: str) -> Focus | None:
     st = session.engine.stats()
     pot = {"policy": session.policy_spec, "budget": session.settings.budget, "tokens_read": session.doc_tokens,
            "cells": st.n_cells_used, "compactions": st.n_compactions, "read_seconds": round(session.read_seconds, 3),
-           "inputs": [s["name"] for s in session.sources]}
+           "inputs": [s["name"] for s in session.sources],
+           "question_before": session.settings.question_before == "on"}
     return Focus(text, settings, located, pot)
 
 
@@ -70,7 +71,7 @@ def focus_report(focus: Focus, session: Session) -> dict:
     """--json: the pot's reading as the answer's reading, and the focused read beside it."""
     p = focus.pot
     return {"policy": p["policy"], "budget": p["budget"], "tokens_read": p["tokens_read"], "cells": p["cells"],
-            "compactions": p["compactions"],
+            "compactions": p["compactions"], "question_before": p["question_before"],
             "focus": {"passages": [{"source": w.source, "where": w.where, "start": w.start, "end": w.end}
                                    for w in focus.text.windows],
                       "tokens_read": session.doc_tokens, "read_seconds": round(session.read_seconds, 3),

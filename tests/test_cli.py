@@ -109,7 +109,7 @@ def test_run_and_ask_word_the_question_the_same(smollm2_path, short_doc, tmp_pat
     (tmp_path / "ask").mkdir()
     ran = run_cli("run", "--file", str(path), "--prompt", question, "--policy", "infinipot", "--budget", "256", *args,
                   env={"KVPOT_SAVE_LOGITS": str(tmp_path / "run")})
-    asked = run_cli("ask", str(path), question, "--policy", "infinipot", "--budget", "256", *args,
+    asked = run_cli("ask", str(path), question, "--policy", "infinipot", "--budget", "256", "--no-focus", *args,
                     env={"KVPOT_SAVE_LOGITS": str(tmp_path / "ask")})
     assert ran.returncode == 0 and asked.returncode == 0, ran.stderr + asked.stderr
     assert ran.stdout == asked.stdout and ran.stdout.strip()

@@ -70,7 +70,8 @@ def doc(tmp_path_factory, gemma_path):
 
 
 CASES = {
-    "snapkv, a budget smaller than the input": ["--policy", "snapkv", "--budget", "256"],
+    # --no-focus: a focused read is a second session, with a policy of its own (tests/test_focus.py)
+    "snapkv, a budget smaller than the input": ["--policy", "snapkv", "--budget", "256", "--no-focus"],
     "full attention, the budget planned from the input": ["--policy", "full"],
     "full attention, a budget given": ["--policy", "full", "--budget", "4096"],
 }
