@@ -48,7 +48,8 @@ def test_ask_in_chat_answers_as_kvpot_ask_reads(doc, smollm2_cut_path, home):
     """Past the pot, /ask gives kvpot ask's answer (the same reading: the question as the catalyst),
     the chat goes on from that reading, and nothing is left aside."""
     pot = ["-P", "infinipot", "-b", "256"]
-    want, ask_err = _run(["ask", str(doc), QUESTION, *pot], smollm2_cut_path)
+    # --no-focus: /ask answers from the pot it reads (a focused read is kvpot ask's alone, tests/test_focus.py)
+    want, ask_err = _run(["ask", str(doc), QUESTION, *pot, "--no-focus"], smollm2_cut_path)
     _, chat_err = _run(["chat", str(doc), *pot], smollm2_cut_path, "/quit\n")
     got, err = _run(["chat", str(doc), *pot], smollm2_cut_path, f"/ask {QUESTION}\n/reset\n/quit\n")
     assert got.strip() == want.strip(), (got, want)
