@@ -298,6 +298,10 @@ bench-beyond-ask: install
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --length 49152 --sample 8 --budget 32016 \
 		--json $(BENCH_DIR)/beyond/qa-qwen15-48k-32016.json --resume
 	$(beyond_plot)
+	# the focused read (`kvpot ask --focus`) on the 2,048-cell pot: each case holds the pot's answer and the
+	# focused one; a file of its own (not qa-*), so that the budget plot above keeps to answers from the pot
+	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --focus --length 49152 --sample 8 --budget 2048 \
+		--json $(BENCH_DIR)/beyond/focus-qwen15-48k-2048.json --resume
 
 # The 0.5B model on the same 48K input: read as chat reads (InfiniPot at 2048 cells, the default, which is its
 # largest pot, and closed book), then question first at 2048 cells and at the largest pot (32,016 cells on a
