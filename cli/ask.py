@@ -217,7 +217,7 @@ def ask(
 ) -> None:
     """Read files of any length, then answer one question about them.
 
-    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (see --policy and docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it.
+    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (see --policy and docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Where the pot left part of the input out, the passages its own answer drew on are read again with full attention and that reading answers (--focus).
     """
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading

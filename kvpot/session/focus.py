@@ -13,8 +13,13 @@ llama.cpp's computation over a few thousand tokens); the answer comes from that 
 
 The passages' text is read again from the inputs (`FocusText`), checked to be the text that was read
 (its places are the ones recorded), so a focused read needs inputs that can be read again: files, not a
-pipe; a reopened context's files are found again by name, as `--sources` finds them for quotes. Each passage is headed with its file and line, and `--sources` of the focused answer names places
-of the original inputs.
+pipe; a reopened context's files are found again by name, as `--sources` finds them for quotes. Each
+passage after the first is headed with its file and line (the first follows the prompt's opening: see
+`_head`), and `--sources` of the focused answer names places and offsets of the original inputs.
+
+This is not one of the published methods: it composes kvpot's pot (any policy that leaves cells out, as
+the locator) with stock full attention (as the reader), and is measured as such (docs/benchmarks.md,
+"The focused read").
 """
 
 from __future__ import annotations
