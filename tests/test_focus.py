@@ -149,3 +149,19 @@ def test_bench_qa_focus_records_the_pot_answer_as_the_unfocused_run_gives_it(smo
     for r in focused:
         assert r["pot_answer"] == plain[r["id"]]["answer"] and r["compactions"] == plain[r["id"]]["compactions"]
         assert 0 < r["focus_tokens"] <= r["tokens"] and r["focus_passages"] >= 1
+
+
+def test_bench_qa_records_the_pot_answer_where_the_focused_read_is_refused(smollm2_cut_path, monkeypatch):
+    from kvpot.bench import qa
+    from kvpot.bench.qa_questions import load_set
+
+    def refused(session, located):
+        raise KvpotError("the answer from memory drew on no passage of the input")
+
+    monkeypatch.setattr(qa, "focus_for", refused)
+    common = dict(model=str(smollm2_cut_path), policies=["infinipot"], lengths=[2048], group=2, limit=1,
+                  per_question=True, budget=512, multikey=False)
+    plain = {r["id"]: r for r in qa.run(qa.Plan(**common), load_set().questions)}
+    for r in qa.run(qa.Plan(**common, focus=True), load_set().questions):
+        assert r["focus_refused"].startswith("the answer from memory") and r["answer"] == plain[r["id"]]["answer"]
+        assert "focus_tokens" not in r

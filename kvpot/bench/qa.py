@@ -256,9 +256,14 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
             if focusing:
                 t0 = time.perf_counter()
                 located = locate(s, asks[0].question)
-                text, focused = focus_for(s, located)
                 read |= {"pot_answer": located.answer,
                          "pot_correct": contains(located.answer, list(asks[0].refs), asks[0].question)}
+                try:
+                    text, focused = focus_for(s, located)
+                except KvpotError as e:  # as `kvpot ask`: the answer comes from the pot, and why is said
+                    focusing = False
+                    yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0]),
+                           "focus_refused": str(e), "answer_seconds": round(time.perf_counter() - t0, 2)}
         if focusing:  # the pot's session is closed: the focused read loads the model afresh, as `kvpot ask` does
             yield {**base, **_ask_fields(asks[0]), **read, **_focused(facts, name, focused, text, asks[0], t0)}
         if saving is not None:  # its cases are written down: the save has done its job
