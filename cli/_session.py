@@ -112,11 +112,13 @@ READ_BEFORE_THE_QUESTION = (
 
 def new_session(inputs: list[str], glob: str | list[str], model: str, question: str | None,
                 save_to: Path | str | None = None, exclude: list[str] | tuple = (), verbose: bool = False,
-                resettable: bool | None = None, **opts) -> tuple[Session, SourceSet]:
+                resettable: bool | None = None, focus: bool = False, **opts) -> tuple[Session, SourceSet]:
     """A session for new inputs, with everything that can be refused refused before the model loads
     (options, inputs, the budget, the memory, a save that would replace a file the session reads),
     and the question set when it is known (CaP-Q). `resettable`: keep a copy of the read state for
-    /reset (default: when no question is given; chat's /ask gives one and keeps the copy)."""
+    /reset (default: when no question is given; chat's /ask gives one and keeps the copy); `focus`: `ask`
+    answers from a focused read where the pot leaves input out (kvpot.session.focus), which, on files that
+    can be read again, the default pot is sized for."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
@@ -138,7 +140,8 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
-                        question_first=question is not None, question=question)
+                        question_first=question is not None, question=question,
+                        focused=focus and question is not None and sources.can_read_again())
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with

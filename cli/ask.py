@@ -100,8 +100,10 @@ FlashAttnOpt = Annotated[str, typer.Option(
 FocusOpt = Annotated[bool, typer.Option(
     "--focus/--no-focus",
     help="where the pot had to leave part of the input out: answer from the pot once without showing it, read the "
-         "passages that answer drew on again with full attention, and answer from that reading (files only, not a "
-         "pipe or a reopened --context; docs/benchmarks.md, The focused read). --no-focus answers from the pot")]
+         "passages that answer drew on again with full attention, and answer from that reading (files, or a "
+         "reopened --context's files found again; not a pipe; docs/benchmarks.md, The focused read). Past the "
+         "window a model measured so reads files with the smaller pot that led its focused read best. "
+         "--no-focus answers from the pot")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
     "--question-before", metavar="on|off", show_default=RunSettings.question_before,
     help="on: put the question before the document as well as after it, so the document is read knowing what "
@@ -138,7 +140,7 @@ def _refuse_ignored(context: Path | None, **given) -> None:
 def _open_session(inputs: list[str], question: str | None, context: Path | None, save_context: Path | None,
                   rpc: str | None, model: str | None, glob: list[str] | None, missing: str,
                   exclude: list[str] | None = None, verbose: bool = False, resettable: bool | None = None,
-                  go_on: bool = False, **opts) -> Session:
+                  go_on: bool = False, focus: bool = False, **opts) -> Session:
     """The session ask and chat work in: a saved context reopened, or the inputs read with progress.
     What cannot work is said before a model loads: options a saved context fixes, both files and
     --context, no files, a --save-context path that cannot be written or that names a file the
@@ -173,7 +175,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
     chosen: list[str] = []
     model = model or default_model(say=chosen.append)
     session, sources = new_session(inputs, glob or ["*"], model, question, save_to=save_context,
-                                   exclude=exclude or [], verbose=verbose, resettable=resettable, **opts)
+                                   exclude=exclude or [], verbose=verbose, resettable=resettable, focus=focus,
+                                   **opts)
     for line in chosen:
         err.print(escape(line), soft_wrap=True)
     try:
@@ -234,7 +237,7 @@ def ask(
                 flash_attn=flash_attn, question_before=question_before)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
                        "pass the files to read before the question, or - to read stdin (or --context PATH)",
-                       exclude=exclude, verbose=verbose, go_on=go_on, **opts) as session:
+                       exclude=exclude, verbose=verbose, go_on=go_on, focus=focus, **opts) as session:
         if context is not None:
             session.set_question(question)
             # a question too long for a catalyst that holds it: said before reading it

@@ -130,9 +130,10 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     roomy = DeviceMemory(24 << 30, "RAM")
     largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256).cells, facts.n_ctx_train, reserve, 256)
 
-    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, question_first: bool = False):
+    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, question_first: bool = False,
+             focused: bool = False):
         return plan_reading(replace(settings, policy=spec), facts, collect_sources([str(path)]), policy_chosen=chosen,
-                            reserve=reserve, memory=memory, question_first=question_first)
+                            reserve=reserve, memory=memory, question_first=question_first, focused=focused)
 
     unmeasured = plan(False)
     assert unmeasured.settings.budget == largest and f"the pot takes {largest:,} cells" in unmeasured.note
@@ -158,6 +159,19 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
                                                        beyond_window_pot_asked=1536))
     assert plan(False).settings.budget == largest
     assert plan(False, question_first=True).settings.budget == 1536
+    # not measured with the focused read answering: a focused ask takes the pot measured question first, and
+    # says so without claiming the focused measurement
+    not_focused = plan(False, question_first=True, focused=True)
+    assert not_focused.settings.budget == 1536 and "(--focus)" not in not_focused.note
+    # measured with it (the 1.5B Qwen model): ask on files takes that pot, a pipe or --no-focus the asked one
+    monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
+                                                       beyond_window_pot_asked=1536, beyond_window_pot_focused=512))
+    focused = plan(False, question_first=True, focused=True)
+    assert focused.settings.budget == 512
+    assert "the passages it finds are read again (--focus)" in focused.note
+    assert plan(False, question_first=True).settings.budget == 1536
+    assert plan(False, focused=True).settings.budget == 1024  # chat never focuses: its question comes later
+    assert plan(True, question_first=True, focused=True).settings.budget == largest  # a policy named
 
 
 def test_help_names_the_measured_pots_the_registry_holds(monkeypatch):
@@ -171,9 +185,9 @@ def test_help_names_the_measured_pots_the_registry_holds(monkeypatch):
     monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
                                                        beyond_window_pot_asked=1536))
     monkeypatch.setitem(KNOWN, "gemma3-270m", replace(KNOWN["gemma3-270m"], beyond_window_pot=None,
-                                                      beyond_window_pot_asked=3072))
+                                                      beyond_window_pot_asked=3072, beyond_window_pot_focused=512))
     said = measured_sizes().split("; ")
     assert "smollm2-135m 1,536 cells for ask and 1,024 cells for chat" in said
-    assert "gemma3-270m 3,072 cells for ask" in said
+    assert "gemma3-270m 512 cells for ask on files and 3,072 cells for ask on a pipe" in said
     measured = [k for k in KNOWN.values() if k.beyond_window_pot or k.beyond_window_pot_asked]
     assert len(said) == len(measured)

@@ -149,6 +149,9 @@ def test_bench_qa_focus_records_the_pot_answer_as_the_unfocused_run_gives_it(smo
     for r in focused:
         assert r["pot_answer"] == plain[r["id"]]["answer"] and r["compactions"] == plain[r["id"]]["compactions"]
         assert 0 < r["focus_tokens"] <= r["tokens"] and r["focus_passages"] >= 1
+        spans_read = r["focus_spans"]  # shares of the input, one per passage, in order and apart
+        assert len(spans_read) == r["focus_passages"] and all(0 <= a < b <= 1 for a, b in spans_read)
+        assert all(b <= c for (_, b), (c, _) in zip(spans_read, spans_read[1:]))
 
 
 def test_bench_qa_records_the_pot_answer_where_the_focused_read_is_refused(smollm2_cut_path, monkeypatch):
@@ -165,3 +168,23 @@ def test_bench_qa_records_the_pot_answer_where_the_focused_read_is_refused(smoll
     for r in qa.run(qa.Plan(**common, focus=True), load_set().questions):
         assert r["focus_refused"].startswith("the answer from memory") and r["answer"] == plain[r["id"]]["answer"]
         assert "focus_tokens" not in r
+
+
+def test_ask_sizes_its_pot_for_the_focused_read_only_where_one_can_happen(doc, fast, monkeypatch):
+    """`kvpot ask` plans its reading knowing whether the focused read will answer (files, --focus): the pot a
+    model measured that way is for that case alone (kvpot.session.beyond_window); a pipe or --no-focus plans as
+    the pot answering. The plan itself is tested in test_auto_budget."""
+    from kvpot.cli import _session
+
+    planned: list[dict] = []
+
+    def plan_reading(*args, **kw):
+        planned.append(kw)
+        raise KvpotError("planned")  # said as any refusal is: one line, nothing read
+
+    monkeypatch.setattr(_session, "plan_reading", plan_reading)
+    path, question = doc
+    for args, input in (([str(path)], None), ([str(path), "--no-focus"], None), (["-"], path.read_text())):
+        res = runner.invoke(app, ["ask", *args[:1], question, *args[1:], *fast], input=input)
+        assert res.exit_code == 1 and "planned" in res.output
+    assert [(p["question_first"], p["focused"]) for p in planned] == [(True, True), (True, False), (True, False)]

@@ -192,8 +192,10 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
            "question_before": "on" if _before(plan, spec) else "off",
            "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
+    # a focused case sizes the default pot as `kvpot ask` does on files (kvpot.session.beyond_window)
     settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
-                            question_first=plan.per_question, question=question).settings
+                            question_first=plan.per_question, question=question,
+                            focused=_focus(plan, spec)).settings
     return settings, settings.policy.partition(":")[0].strip().lower() == "full"
 
 
@@ -260,6 +262,10 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                          "pot_correct": contains(located.answer, list(asks[0].refs), asks[0].question)}
                 try:
                     text, focused = focus_for(s, located)
+                    # where the passages read again lie, as shares of the input's characters (beside `depth`,
+                    # a share of its tokens): whether the question's passage was among them
+                    whole = max(s.source_map.end_char, 1)
+                    read["focus_spans"] = [[round(w.start / whole, 4), round(w.end / whole, 4)] for w in text.windows]
                 except KvpotError as e:  # as `kvpot ask`: the answer comes from the pot, and why is said
                     focusing = False
                     yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0]),

@@ -175,13 +175,14 @@ class Reading:
 
 
 def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int,
-                   complete: bool = True, default_pot: int | None = None, question_first: bool = False) -> Reading:
+                   complete: bool = True, default_pot: int | None = None, question_first: bool = False,
+                   focused: bool = False) -> Reading:
     """Full attention when the document (counted exactly, None when unknown, e.g. stdin; `complete`
     False when counting stopped past the limit, so `doc_tokens` is a lower bound) plus the
     question and answer fit both the device's context and the model's trained context: that is what
     stock llama.cpp computes. Otherwise the pot, as large as the device holds, or at most `default_pot`
     (the default path's size measured best past the window, kvpot.session.beyond_window; `question_first`: the
-    question is known before reading, which the reason says). Full attention needs
+    question is known before reading, `focused`: and a focused read answers, which the reason says). Full attention needs
     no chunk of room past the document (it never distills; FullAttention.cache_cells), so a document
     up to the limit less the answer's room is read whole, as stock llama.cpp reads it."""
     limit = min(plan.cells, n_ctx_train or plan.cells)
@@ -193,7 +194,7 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
     if default_pot:
         from kvpot.session.beyond_window import default_pot as measured
 
-        budget, pot = measured(budget, default_pot, question_first)
+        budget, pot = measured(budget, default_pot, question_first, focused)
     if doc_tokens is None:
         what = "its length is unknown (stdin)"
     elif complete:

@@ -1,6 +1,6 @@
 """The default pot past what full attention can read: for a model measured there, the size that answered best
-(KnownModel.beyond_window_pot, and beyond_window_pot_asked when the question is known before reading), not the
-largest the device holds.
+(KnownModel.beyond_window_pot; beyond_window_pot_asked when the question is known before reading;
+beyond_window_pot_focused when, as well, `kvpot ask`'s focused read will answer), not the largest the device holds.
 
 With no policy named, `--budget auto` reads an input that does not fit the device's context or the model's
 trained context with InfiniPot. On real-document questions past the window (docs/benchmarks.md, "Beyond the
@@ -9,7 +9,13 @@ with a 2,048-cell pot: a larger one kept more of what did not answer, read slowe
 as `kvpot ask` reads (the question known first: InfiniPot distills with it as the catalyst, CaP-Q) it answered
 best with 16,384 cells (7/8: every question 8,192 cells answered, and one more), more than with 8,192 (6/8) or
 2,048 (3/8) and more than it knows with no document (3/8), at 0.7x 8,192 cells' speed, about stock llama.cpp's
-prefill speed at 8K and twice its speed at 32K. The 0.5B, question first,
+prefill speed at 8K and twice its speed at 32K. Where `ask` reads files, the pot does not answer: it locates the
+passages its answer draws on, which are read again with full attention (kvpot.session.focus, "The focused read"
+in docs/benchmarks.md). Locating survives a small pot far better than the facts do: the 1.5B's 2,048-cell pot,
+question first, led the focused read to 8 of the 9 48K answers (the multi-key code among them), where answered
+from that pot 3 of 9 and from 16,384 cells 7 of 9 were right, and it reads about twice as fast as 16,384 cells.
+So a focused `ask` takes the small pot; a pipe (which cannot be read again) or `--no-focus` keeps the larger one.
+The 0.5B, question first,
 answered more with 8,192 cells (6/8) than with its largest pot (4/8) or 2,048 (3/8), faster than the largest and
 in under half its memory; read as chat reads it answered more with its largest pot (2/8 against 1/8 at 2,048 cells), so it
 keeps the largest there. For the test models the
@@ -20,20 +26,40 @@ measured there. A policy named with `--policy` keeps
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvpot.models.gguf_file import ModelFacts
 
 EVIDENCE = "docs/benchmarks.md, Beyond the window"
 
 
-def measured_pot(facts: ModelFacts, question_first: bool = False) -> int | None:
-    """The pot measured best past the window for this model file, read with the question known first (`kvpot
-    ask`) or not (`kvpot chat`), if it is a known model measured there (by its size first, so no other file is
-    hashed)."""
+@dataclass(frozen=True)
+class MeasuredPot:
+    cells: int
+    focused: bool   # measured with the focused read answering (else with the pot answering)
+
+
+def pot_of(k, question_first: bool = False, focused: bool = False) -> MeasuredPot | None:
+    """Known model `k`'s measured pot, read with the question known first (`kvpot ask`) or not (`kvpot chat`),
+    and, question first, with a focused read answering (`focused`: ask on files, --focus) where that was
+    measured, else the pot answering."""
+    if not question_first:
+        cells = k.beyond_window_pot
+    elif focused and k.beyond_window_pot_focused:
+        return MeasuredPot(k.beyond_window_pot_focused, focused=True)
+    else:
+        cells = k.beyond_window_pot_asked
+    return MeasuredPot(cells, focused=False) if cells else None
+
+
+def measured_pot(facts: ModelFacts, question_first: bool = False, focused: bool = False) -> MeasuredPot | None:
+    """The pot measured best past the window for this model file, read as pot_of() says, if it is a known
+    model measured there (by its size first, so no other file is hashed)."""
     from kvpot.models.model_hash import model_sha256
     from kvpot.models.registry import KNOWN
 
-    def pot(k) -> int | None:
-        return k.beyond_window_pot_asked if question_first else k.beyond_window_pot
+    def pot(k) -> MeasuredPot | None:
+        return pot_of(k, question_first, focused)
 
     candidates = [k for k in KNOWN.values() if pot(k) and k.size_bytes == facts.file_bytes]
     if not candidates:
@@ -43,24 +69,29 @@ def measured_pot(facts: ModelFacts, question_first: bool = False) -> int | None:
 
 
 def measured_sizes() -> str:
-    """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 16,384 cells for ask and 2,048 cells
-    for chat; ..."), written from the registry so the help says what the code does."""
+    """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 2,048 cells for ask on files and
+    16,384 cells for ask on a pipe and 2,048 cells for chat; ..."), written from the registry so the help says
+    what the code does."""
     from kvpot.models.registry import KNOWN
 
     said = []
     for k in KNOWN.values():
-        parts = [f"{pot:,} cells for {cmd}" for cmd, pot in (("ask", k.beyond_window_pot_asked),
-                                                              ("chat", k.beyond_window_pot)) if pot]
+        focused = k.beyond_window_pot_focused
+        asked = (("ask on files", focused), ("ask on a pipe", k.beyond_window_pot_asked)) if focused else \
+            (("ask", k.beyond_window_pot_asked),)
+        parts = [f"{pot:,} cells for {cmd}" for cmd, pot in (*asked, ("chat", k.beyond_window_pot)) if pot]
         if parts:
             said.append(f"{k.name} {' and '.join(parts)}")
     return "; ".join(said)
 
 
-def default_pot(largest: int, measured: int, question_first: bool = False) -> tuple[int, str]:
+def default_pot(largest: int, measured: int, question_first: bool = False,
+                focused: bool = False) -> tuple[int, str]:
     """The default path's pot for a device that holds `largest` cells of pot and a model measured best at
     `measured`, and why, for stderr."""
     if largest <= measured:
         return largest, f"the pot takes {largest:,} cells, all the device holds"
-    how = "is known before reading" if question_first else "is not known while reading"
+    how = ("is known before reading and the passages it finds are read again (--focus)" if focused
+           else "is known before reading" if question_first else "is not known while reading")
     return measured, (f"the pot takes {measured:,} cells, the size that answered best past the window for this "
                       f"model when the question {how} ({EVIDENCE}); the device holds up to {largest:,}")
