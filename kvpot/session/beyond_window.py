@@ -81,7 +81,7 @@ def measured_sizes() -> str:
             (("ask", k.beyond_window_pot_asked),)
         parts = [f"{pot:,} cells for {cmd}" for cmd, pot in (*asked, ("chat", k.beyond_window_pot)) if pot]
         if parts:
-            said.append(f"{k.name} {' and '.join(parts)}")
+            said.append(f"{k.name} {', '.join(parts[:-1]) + ' and ' if len(parts) > 1 else ''}{parts[-1]}")
     return "; ".join(said)
 
 
