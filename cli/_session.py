@@ -18,6 +18,7 @@ from kvpot.models.resolve import resolve_model
 from kvpot.policies import Policy, make_policy
 from kvpot.policies.base import Wrapping
 from kvpot.safe_write import protect, resolve_target
+from kvpot.session.beyond_window import Asking
 from kvpot.session.checks import (
     check_budget,
     check_cli_numbers,
@@ -140,8 +141,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
-                        question_first=question is not None, question=question,
-                        focused=focus and question is not None and sources.can_read_again())
+                        asking=Asking.of(question, focus and sources.can_read_again()), question=question)
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with

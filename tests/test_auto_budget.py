@@ -18,6 +18,7 @@ from kvpot.models.gguf_file import read_model_facts
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.session.answer import AnswerText
 from kvpot.session.auto_budget import MEMORY_ENV, DeviceMemory, logit_rows_held, plan_cells, pot_cells
+from kvpot.session.beyond_window import Asking
 from kvpot.session.prompting import CompletionFormat, question_suffix
 from kvpot.session.session import answer_reserve
 from kvpot.session.settings import RunSettings
@@ -130,21 +131,20 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     roomy = DeviceMemory(24 << 30, "RAM")
     largest = pot_cells(plan_cells(facts, roomy, 256, logit_rows=256).cells, facts.n_ctx_train, reserve, 256)
 
-    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, question_first: bool = False,
-             focused: bool = False):
+    def plan(chosen: bool, memory: DeviceMemory = roomy, spec: str = settings.policy, asking: Asking = Asking.LATER):
         return plan_reading(replace(settings, policy=spec), facts, collect_sources([str(path)]), policy_chosen=chosen,
-                            reserve=reserve, memory=memory, question_first=question_first, focused=focused)
+                            reserve=reserve, memory=memory, asking=asking)
 
     unmeasured = plan(False)
     assert unmeasured.settings.budget == largest and f"the pot takes {largest:,} cells" in unmeasured.note
-    assert plan(False, question_first=True).settings.budget == largest
+    assert plan(False, asking=Asking.FIRST).settings.budget == largest
     monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
                                                        beyond_window_pot_asked=1536))
     measured = plan(False)
     assert measured.settings.budget == 1024 < largest
     assert "1,024 cells, the size that answered best past the window" in measured.note
     assert "when the question is not known while reading" in measured.note
-    asked = plan(False, question_first=True)  # as `kvpot ask` reads: the pot measured best that way
+    asked = plan(False, asking=Asking.FIRST)  # as `kvpot ask` reads: the pot measured best that way
     assert asked.settings.budget == 1536 and "when the question is known before reading" in asked.note
     assert f"the device holds up to {largest:,}" in measured.note
     assert plan(True).settings.budget == largest  # --policy infinipot named: the largest pot
@@ -158,20 +158,23 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=None,
                                                        beyond_window_pot_asked=1536))
     assert plan(False).settings.budget == largest
-    assert plan(False, question_first=True).settings.budget == 1536
+    assert plan(False, asking=Asking.FIRST).settings.budget == 1536
     # not measured with the focused read answering: a focused ask takes the pot measured question first, and
     # says so without claiming the focused measurement
-    not_focused = plan(False, question_first=True, focused=True)
+    not_focused = plan(False, asking=Asking.FOCUSED)
     assert not_focused.settings.budget == 1536 and "(--focus)" not in not_focused.note
     # measured with it (the 1.5B Qwen model): ask on files takes that pot, a pipe or --no-focus the asked one
     monkeypatch.setitem(KNOWN, "smollm2-135m", replace(KNOWN["smollm2-135m"], beyond_window_pot=1024,
                                                        beyond_window_pot_asked=1536, beyond_window_pot_focused=512))
-    focused = plan(False, question_first=True, focused=True)
+    focused = plan(False, asking=Asking.FOCUSED)
     assert focused.settings.budget == 512
     assert "the passages it finds are read again (--focus)" in focused.note
-    assert plan(False, question_first=True).settings.budget == 1536
-    assert plan(False, focused=True).settings.budget == 1024  # chat never focuses: its question comes later
-    assert plan(True, question_first=True, focused=True).settings.budget == largest  # a policy named
+    assert plan(False, asking=Asking.FIRST).settings.budget == 1536
+    # chat never focuses: its question comes after reading, whatever --focus says
+    assert Asking.of(None, focused=True) is Asking.LATER
+    assert plan(False, asking=Asking.of(None, focused=True)).settings.budget == 1024
+    assert Asking.of("q", focused=True) is Asking.FOCUSED and Asking.of("q") is Asking.FIRST
+    assert plan(True, asking=Asking.FOCUSED).settings.budget == largest  # a policy named
 
 
 def test_help_names_the_measured_pots_the_registry_holds(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts, swa_layers
 from kvpot.session.auto_budget import DeviceMemory, choose_reading, full_context, kv_bytes, plan_cells
+from kvpot.session.beyond_window import Asking
 
 MiB, GiB = 2**20, 2**30
 
@@ -290,7 +291,7 @@ def test_auto_flash_attention_asks_again_for_the_reading_the_budget_chose(smollm
         doc = tmp_path / f"doc{words}.txt"
         doc.write_text("words " * words)
         return plan_reading(RunSettings(chunk=512), facts, collect_sources([str(doc)]), policy_chosen=False,
-                            reserve=reserve, memory=mem, question_first=True)
+                            reserve=reserve, memory=mem, asking=Asking.FIRST)
 
     short = plan(200)  # full attention over ~200 tokens: far under what the device holds without it
     assert short.settings.policy == "full" and short.settings.flash_attn == "off", short.note

@@ -15,6 +15,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
+from kvpot.session.beyond_window import Asking
 from kvpot.session.focus import LINE_REACH, FocusText, Window, spans, windows
 from kvpot.session.sources import SourceMap
 
@@ -187,4 +188,4 @@ def test_ask_sizes_its_pot_for_the_focused_read_only_where_one_can_happen(doc, f
     for args, input in (([str(path)], None), ([str(path), "--no-focus"], None), (["-"], path.read_text())):
         res = runner.invoke(app, ["ask", *args[:1], question, *args[1:], *fast], input=input)
         assert res.exit_code == 1 and "planned" in res.output
-    assert [(p["question_first"], p["focused"]) for p in planned] == [(True, True), (True, False), (True, False)]
+    assert [p["asking"] for p in planned] == [Asking.FOCUSED, Asking.FIRST, Asking.FIRST]

@@ -63,11 +63,12 @@ def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threa
     doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
     vocab.close()
     # the budget as `kvpot ask` resolves it (auto: full attention where the document fits)
+    from kvpot.session.beyond_window import Asking
     from kvpot.session.reading_plan import plan_reading
     from kvpot.session.session import answer_reserve
 
     settings = plan_reading(settings, facts, collect_sources([str(doc)]), policy is not None,
-                            answer_reserve(settings), question_first=True).settings  # it sets the question first
+                            answer_reserve(settings), asking=Asking.FIRST).settings  # it sets the question first
 
     t0 = time.perf_counter()
     s = Session(facts, name, settings, resettable=False)

@@ -27,6 +27,7 @@ from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar
 from kvpot.bench.qa_score import contains, exact
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
+from kvpot.session.beyond_window import Asking
 from kvpot.session.focus import focus_for, locate, why_not
 from kvpot.session.prompting import choose_format, question_frame
 
@@ -172,6 +173,12 @@ def _focus(plan: Plan, spec: str) -> bool:
     return plan.focus and plan.per_question and spec != CLOSED
 
 
+def _asking(plan: Plan, spec: str) -> Asking:
+    """How this spec's cases are asked, for the default pot: question first with `--per-question` (as `kvpot ask`
+    reads; focused as it reads files), else after reading (as `kvpot chat`)."""
+    return Asking.FOCUSED if _focus(plan, spec) else Asking.FIRST if plan.per_question else Asking.LATER
+
+
 def _settings_prompt(known) -> str:
     """The prompt format `kvpot ask` would use for this model (registry, then the user's config)."""
     from kvpot.session.settings import resolve_settings
@@ -194,8 +201,7 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
     # a focused case sizes the default pot as `kvpot ask` does on files (kvpot.session.beyond_window)
     settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
-                            question_first=plan.per_question, question=question,
-                            focused=_focus(plan, spec)).settings
+                            asking=_asking(plan, spec), question=question).settings
     return settings, settings.policy.partition(":")[0].strip().lower() == "full"
 
 

@@ -30,9 +30,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
+
+if TYPE_CHECKING:
+    from kvpot.session.beyond_window import MeasuredPot
 
 KV_BYTES = 2                 # f16 cache cells
 F16 = 2
@@ -175,14 +179,13 @@ class Reading:
 
 
 def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, reserve: int, chunk: int,
-                   complete: bool = True, default_pot: int | None = None, question_first: bool = False,
-                   focused: bool = False) -> Reading:
+                   complete: bool = True, default_pot: MeasuredPot | None = None) -> Reading:
     """Full attention when the document (counted exactly, None when unknown, e.g. stdin; `complete`
     False when counting stopped past the limit, so `doc_tokens` is a lower bound) plus the
     question and answer fit both the device's context and the model's trained context: that is what
     stock llama.cpp computes. Otherwise the pot, as large as the device holds, or at most `default_pot`
-    (the default path's size measured best past the window, kvpot.session.beyond_window; `question_first`: the
-    question is known before reading, `focused`: and a focused read answers, which the reason says). Full attention needs
+    (the default path's size measured best past the window, kvpot.session.beyond_window, and how it was
+    asked, which the reason says). Full attention needs
     no chunk of room past the document (it never distills; FullAttention.cache_cells), so a document
     up to the limit less the answer's room is read whole, as stock llama.cpp reads it."""
     limit = min(plan.cells, n_ctx_train or plan.cells)
@@ -194,7 +197,7 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
     if default_pot:
         from kvpot.session.beyond_window import default_pot as measured
 
-        budget, pot = measured(budget, default_pot, question_first, focused)
+        budget, pot = measured(budget, default_pot)
     if doc_tokens is None:
         what = "its length is unknown (stdin)"
     elif complete:

@@ -27,39 +27,51 @@ measured there. A policy named with `--policy` keeps
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from kvpot.models.gguf_file import ModelFacts
 
 EVIDENCE = "docs/benchmarks.md, Beyond the window"
 
 
+class Asking(Enum):
+    """When the question is known and what answers it: each default pot was measured one of these ways, and the
+    value is how the plan's reason says it ("... when the question <value>")."""
+    LATER = "is not known while reading"        # `kvpot chat`: the question comes after reading
+    FIRST = "is known before reading"           # `kvpot ask` where the pot answers (a pipe, --no-focus)
+    FOCUSED = "is known before reading and the passages it finds are read again (--focus)"  # `ask` on files
+
+    @classmethod
+    def of(cls, question: str | None, focused: bool = False) -> Asking:
+        """How a session with this question (None: chat's, asked later) is answered; `focused`: its focused read
+        will answer (ask on inputs that can be read again, --focus)."""
+        return cls.LATER if question is None else cls.FOCUSED if focused else cls.FIRST
+
+
 @dataclass(frozen=True)
 class MeasuredPot:
     cells: int
-    focused: bool   # measured with the focused read answering (else with the pot answering)
+    asking: Asking   # the way it was measured (FIRST where FOCUSED was asked for but not measured)
 
 
-def pot_of(k, question_first: bool = False, focused: bool = False) -> MeasuredPot | None:
-    """Known model `k`'s measured pot, read with the question known first (`kvpot ask`) or not (`kvpot chat`),
-    and, question first, with a focused read answering (`focused`: ask on files, --focus) where that was
-    measured, else the pot answering."""
-    if not question_first:
-        cells = k.beyond_window_pot
-    elif focused and k.beyond_window_pot_focused:
-        return MeasuredPot(k.beyond_window_pot_focused, focused=True)
-    else:
-        cells = k.beyond_window_pot_asked
-    return MeasuredPot(cells, focused=False) if cells else None
+def pot_of(k, asking: Asking = Asking.LATER) -> MeasuredPot | None:
+    """Known model `k`'s pot measured best past the window when asked as `asking` is; a focused read on a model
+    measured only with the pot answering takes the pot measured that way (and says so)."""
+    cells = {Asking.LATER: k.beyond_window_pot, Asking.FIRST: k.beyond_window_pot_asked,
+             Asking.FOCUSED: k.beyond_window_pot_focused}[asking]
+    if asking is Asking.FOCUSED and not cells:
+        return pot_of(k, Asking.FIRST)
+    return MeasuredPot(cells, asking) if cells else None
 
 
-def measured_pot(facts: ModelFacts, question_first: bool = False, focused: bool = False) -> MeasuredPot | None:
-    """The pot measured best past the window for this model file, read as pot_of() says, if it is a known
-    model measured there (by its size first, so no other file is hashed)."""
+def measured_pot(facts: ModelFacts, asking: Asking = Asking.LATER) -> MeasuredPot | None:
+    """The pot measured best past the window for this model file, asked as `asking` is (pot_of), if it is a
+    known model measured there (by its size first, so no other file is hashed)."""
     from kvpot.models.model_hash import model_sha256
     from kvpot.models.registry import KNOWN
 
     def pot(k) -> MeasuredPot | None:
-        return pot_of(k, question_first, focused)
+        return pot_of(k, asking)
 
     candidates = [k for k in KNOWN.values() if pot(k) and k.size_bytes == facts.file_bytes]
     if not candidates:
@@ -85,13 +97,11 @@ def measured_sizes() -> str:
     return "; ".join(said)
 
 
-def default_pot(largest: int, measured: int, question_first: bool = False,
-                focused: bool = False) -> tuple[int, str]:
-    """The default path's pot for a device that holds `largest` cells of pot and a model measured best at
-    `measured`, and why, for stderr."""
-    if largest <= measured:
+def default_pot(largest: int, measured: MeasuredPot) -> tuple[int, str]:
+    """The default path's pot for a device that holds `largest` cells of pot and a model `measured` best past the
+    window, and why, for stderr."""
+    if largest <= measured.cells:
         return largest, f"the pot takes {largest:,} cells, all the device holds"
-    how = ("is known before reading and the passages it finds are read again (--focus)" if focused
-           else "is known before reading" if question_first else "is not known while reading")
-    return measured, (f"the pot takes {measured:,} cells, the size that answered best past the window for this "
-                      f"model when the question {how} ({EVIDENCE}); the device holds up to {largest:,}")
+    return measured.cells, (f"the pot takes {measured.cells:,} cells, the size that answered best past the window "
+                            f"for this model when the question {measured.asking.value} ({EVIDENCE}); the device "
+                            f"holds up to {largest:,}")

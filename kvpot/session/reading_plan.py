@@ -22,7 +22,7 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import Policy, make_policy
 from kvpot.session import auto_budget as device_budget
-from kvpot.session.beyond_window import measured_pot
+from kvpot.session.beyond_window import Asking, measured_pot
 from kvpot.session.settings import AUTO, RunSettings, reads_in_full
 
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
@@ -124,17 +124,16 @@ def _pot_context(steps: Policy | None, budget, chunk: int, reserve: int) -> int 
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
                  notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
-                 keeps_copy: bool = False, question_first: bool = False, question: str | None = None,
-                 focused: bool = False) -> ReadingPlan:
+                 keeps_copy: bool = False, asking: Asking = Asking.LATER,
+                 question: str | None = None) -> ReadingPlan:
     """Resolve the budget. `policy_chosen`: the user named a policy (then auto sizes it, never
     replaces it); `reserve`: cells the session keeps for the question and the answer; `notice`: told
     when reading a stream ahead waits; `policy`: the session's, built from `settings.policy` and not
     yet fitted (the plan asks what its steps need, and hands it on); `keeps_copy`: the session keeps a
-    copy of the state after reading (Session's `resettable`), which the memory plan counts; `question_first`:
-    the question is known before reading (`kvpot ask`), for the pot measured best that way past the window;
-    `focused`: and a focused read will answer from the passages the pot locates (kvpot.session.focus), for the
-    pot measured best that way; `question`: its text, counted where the session may put it before the document
-    (question_before)."""
+    copy of the state after reading (Session's `resettable`), which the memory plan counts; `asking`: when the
+    question is known and what answers it (`kvpot chat`, `ask` on a pipe, `ask`'s focused read), for the pot
+    measured best that way past the window (kvpot.session.beyond_window); `question`: its text, counted where
+    the session may put it before the document (question_before)."""
     full = reads_in_full(settings.policy)
     chunk = settings.chunk
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
@@ -150,7 +149,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     # counted where the session puts it before the document (Session.puts_question_before)
     before = question if settings.question_before == "on" else None
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
-                        question_first, full, wants_logprobs, before, focused)
+                        asking, full, wants_logprobs, before)
     if flash_note and asked_auto:
         # auto weighed the model's window before the budget was known; the reading chosen may need far less (the
         # pot measured best past the window, an input that fits in full): ask again for its own context
@@ -165,8 +164,8 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
 
 def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool, reserve: int,
                  mem: device_budget.DeviceMemory | None, notice: Callable[[str], None], policy: Policy | None,
-                 keeps_copy: bool, question_first: bool, full: bool, wants_logprobs: bool,
-                 question: str | None, focused: bool = False) -> ReadingPlan:
+                 keeps_copy: bool, asking: Asking, full: bool, wants_logprobs: bool,
+                 question: str | None) -> ReadingPlan:
     """plan_reading's budget, flash attention already resolved: `--budget auto`, or `--policy full`'s
     context for a budget the user named."""
     chunk = settings.chunk
@@ -194,11 +193,10 @@ def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete)
     if reading.mode == "pot" and not policy_chosen and settings.policy == RunSettings.policy:
         # the default path past the window: the pot measured best for this model, where it was measured
-        measured = measured_pot(facts, question_first, focused)
+        measured = measured_pot(facts, asking)
         if measured:
             reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete,
-                                                   default_pot=measured.cells, question_first=question_first,
-                                                   focused=measured.focused)
+                                                   default_pot=measured)
     if reading.mode == "full" and not policy_chosen:
         # the settings' policy was built only to learn what its steps need (the device plan's logit rows)
         return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}",
