@@ -306,6 +306,11 @@ bench-beyond-ask: install
 	# focused one; a file of its own (not qa-*), so that the budget plot above keeps to answers from the pot
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --focus --length 49152 --sample 8 --budget 2048 \
 		--json $(BENCH_DIR)/beyond/focus-qwen15-48k-2048.json --resume
+	# multi-key past the window as `kvpot ask` reads files (the default: 2,048 cells, focused): the access code
+	# of input 0 under seeds 1-3 (the line above is seed 0), one 48K read each, about 14 minutes alone
+	for s in 1 2 3; do $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --focus --length 49152 \
+		--sample 8 --seed $$s --only multikey-0 --json $(BENCH_DIR)/beyond/focus-qwen15-48k-multikey-seed$$s.json \
+		--resume || exit 1; done
 
 # The 0.5B model on the same 48K input: read as chat reads (InfiniPot at 2048 cells, the default, which is its
 # largest pot, and closed book), then question first at 2048 cells and at the largest pot (32,016 cells on a
