@@ -141,7 +141,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
-                        asking=Asking.of(question, focus and sources.can_read_again()), question=question)
+                        asking=Asking.of(question is not None, focus and sources.can_read_again()), question=question)
     settings, policy = plan.settings, plan.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
     # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with

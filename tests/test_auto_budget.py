@@ -171,9 +171,9 @@ def test_past_the_window_the_default_path_takes_the_pot_measured_best(tmp_path, 
     assert "the passages it finds are read again (--focus)" in focused.note
     assert plan(False, asking=Asking.FIRST).settings.budget == 1536
     # chat never focuses: its question comes after reading, whatever --focus says
-    assert Asking.of(None, focused=True) is Asking.LATER
-    assert plan(False, asking=Asking.of(None, focused=True)).settings.budget == 1024
-    assert Asking.of("q", focused=True) is Asking.FOCUSED and Asking.of("q") is Asking.FIRST
+    assert Asking.of(False, focused=True) is Asking.LATER
+    assert plan(False, asking=Asking.of(False, focused=True)).settings.budget == 1024
+    assert Asking.of(True, focused=True) is Asking.FOCUSED and Asking.of(True) is Asking.FIRST
     assert plan(True, asking=Asking.FOCUSED).settings.budget == largest  # a policy named
 
 

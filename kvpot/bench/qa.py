@@ -176,7 +176,7 @@ def _focus(plan: Plan, spec: str) -> bool:
 def _asking(plan: Plan, spec: str) -> Asking:
     """How this spec's cases are asked, for the default pot: question first with `--per-question` (as `kvpot ask`
     reads; focused as it reads files), else after reading (as `kvpot chat`)."""
-    return Asking.FOCUSED if _focus(plan, spec) else Asking.FIRST if plan.per_question else Asking.LATER
+    return Asking.of(plan.per_question, _focus(plan, spec))
 
 
 def _settings_prompt(known) -> str:

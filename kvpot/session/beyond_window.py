@@ -42,10 +42,11 @@ class Asking(Enum):
     FOCUSED = "is known before reading and the passages it finds are read again (--focus)"  # `ask` on files
 
     @classmethod
-    def of(cls, question: str | None, focused: bool = False) -> Asking:
-        """How a session with this question (None: chat's, asked later) is answered; `focused`: its focused read
-        will answer (ask on inputs that can be read again, --focus)."""
-        return cls.LATER if question is None else cls.FOCUSED if focused else cls.FIRST
+    def of(cls, question_first: bool, focused: bool = False) -> Asking:
+        """How a session is answered: `question_first`, its question is known before reading (ask; chat's comes
+        later); `focused`, its focused read will answer (ask on inputs that can be read again, --focus), which
+        needs the question first."""
+        return cls.LATER if not question_first else cls.FOCUSED if focused else cls.FIRST
 
 
 @dataclass(frozen=True)
