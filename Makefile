@@ -307,8 +307,8 @@ bench-beyond-ask: install
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infinipot --per-question --focus --length 49152 --sample 8 --budget 2048 \
 		--json $(BENCH_DIR)/beyond/focus-qwen15-48k-2048.json --resume
 	# multi-key past the window as `kvpot ask` reads files (the default: 2,048 cells, focused): the access code
-	# of input 0 under seeds 1-5 (the line above is seed 0), one 48K read each, about 14 minutes alone
-	for s in 1 2 3 4 5; do $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --focus --length 49152 \
+	# of input 0 under seeds 1-9 (the line above is seed 0), one 48K read each, about 14 minutes alone
+	for s in 1 2 3 4 5 6 7 8 9; do $(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --focus --length 49152 \
 		--sample 8 --seed $$s --only multikey-0 --json $(BENCH_DIR)/beyond/focus-qwen15-48k-multikey-seed$$s.json \
 		--resume || exit 1; done
 

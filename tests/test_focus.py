@@ -153,6 +153,13 @@ def test_bench_qa_focus_records_the_pot_answer_as_the_unfocused_run_gives_it(smo
         spans_read = r["focus_spans"]  # shares of the input, one per passage, in order and apart
         assert len(spans_read) == r["focus_passages"] and all(0 <= a < b <= 1 for a, b in spans_read)
         assert all(b <= c for (_, b), (c, _) in zip(spans_read, spans_read[1:]))
+        # the ranked passages, best first, are what the spans read merge (widened to lines: within 1 %)
+        ranked = r["focus_ranked"]
+        shares = [p["share"] for p in ranked]
+        assert ranked and shares == sorted(shares, reverse=True) and sum(shares) <= 1.0001
+        assert all(any(a - 0.01 <= lo and hi <= b + 0.01 for a, b in spans_read) for lo, hi in (p["at"] for p in ranked))
+        refs = {q.id: set(q.refs) for q in qs}[r["id"]]
+        assert all(set(p["refs"]) <= refs and not p["distractors"] for p in ranked)
 
 
 def test_bench_qa_records_the_pot_answer_where_the_focused_read_is_refused(smollm2_cut_path, monkeypatch):

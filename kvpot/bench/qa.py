@@ -28,8 +28,9 @@ from kvpot.bench.qa_score import contains, exact
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.beyond_window import Asking
-from kvpot.session.focus import focus_for, locate, why_not
+from kvpot.session.focus import PASSAGES, REACH_CHARS, focus_for, locate, why_not, windows
 from kvpot.session.prompting import choose_format, question_frame
+from kvpot.session.sources import rank, reread
 
 if TYPE_CHECKING:
     from kvpot.session.session import ReadProgress, Session
@@ -272,6 +273,7 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     # a share of its tokens): whether the question's passage was among them
                     whole = max(s.source_map.end_char, 1)
                     read["focus_spans"] = [[round(w.start / whole, 4), round(w.end / whole, 4)] for w in text.windows]
+                    read["focus_ranked"] = _ranked(s, located, asks[0])
                 except KvpotError as e:  # as `kvpot ask`: the answer comes from the pot, and why is said
                     focusing = False
                     yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0]),
@@ -378,6 +380,25 @@ def _rounded(mib: float | None) -> float | None:
 def _scored(answer: str, a) -> dict:
     return {"answer": answer, "exact": exact(answer, list(a.refs)), "correct": contains(answer, list(a.refs), a.question),
             "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False}
+
+
+def _ranked(s, located, a) -> list[dict]:
+    """The passages the locating answer drew on, best first, as the focused read widens them before merging:
+    where each lies (shares of the input's characters), its share of the answer's attention, and what of the
+    question's references and distractors its text holds. Says whether the reader saw the asked code ranked
+    above the distractors' (multi-key misses past the window name a distractor from among the passages)."""
+    smap = s.source_map
+    whole = max(smap.end_char, 1)
+    out = []
+    for p0, p1, share in rank(located.mass, smap, PASSAGES, s.engine.policy.sink_tokens()):
+        lo, hi = smap.offset(p0), smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
+        if lo is None or hi is None:
+            continue
+        lo, hi = max(0, lo - REACH_CHARS), min(smap.end_char, hi + REACH_CHARS)
+        text = windows(reread(s), smap, [(lo, hi)])[0].text
+        out.append({"at": [round(lo / whole, 4), round(hi / whole, 4)], "share": round(share, 4),
+                    "refs": [r for r in a.refs if r in text], "distractors": [d for d in a.distractors if d in text]})
+    return out
 
 
 def _focused(facts, name: str, settings, text, a, t0: float) -> dict:
