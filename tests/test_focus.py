@@ -64,6 +64,27 @@ def test_windows_are_the_inputs_text_to_whole_lines_with_their_line(numbered):
         assert w.where == f"line {text.count(chr(10), 0, w.start) + 1:,}" and w.source == str(numbered)
 
 
+def test_windows_inside_a_long_line_say_the_column_they_start_at(tmp_path):
+    """A one-line log or a minified file: every passage is in one line spanning many pieces, so the line
+    alone would name them all alike; the column is counted from the line's start, pieces earlier, and
+    each file's lines from the file's own start (the first file does not end with a newline)."""
+    first, second = tmp_path / "a.log", tmp_path / "b.log"
+    first.write_text("header\n" + "".join(f"event {i:06d} ok; " for i in range(40_000)))  # line 2: ~700K chars
+    second.write_text("".join(f"row {i:06d}, " for i in range(40_000)))  # line 1 of its file: ~480K chars
+    sources = collect_sources([str(first), str(second)])
+    smap, text = one_char_map(sources)
+    assert sources.marks[-1].offset > 0  # the two files' text is joined: the second's columns start after the first
+    line2 = text.index("header\n") + len("header\n")
+    into_second = text.index("row 000000")
+    head = text.index("header")
+    wanted = [(head + 2, head + 4), (line2 + 123_457, line2 + 124_000), (into_second + 301_233, into_second + 302_000)]
+    got = windows(collect_sources([str(first), str(second)]), smap, wanted)
+    # a window near a line's start is widened to it and needs no column
+    assert [w.where for w in got] == ["line 1", "line 2 col 123,458", "line 1 col 301,234"]
+    assert [w.source for w in got] == [str(first), str(first), str(second)]
+    assert all(w.text == text[w.start:w.end] for w in got)
+
+
 def test_windows_of_a_changed_file_are_refused(numbered, tmp_path):
     smap, _ = one_char_map(collect_sources([str(numbered)]))
     numbered.write_text("shorter\n" * 30_000)  # other lines: the places recorded are not this text's

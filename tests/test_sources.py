@@ -131,7 +131,7 @@ def test_the_top_source_is_the_passage_that_holds_the_fact(doc, policy, budget, 
     top = out["sources"][0]
     assert top["source"] == str(path)
     assert top["start"] < end and top["end"] > start, (out["answer"], out["sources"])
-    assert top["where"] == f"line {line}"
+    assert top["where"] == f"line {line:,}"
     assert top["quote"] and top["quote"].rstrip("…") in " ".join(path.read_text()[top["start"] - 60:top["end"] + 60].split())
     assert out["policy"].startswith(policy) and out["inputs"]["read"] == [str(path)] and out["tokens_read"] > 1024
     # the same context reopened attends the same way, and maps it the same way

@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
-from kvpot.session.sources import SourceMap, rank, reread
+from kvpot.session.sources import LONG_LINE, SourceMap, line_place, rank, reread
 
 PASSAGES = 8            # passages the locating answer drew on most
 REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
-LINE_REACH = 400        # at most this much further, to end a window at a line's end
+LINE_REACH = LONG_LINE  # at most this much further, to end a window at a line's end (a window not widened
+                        # to its line's start begins deeper in it than that: its place says its column)
 LOCATING_TOKENS = 48    # the locating answer's length: a short factual answer fits
 
 
@@ -77,7 +78,10 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
     last = wanted[-1][1] + LINE_REACH
     got: list[list[str]] = [[] for _ in wanted]
     firsts: list[tuple[int, str, str] | None] = [None] * len(wanted)  # (piece start, piece, its mark) of each start
-    seen = 0
+    # where the line holding each span's start begins: it may begin pieces earlier (files after the first are
+    # headed by a line of their own, so no line runs from one file into the next)
+    line_at = [0] * len(wanted)
+    seen, line_start = 0, 0
     for piece in text.pieces():
         end = seen + len(piece)
         for i, (lo, hi) in enumerate(wanted):
@@ -86,6 +90,10 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
                 got[i].append(piece[a - seen:b - seen])
             if firsts[i] is None and seen <= lo < end:
                 firsts[i] = (seen, piece, text.marks[-1].where if text.marks else "")
+                nl = piece.rfind("\n", 0, lo - seen)
+                line_at[i] = seen + nl + 1 if nl >= 0 else line_start
+        nl = piece.rfind("\n")
+        line_start = seen + nl + 1 if nl >= 0 else line_start
         seen = end
         if seen >= last:
             break
@@ -93,7 +101,7 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
     if text.marks[:n] != smap.marks[:n] or any(f is None for f in firsts):
         raise KvpotError("the inputs changed since they were read: the passages cannot be read again")
     out = []
-    for (lo, hi), parts, first in zip(wanted, got, firsts):
+    for (lo, hi), parts, first, line0 in zip(wanted, got, firsts, line_at):
         buf = "".join(parts)
         base = max(lo - LINE_REACH, 0)
         a, b = lo - base, min(hi - base, len(buf))
@@ -103,18 +111,19 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
         b = nl if 0 <= nl and nl - b <= LINE_REACH else b
         start = base + a
         mark = smap.where(start)
-        out.append(Window(start, base + b, mark.source if mark else "", _where(mark, first, start), buf[a:b]))
+        out.append(Window(start, base + b, mark.source if mark else "", _where(mark, first, start, line0), buf[a:b]))
     return out
 
 
-def _where(mark: Mark | None, first: tuple[int, str, str], start: int) -> str:
+def _where(mark: Mark | None, first: tuple[int, str, str], start: int, line_start: int) -> str:
     """The place a window starts: the line itself for text inputs (marked per piece, "line N" where the
-    piece starts), else the piece's own mark (a page, a chapter)."""
+    piece starts; with its column where the window starts deep inside a long line: `line_place`), else the
+    piece's own mark (a page, a chapter)."""
     piece_start, piece, where = first
     if mark is None:
         return ""
     if where.startswith("line ") and mark.offset <= piece_start:
-        return f"line {int(where[5:]) + piece.count(chr(10), 0, max(0, start - piece_start)):,}"
+        return line_place(int(where[5:]) + piece.count("\n", 0, max(0, start - piece_start)), start - line_start + 1)
     return mark.where
 
 

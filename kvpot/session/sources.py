@@ -33,6 +33,7 @@ TOP = 3                # passages shown
 SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a source (see rank)
 QUOTE_CHARS = 160      # longest quote
 WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
+LONG_LINE = 400        # characters into its line past which a place also says its column
 
 
 def piece_chars(piece: bytes) -> int:
@@ -221,7 +222,7 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
     span = max(p.end - p.start for p in passages) + 2 * WORD_REACH  # a passage, widened to whole words
     got: dict[int, tuple[str, str]] = {}
     try:
-        for buf_start, buf, n_marks in _windows(text.pieces(), text, last, span):
+        for buf_start, buf, n_marks, line0 in _windows(text.pieces(), text, last, span):
             if text.marks[:n_marks] != smap.marks[:n_marks]:
                 return passages
             for i in want:
@@ -229,38 +230,52 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
                 if i in got or not buf_start <= p.start or p.end > buf_start + len(buf):
                     continue
                 got[i] = (_trim(_whole_words(buf, p.start - buf_start, p.end - buf_start)),
-                          _line(smap, p, buf, buf_start))
+                          _line(smap, p, buf, buf_start, line0))
     except KvpotError:
         return passages
     return [Passage(p.source, got[i][1], p.start, p.end, p.share, got[i][0]) if i in got else p
             for i, p in enumerate(passages)]
 
 
-def _windows(pieces: Iterable[str], text: SourceSet, last: int, span: int) -> Iterator[tuple[int, str, int]]:
-    """(start, text, marks so far) of each piece joined to the pieces before it that hold at least its
-    `span` characters before it (or all of them, near the start), until the character `last` is passed.
-    Every run of up to `span` characters up to `last` then lies whole in one window (the window of
-    the piece holding its last character), however many pieces it crosses: short PDF pages or lines
-    make passages that cross three or more."""
-    held: deque[str] = deque()   # the pieces before the current one that the window keeps
-    held_chars, seen = 0, 0
+def _windows(pieces: Iterable[str], text: SourceSet, last: int,
+             span: int) -> Iterator[tuple[int, str, int, int]]:
+    """(start, text, marks so far, where the line holding `start` begins) of each piece joined to the pieces
+    before it that hold at least its `span` characters before it (or all of them, near the start), until
+    the character `last` is passed. Every run of up to `span` characters up to `last` then lies whole in
+    one window (the window of the piece holding its last character), however many pieces it crosses: short
+    PDF pages or lines make passages that cross three or more. A line may begin pieces before the window
+    (a one-line log): its start is carried along."""
+    held: deque[tuple[str, int]] = deque()  # the pieces before the current one that the window keeps, with
+    held_chars, seen, line = 0, 0, 0        # the line start at each; `line`: the line start at `seen`
     for piece in pieces:
-        yield seen - held_chars, "".join(held) + piece, len(text.marks)
+        yield seen - held_chars, "".join(h for h, _ in held) + piece, len(text.marks), held[0][1] if held else line
+        held.append((piece, line))
+        nl = piece.rfind("\n")
+        line = seen + nl + 1 if nl >= 0 else line
         seen += len(piece)
         if seen >= last:
             return
-        held.append(piece)
         held_chars += len(piece)
-        while held and held_chars - len(held[0]) >= span:
-            held_chars -= len(held.popleft())
+        while held and held_chars - len(held[0][0]) >= span:
+            held_chars -= len(held.popleft()[0])
 
 
-def _line(smap: SourceMap, p: Passage, buf: str, buf_start: int) -> str:
-    """A text input is marked per piece ("line N" where the piece starts): the passage's own line."""
+def line_place(line: int, col: int) -> str:
+    """Where a passage starts in a text input: "line 40", with its column where it starts deep inside a long
+    line ("line 3 col 52,118": a one-line log or minified file, whose passages would all read "line 3")."""
+    return f"line {line:,} col {col:,}" if col > LONG_LINE else f"line {line:,}"
+
+
+def _line(smap: SourceMap, p: Passage, buf: str, buf_start: int, line0: int) -> str:
+    """A text input is marked per piece ("line N" where the piece starts): the passage's own line (`line0`:
+    where the line holding buf's first character begins)."""
     mark = smap.where(p.start)
     if mark is None or not mark.where.startswith("line ") or mark.offset < buf_start:
         return p.where
-    return f"line {int(mark.where[5:]) + buf.count(chr(10), mark.offset - buf_start, p.start - buf_start)}"
+    nl = buf.rfind("\n", 0, p.start - buf_start)
+    begins = buf_start + nl + 1 if nl >= 0 else line0
+    return line_place(int(mark.where[5:]) + buf.count("\n", mark.offset - buf_start, p.start - buf_start),
+                      p.start - begins + 1)
 
 
 def _whole_words(buf: str, a: int, b: int, reach: int = WORD_REACH) -> str:
