@@ -28,9 +28,9 @@ from kvpot.bench.qa_score import contains, exact
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.beyond_window import Asking
-from kvpot.session.focus import PASSAGES, REACH_CHARS, focus_for, locate, why_not, windows
+from kvpot.session.focus import focus_for, locate, ranked_spans, why_not, windows
 from kvpot.session.prompting import choose_format, question_frame
-from kvpot.session.sources import rank, reread
+from kvpot.session.sources import reread
 
 if TYPE_CHECKING:
     from kvpot.session.session import ReadProgress, Session
@@ -389,16 +389,11 @@ def _ranked(s, located, a) -> list[dict]:
     above the distractors' (multi-key misses past the window name a distractor from among the passages)."""
     smap = s.source_map
     whole = max(smap.end_char, 1)
-    out = []
-    for p0, p1, share in rank(located.mass, smap, PASSAGES, s.engine.policy.sink_tokens()):
-        lo, hi = smap.offset(p0), smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
-        if lo is None or hi is None:
-            continue
-        lo, hi = max(0, lo - REACH_CHARS), min(smap.end_char, hi + REACH_CHARS)
-        text = windows(reread(s), smap, [(lo, hi)])[0].text
-        out.append({"at": [round(lo / whole, 4), round(hi / whole, 4)], "share": round(share, 4),
-                    "refs": [r for r in a.refs if r in text], "distractors": [d for d in a.distractors if d in text]})
-    return out
+    ranked = ranked_spans(located.mass, smap, s.engine.policy.sink_tokens())
+    texts = windows(reread(s), smap, [(lo, hi) for lo, hi, _ in ranked])  # the inputs read once for all
+    return [{"at": [round(lo / whole, 4), round(hi / whole, 4)], "share": round(share, 4),
+             "refs": [r for r in a.refs if r in w.text], "distractors": [d for d in a.distractors if d in w.text]}
+            for (lo, hi, share), w in zip(ranked, texts)]
 
 
 def _focused(facts, name: str, settings, text, a, t0: float) -> dict:

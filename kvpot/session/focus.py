@@ -48,17 +48,23 @@ class Window:
     text: str = ""
 
 
-def spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
-          reach: int = REACH_CHARS) -> list[tuple[int, int]]:
+def ranked_spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
+                 reach: int = REACH_CHARS) -> list[tuple[int, int, float]]:
     """Character spans [start, end) of the joined text around the `passages` passages with the most mass,
-    each widened by `reach` characters each side, overlaps merged, in the document's order."""
-    out: list[tuple[int, int]] = []
-    for p0, p1, _share in rank(mass, smap, passages, sinks):
+    best first, each widened by `reach` characters each side, with its share of the mass."""
+    out: list[tuple[int, int, float]] = []
+    for p0, p1, share in rank(mass, smap, passages, sinks):
         a = smap.offset(p0)
         b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
-        if a is None or b is None:
-            continue
-        out.append((max(0, a - reach), min(smap.end_char, b + reach)))
+        if a is not None and b is not None:
+            out.append((max(0, a - reach), min(smap.end_char, b + reach), share))
+    return out
+
+
+def spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
+          reach: int = REACH_CHARS) -> list[tuple[int, int]]:
+    """The ranked spans (`ranked_spans`), overlaps merged, in the document's order."""
+    out = [(lo, hi) for lo, hi, _ in ranked_spans(mass, smap, sinks, passages, reach)]
     out.sort()
     merged: list[tuple[int, int]] = []
     for lo, hi in out:
@@ -75,7 +81,7 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
     the text that was read (a file changed: its places differ from the recorded ones)."""
     if not wanted:
         return []
-    last = wanted[-1][1] + LINE_REACH
+    last = max(hi for _, hi in wanted) + LINE_REACH  # spans in any order (a ranking's)
     got: list[list[str]] = [[] for _ in wanted]
     firsts: list[tuple[int, str, str] | None] = [None] * len(wanted)  # (piece start, piece, its mark) of each start
     # where the line holding each span's start begins: it may begin pieces earlier (files after the first are
