@@ -34,7 +34,7 @@ from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_polic
 
 from ._common import err, write_out
 from ._interrupt import Interrupts
-from .reading import QuestionProgress, read_with_progress
+from .reading import QuestionProgress, plain_every_s, read_with_progress
 
 
 def parse_budget(raw: str | None) -> int | str | None:
@@ -121,6 +121,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     answers from a focused read where the pot leaves input out (kvpot.session.focus), which, on files that
     can be read again, the default pot is sized for."""
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
+    plain_every_s()  # and the environment's (KVPOT_PROGRESS_EVERY)
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable
 
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.ingest.sources import STDIN
 from kvpot.session.read_point import ReadPoint
@@ -18,6 +21,22 @@ from ._common import err
 from ._interrupt import Interrupts
 
 PLAIN_EVERY_S = 5.0   # seconds between progress lines when stderr is not a terminal
+EVERY_ENV = "KVPOT_PROGRESS_EVERY"  # another interval for those lines (0: after every chunk)
+
+
+def plain_every_s() -> float:
+    """Seconds between progress lines in a log or a pipe: KVPOT_PROGRESS_EVERY where set (a job that
+    watches kvpot's stderr, or a test that must see a line while chunks remain), else PLAIN_EVERY_S."""
+    text = os.environ.get(EVERY_ENV, "").strip()
+    if not text:
+        return PLAIN_EVERY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise KvpotError(f"{EVERY_ENV} must be a number of seconds (0 or more), got {text!r}")
+    return value
 
 
 class _Rate(ProgressColumn):
@@ -94,13 +113,14 @@ def _read_rich(session: Session, sources: SourceSet, stop: Interrupts, resume: R
 
 
 def _read_plain(session: Session, sources: SourceSet, stop: Interrupts, resume: ReadPoint | None) -> None:
+    every = plain_every_s()
     t0 = last = time.perf_counter()
     before = session.doc_tokens if resume is not None else 0  # a continued read's rate is of what it reads
 
     def on_progress(p: ReadProgress) -> None:
         nonlocal last
         now = time.perf_counter()
-        if now - last >= PLAIN_EVERY_S:
+        if now - last >= every:
             last = now
             of = f" of ~{p.est_total:,}" if p.est_total else ""
             err.print(f"read {p.tokens:,}{of} tokens, {(p.tokens - before) / (now - t0):,.0f} tok/s, pot "
@@ -124,7 +144,7 @@ def _summary(session: Session, sources: SourceSet) -> None:
 
 class QuestionProgress:
     """Progress of a question too long for the free cells, read through the pot like a document:
-    a Rich bar on a terminal, plain lines elsewhere (one when it starts, then every PLAIN_EVERY_S,
+    a Rich bar on a terminal, plain lines elsewhere (one when it starts, then every plain_every_s(),
     one when it is read). Nothing is shown for a short question (no progress is reported for it).
     `close()` before the answer is written, so the bar never mixes with it."""
 
@@ -133,6 +153,7 @@ class QuestionProgress:
         self._task = None
         self._t0 = self._last = 0.0
         self._started = self._done = False
+        self._every = plain_every_s()
 
     def update(self, p: ReadProgress) -> None:
         now = time.perf_counter()
@@ -148,7 +169,7 @@ class QuestionProgress:
                 self._task = self._progress.add_task("question", total=p.est_total, cells=p.cells, cap=p.capacity)
         if self._progress is not None:
             self._progress.update(self._task, completed=p.tokens, cells=p.cells)
-        elif now - self._last >= PLAIN_EVERY_S and p.tokens < (p.est_total or 0):
+        elif now - self._last >= self._every and p.tokens < (p.est_total or 0):
             self._last = now
             err.print(f"read {p.tokens:,} of {p.est_total:,} question tokens, {p.tokens / (now - self._t0):,.0f} tok/s, "
                       f"pot {p.cells:,}/{p.capacity:,} cells", soft_wrap=True)

@@ -5,6 +5,7 @@ a process that ignores SIGINT (started with `&` from a script, or under nohup) i
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -28,12 +29,15 @@ def doc(tmp_path_factory, smollm2_cut_path):
 
 def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False) -> tuple[int, str]:
     """Run kvpot with `args`, send `sig` when a stderr line starts with `line_start`; exit status and stderr.
-    `ignore`: SIGINT ignored, as the shell gives a background job (else the default)."""
+    `ignore`: SIGINT ignored, as the shell gives a background job (else the default). A progress line
+    comes after every chunk (KVPOT_PROGRESS_EVERY=0), so that the first comes with 40 chunks still to
+    read however fast the CPU reads (every 5 seconds, a fast one read the whole document before it)."""
     from conftest import sigint_disposition
 
     cmd = [sys.executable, "-c", "from kvpot.cli.main import main; main()", *args]
+    env = {**os.environ, "KVPOT_PROGRESS_EVERY": "0"}
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_disposition(ignored=ignore))
+                            preexec_fn=sigint_disposition(ignored=ignore), env=env)
     lines = []
     for line in proc.stderr:
         lines.append(line)
