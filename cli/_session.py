@@ -20,6 +20,7 @@ from kvpot.policies.base import Wrapping
 from kvpot.safe_write import protect, resolve_target
 from kvpot.session.beyond_window import Asking
 from kvpot.session.checks import (
+    check_adapters,
     check_budget,
     check_cli_numbers,
     check_disk,
@@ -138,6 +139,8 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     sources.warn = notice
     facts, known = resolve_model(model)
     protect_session_files(policy, facts.path, save_to)
+    if opts["policy"] is not None:
+        check_adapters(policy, facts.path)  # a named policy's adapters, before the plan says anything
     # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
     resettable = question is None if resettable is None else resettable
     plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,

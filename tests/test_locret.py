@@ -145,6 +145,10 @@ def test_ask_with_locret_and_foreign_heads(smollm2_path, gemma_path, smol_heads,
                   "--budget", "256", "--chunk", "64", "-n", "4")
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "was made for another model")
+    # with the budget planned (auto), the refusal comes before the plan is said: still one line
+    res = run_cli("ask", str(doc), "Which day?", "-m", str(gemma_path), "--policy", f"locret:heads={smol_heads}")
+    assert res.returncode != 0
+    assert_one_line_error(res.stderr, "was made for another model")
     res = run_cli("ask", str(doc), "Which day?", "-m", str(smollm2_path), "--policy", f"locret:heads={smol_heads}",
                   "--budget", "256", "--chunk", "64", "-n", "4")
     assert res.returncode == 0, res.stderr

@@ -103,13 +103,15 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
                      f"which has {_gib(free_bytes)} free; free space there, {ways}, or read less")
 
 
-def check_adapters(policy_spec: str, model_path) -> None:
+def check_adapters(policy: Policy | str, model_path) -> None:
     """The trained parts a policy runs in llama.cpp (Locret's retaining heads, EdgeInfinite's memory
     gate), read and checked against the model: for commands that do work before they build the engine
-    (a benchmark measures stock llama.cpp first), so a wrong or missing adapter is said first."""
+    (a benchmark measures stock llama.cpp first, `ask` plans the budget and says so), so that a wrong or
+    missing adapter is said first, as the only line. `policy`: the policy or its spec."""
     from kvpot.policies import make_policy
 
-    policy = make_policy(policy_spec)
+    if isinstance(policy, str):
+        policy = make_policy(policy)
     policy.retaining_heads(model_path)
     policy.memory_gate(model_path)
 
