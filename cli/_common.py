@@ -17,17 +17,33 @@ from collections.abc import Callable
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
+from kvpot.display import printable
 from kvpot.errors import KvpotError
-from kvpot.safe_write import protection_scope
+from kvpot.safe_write import protect, protect_standard_streams, protection_scope
 
 # `ask` and `run` exit with this when the model produced no answer (nothing but whitespace): the
 # command ran, but its one product is missing, and a script must be able to tell that from an answer
 # (1 is for user errors, 130 for Ctrl-C); `chat` says so on stderr and goes on
 NO_ANSWER_EXIT = 5
 
-# diagnostics, progress and tables go to stderr; answers go to stdout
-err = Console(stderr=True, highlight=False)
+class _SafeConsole(Console):
+    """A Console that shows the control characters in what it prints as visible escapes (kvpot.display):
+    a file name or a quote that holds an escape sequence cannot clear the screen or recolour it. Its own
+    styles and cursor moves (a progress bar's) are added after this, and pass. Newlines stay: text of
+    several lines is printed whole; a name's newline is escaped where the name is put into a line."""
+
+    def _render_buffer(self, buffer) -> str:
+        return super()._render_buffer(
+            [seg if seg.control else Segment(printable(seg.text, newlines=True), seg.style, seg.control)
+             for seg in buffer])
+
+
+# diagnostics, progress and notices go to stderr; answers, and the reports a command is run for (doctor's,
+# models' tables), go to stdout, so that `kvpot doctor > report.txt` and `kvpot models | grep` work
+err = _SafeConsole(stderr=True, highlight=False)
+out = _SafeConsole(highlight=False)
 
 
 class _StepLines:
@@ -146,11 +162,28 @@ def errors_as_json(on: bool) -> None:
 
 
 def _say_error(message: str, code: int, rich_line: str) -> None:
+    """One error, one line: a newline or an escape sequence in it (a file's name) is shown escaped."""
     if _json_errors:
         sys.stderr.write(json.dumps({"error": message, "exit_code": code}) + "\n")
         sys.stderr.flush()
     else:
         err.print(rich_line, soft_wrap=True)
+
+
+def protect_command_files() -> None:
+    """The files every command uses whatever its options (stdin's file, stdout's, kvpot's config, the
+    llama.cpp log) join the never-write set before anything else runs; the command adds its inputs,
+    model, adapters and stores as it finds them (kvpot.safe_write)."""
+    protect_standard_streams()
+    from kvpot.runtime.logs import ENV as LLAMA_LOG
+    from kvpot.runtime.logs import ROLE as LLAMA_LOG_ROLE
+    from kvpot.session.settings import config_path
+
+    with contextlib.suppress(KvpotError):  # a home that cannot be used is refused by what uses it
+        protect(config_path(), "kvpot's config")
+    log = os.environ.get(LLAMA_LOG)
+    if log:
+        protect(log, LLAMA_LOG_ROLE)
 
 
 def user_errors(fn):
@@ -162,6 +195,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             with protection_scope():
+                protect_command_files()
                 return _run_and_flush(fn, *args, **kwargs)
         except BrokenPipeError:  # a table or text printed by the command, to a reader that went away
             _quiet_stdout()
@@ -169,7 +203,7 @@ def user_errors(fn):
             _say_error(msg, 1, f"[red]error:[/red] {msg}")
             raise typer.Exit(1) from None
         except KvpotError as e:
-            _say_error(str(e), e.exit_code, f"[red]error:[/red] {escape(str(e))}")
+            _say_error(str(e), e.exit_code, f"[red]error:[/red] {escape(printable(str(e)))}")
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             _say_error("interrupted", 130, "[yellow]interrupted[/yellow]")
@@ -186,8 +220,11 @@ RPC_HELP = ("HOST:PORT[,HOST:PORT...] of `kvpot rpc-server` processes (other mac
 
 def connect_rpc(spec: str | None) -> None:
     """Register the RPC servers' devices before a model loads (each server is checked first)."""
-    if not spec:
+    if spec is None:
         return
+    if not spec.strip():
+        raise KvpotError("--rpc wants HOST:PORT[,HOST:PORT...], got an empty value (leave --rpc out to run "
+                         "on this machine)")
     from kvpot.runtime.rpc import parse_endpoints, use_servers
 
     endpoints = parse_endpoints(spec)

@@ -4,15 +4,17 @@ session itself (kvpot.session.session) knows nothing about terminals."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.markup import escape
 
+from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
-from kvpot.ingest.sources import STDIN_PROMPT
+from kvpot.ingest.sources import STDIN, STDIN_PROMPT
 from kvpot.models.registry import KNOWN
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import Policy, make_policy
@@ -23,15 +25,17 @@ from kvpot.session.checks import (
     check_adapters,
     check_budget,
     check_cli_numbers,
+    check_context_fits,
     check_disk,
     check_pot_room,
     check_settings_fit,
     check_threads,
+    threads_for_machine,
 )
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
-from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_policy
+from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_policy, set_in_config
 
 from ._common import err, write_out
 from ._interrupt import Interrupts
@@ -124,11 +128,18 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
     plain_every_s()  # and the environment's (KVPOT_PROGRESS_EVERY)
     def notice(msg: str) -> None:
-        err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
+        err.print(f"[yellow]{escape(printable(msg))}[/yellow]", soft_wrap=True)
 
     # what the inputs gave (the folders' summary, inputs skipped) is said once nothing is refused, so that
     # a refusal stays one line; a prompt to type the document on the terminal is said at once
     held: list[str] = []
+    if opts.get("threads") is None:  # --threads was checked against the cores; the config file's is lowered to them
+        from kvpot.session.settings import config_path
+
+        threads, lowered = threads_for_machine(settings.threads, f"the config file {config_path()}")
+        if lowered:
+            settings = dataclasses.replace(settings, threads=threads)
+            held.append(lowered)
 
     def hold(msg: str) -> None:
         (notice if msg.startswith(STDIN_PROMPT) else held.append)(msg)
@@ -139,11 +150,13 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     sources.warn = notice
     facts, known = resolve_model(model)
     protect_session_files(policy, facts.path, save_to)
-    if opts["policy"] is not None:
+    # a policy named by an option or in the config file is the user's: the plan sizes it, never replaces it
+    chosen = opts["policy"] is not None or set_in_config("policy", model if model in KNOWN else None)
+    if chosen:
         check_adapters(policy, facts.path)  # a named policy's adapters, before the plan says anything
     # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
     resettable = question is None if resettable is None else resettable
-    plan = plan_reading(settings, facts, sources, policy_chosen=opts["policy"] is not None,
+    plan = plan_reading(settings, facts, sources, policy_chosen=chosen,
                         reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
                         asking=Asking.of(question is not None, focus and sources.can_read_again()), question=question)
     settings, policy = plan.settings, plan.policy
@@ -174,6 +187,19 @@ def _estimated_tokens(sources: SourceSet) -> int | None:
     return int(sources.total_bytes / BYTES_PER_TOKEN_GUESS) if sources.total_bytes else None
 
 
+def protect_recorded_inputs(header: dict) -> None:
+    """The inputs a saved context was read from are never replaced by a save of the command that reopens
+    it: by the names they were read under (relative to the folder the command runs in, as --sources
+    finds them) and by the absolute paths a stopped read recorded for --continue."""
+    names = [s["name"] for s in header.get("sources", ()) if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    point = header.get("read_point")
+    if isinstance(point, dict):
+        names += [p for _, p in point.get("sources", ()) if isinstance(p, str)]
+    for name in names:
+        if name and name != STDIN and "\0" not in name:
+            protect(name, f"the input {name} this context was read from")
+
+
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None,
                    save_to: Path | str | None = None, resettable: bool = True) -> Session:
     """A saved context reopened; `resettable` False for `ask`, which answers once (no copy kept for /reset)."""
@@ -189,10 +215,18 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     if model is None and name not in KNOWN:
         name = header["model"]["path"]
     facts, known = resolve_model(name)
+    # the memory the saved context's size takes, checked as a new read's is (a context saved on a larger
+    # machine is refused here, before the model loads)
+    check_context_fits(facts, header, context)
     # the saved policy, built once for the files it names and the session; reading the file checked its
     # state against a policy of its own (context_file.check_saved, which runs with no session)
     policy = make_policy(header["policy"])
+    protect_recorded_inputs(header)
     protect_session_files(policy, facts.path, save_to)
+    if threads is None:  # the saved thread count, at most this machine's cores (--threads is checked above)
+        threads, lowered = threads_for_machine(header["settings"]["threads"], f"{context}")
+        if lowered:
+            err.print(f"[yellow]{escape(lowered)}[/yellow]", soft_wrap=True)
     with err.status(f"reopening {context}"):
         session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy,
                                  resettable=resettable, saved=saved)
@@ -200,7 +234,20 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
         session.set_max_tokens(max_tokens)
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "
               f"{', '.join(s['name'] for s in session.sources)} in {session.engine.n_cells:,} cells")
+    stopped = session.read_stopped
+    if stopped is not None and session.read_point is None:  # one with a point says --continue reads the rest
+        err.print(f"[yellow]the input was read only partly:[/yellow] {escape(stopped.describe())} before the read "
+                  f"stopped; {escape(_why_no_rest(session))}: answers know only that part", soft_wrap=True)
     return session
+
+
+def _why_no_rest(session: Session) -> str:
+    """Why a reopened context whose read stopped early has no rest to read (it has no read point)."""
+    if session.read_stopped is not None and session.read_stopped.stream:
+        return "the input was a stream (stdin or a pipe), which cannot be read again"
+    if session.turns:
+        return f"it was saved after {session.turns:,} turns of conversation, so it cannot read on"
+    return "where it stopped was not recorded"
 
 
 def continue_reading(session: Session, context: Path | str, question: str | None, save_to: Path | str | None) -> None:
@@ -209,6 +256,9 @@ def continue_reading(session: Session, context: Path | str, question: str | None
     from kvpot.session.read_point import reopen_sources
 
     point = session.read_point
+    if point is None and session.read_stopped is not None:
+        raise KvpotError(f"{context} holds a read stopped after {session.read_stopped.describe()}, and "
+                         f"{_why_no_rest(session)}: --continue cannot read the rest (read the whole input again)")
     if point is None:
         raise KvpotError(f"{context} holds no stopped read to continue: it was read to its end"
                          + (" and answered" if session.turns else ""))
@@ -218,7 +268,7 @@ def continue_reading(session: Session, context: Path | str, question: str | None
         session.set_question(question)
         check_pot_room(session.engine, budget_option="the --budget the files are read with")
     for msg in notices:
-        err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
+        err.print(f"[yellow]{escape(printable(msg))}[/yellow]", soft_wrap=True)
     read_with_progress(session, sources, save=None if save_to is None else lambda: save(session, save_to),
                        resume=point)
 
@@ -274,12 +324,16 @@ def save(session: Session, path: Path | str) -> bool:
     try:
         size = session.save(path)
     except KvpotError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
         return False
     err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)", soft_wrap=True)
     point = session.read_point
     if point is not None and session.turns == 0 and point.next_position == session.engine.tokens_seen:
         err.print(f"it holds the first {session.doc_tokens:,} tokens read; `kvpot ask --context {path} --continue "
                   f"QUESTION` (or `kvpot chat --context {path} --continue`) reads the rest of {point.names()}",
+                  soft_wrap=True, markup=False)
+    elif session.read_stopped is not None and session.read_stopped.stream:
+        err.print(f"it holds the first {session.read_stopped.describe()}; the input was a "
+                  "stream, which cannot be read again, so the rest can only be read with the whole input again",
                   soft_wrap=True, markup=False)
     return True

@@ -7,9 +7,14 @@
 - SIGTERM and SIGHUP while writing remove the temporary file before the process ends; a file left
   by a kill -9 (its PID no longer runs) is removed by the next write to the same target.
 - OS errors (full disk, file-size limit, permissions) become one KvpotError line.
-- A file the running command reads or runs (its inputs, the model, an adapter, a block store) is
-  never replaced: a command registers each with `protect`, and every write refuses a target that
-  is one of them (the same file through a symlink or a hard link included).
+- The never-write set: a file the running command reads, runs or writes on its own (its inputs as
+  read and as named, stdin's and stdout's files, every file under an input folder, the model, the
+  adapters, a block store, kvpot's config, the llama.cpp log, a reopened context's recorded inputs)
+  is never replaced. It is built once per command: `protect` (a file), `protect_folder` (everything
+  under a folder) and `protect_standard_streams` register, and every writer asks `protected_role`
+  through `resolve_target` (whole-file saves) or `check_append_target` (logs opened by C), so a
+  target that is one of them is refused (the same file through a symlink or a hard link included).
+  tests/test_never_write.py walks the package and fails on a write that goes around this check.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "
 
 # files the running command reads or runs: real path -> what it is, for the refusal ("the model")
 _protected: dict[str, str] = {}
+# folders whose every file is protected (an input folder: what --glob, --exclude or .gitignore left out too)
+_protected_folders: dict[str, str] = {}
+# files known only by an open descriptor (stdin redirected from a file): (st_dev, st_ino) -> what it is.
+# The descriptor stays open while the command runs, so the inode cannot be freed and reused meanwhile
+_protected_ids: dict[tuple[int, int], str] = {}
 
 
 def protect(path: Path | str, role: str) -> None:
@@ -42,15 +52,39 @@ def protect(path: Path | str, role: str) -> None:
     _protected.setdefault(os.path.realpath(Path(path).expanduser()), role)
 
 
+def protect_folder(path: Path | str, role: str) -> None:
+    """Never let a save replace any file under the folder `path` (a new file there is fine)."""
+    _protected_folders.setdefault(os.path.realpath(Path(path).expanduser()), role)
+
+
+def protect_descriptor(fd: int, role: str) -> None:
+    """Never let a save replace the regular file open as `fd` (a pipe or terminal has no name to save over)."""
+    try:
+        st = os.fstat(fd)
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(st.st_mode):
+        _protected_ids.setdefault((st.st_dev, st.st_ino), role)
+
+
+def protect_standard_streams() -> None:
+    """stdin's file (`kvpot ask ... < doc.txt`, read with or without `-`) and the files stdout and stderr
+    go to: a save over one would replace a document or the output the user is keeping."""
+    protect_descriptor(0, "stdin's file (the input redirected with <)")
+    protect_descriptor(1, "the file stdout goes to")
+    protect_descriptor(2, "the file stderr goes to")
+
+
 @contextlib.contextmanager
 def protection_scope() -> Iterator[None]:
     """Files protected inside the block are forgotten after it (one CLI command, one test)."""
-    saved = dict(_protected)
+    saved = dict(_protected), dict(_protected_folders), dict(_protected_ids)
     try:
         yield
     finally:
-        _protected.clear()
-        _protected.update(saved)
+        for now, before in zip((_protected, _protected_folders, _protected_ids), saved):
+            now.clear()
+            now.update(before)
 
 
 def protected_role(path: Path | str) -> str | None:
@@ -63,7 +97,9 @@ def protected_role(path: Path | str) -> str | None:
     try:
         st = os.stat(real)
     except OSError:
-        return None
+        return None  # a new name: nothing there to replace
+    if (st.st_dev, st.st_ino) in _protected_ids:
+        return _protected_ids[(st.st_dev, st.st_ino)]
     for known, role in _protected.items():
         try:
             other = os.stat(known)
@@ -71,7 +107,78 @@ def protected_role(path: Path | str) -> str | None:
             continue
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
             return role
-    return None
+    return _folder_role(real)
+
+
+def _folder_role(real: str) -> str | None:
+    """What protected folder holds the existing file `real`: by path, and by the folders' inodes (the
+    same folder reached through a bind mount or another symlinked name)."""
+    if not _protected_folders:
+        return None
+    folder_ids = {}
+    for folder, role in _protected_folders.items():
+        if real.startswith(folder.rstrip(os.sep) + os.sep):
+            return f"a file inside {role}"
+        with contextlib.suppress(OSError):
+            fst = os.stat(folder)
+            folder_ids[(fst.st_dev, fst.st_ino)] = role
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            pst = os.stat(parent)
+        except OSError:
+            return None
+        role = folder_ids.get((pst.st_dev, pst.st_ino))
+        if role is not None:
+            return f"a file inside {role}"
+        up = os.path.dirname(parent)
+        if up == parent:
+            return None
+        parent = up
+
+
+def check_append_target(path: Path | str, what: str, own_role: str | None = None) -> Path:
+    """A file that C will open for appending (the llama.cpp log): a regular file or a new name in an
+    existing folder, a terminal, or /dev/null, and never a protected file. A FIFO would block the open
+    forever and another device may take no writes (/dev/full), so both are refused here, before C opens it.
+    `own_role`: the role the target itself was protected under (the log is protected from saves)."""
+    if str(path) == "":
+        raise KvpotError(f"{what}: the path is empty")
+    path = Path(path).expanduser()
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise KvpotError(f"{what} is a symbolic link to a missing file") from None
+        if not path.parent.is_dir():
+            raise KvpotError(f"{what}: folder {path.parent} does not exist") from None
+        return path
+    except OSError as e:
+        raise KvpotError(f"{what}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise KvpotError(f"{what} is a directory; name a file")
+    if stat.S_ISCHR(st.st_mode):
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, os.devnull):
+                return path
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as e:
+            raise KvpotError(f"{what}: {e.strerror}") from None
+        try:
+            if os.isatty(fd):
+                return path
+        finally:
+            os.close(fd)
+        raise KvpotError(f"{what} is a device; name a file, a terminal or {os.devnull}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (the log would wait for a reader forever)" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise KvpotError(f"{what} is {kind}; name a file")
+    role = protected_role(path)
+    if role is not None and role != own_role:
+        raise KvpotError(f"{what} is {role}, which this command uses (the log would be written into it); "
+                         "name another file")
+    return path
 
 
 def resolve_target(path: Path | str, what: str = "file") -> Path:
@@ -209,3 +316,9 @@ def atomic_write(path: Path | str, what: str = "file") -> Iterator[BinaryIO]:
         # (by default it ends the process, exit status 128 + signum); if that one returns, say so
         signal.raise_signal(signalled.signum)
         raise KvpotError(f"saving the {what} to {target} was interrupted by signal {signalled.signum}")
+
+
+def write_text_file(path: Path | str, text: str, what: str = "file") -> None:
+    """`text` (UTF-8) written to `path` as atomic_write writes: a benchmark's JSON, a report."""
+    with atomic_write(path, what) as f:
+        f.write(text.encode("utf-8"))

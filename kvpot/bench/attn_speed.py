@@ -19,6 +19,7 @@ from kvpot import paths
 from kvpot.build.cross import staged_tree
 from kvpot.models.resolve import resolve_model
 from kvpot.runtime.cpu import describe_host
+from kvpot.safe_write import write_text_file
 
 SOURCE = Path(__file__).resolve().parents[2] / "tests" / "attn_speed.c"
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['off_ms'] * n_global / 1e3:>17.2f} s {r['max_abs_diff']:>9.1e}")
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps({"cpu": describe_host(), "rows": ns.rows,
+        write_text_file(ns.json, json.dumps({"cpu": describe_host(), "rows": ns.rows,
                                        "threads": ns.threads, "reps": ns.reps, "results": results}, indent=1) + "\n")
     return 0
 

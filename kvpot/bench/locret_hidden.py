@@ -22,6 +22,7 @@ from kvpot.runtime.llama import LlamaModel
 from kvpot.train.documents import default_sources, make_samples
 from kvpot.train.locret import capture_all, heldout_spearman
 from kvpot.train.locret_fit import FitConfig, evaluate, fit
+from kvpot.safe_write import write_text_file
 
 N_TRAIN, N_HELD, LENGTH, STEPS, SEED = 16, 4, 512, 120, 0
 
@@ -45,7 +46,7 @@ def main(model: str, hiddens: list[int], json_out: Path | None = None) -> None:
                "heldout_spearman": heldout_spearman(model_, te), "fit_seconds": time.perf_counter() - t0}
         print(json.dumps(row), flush=True)
         out.append(row)
-    (json_out or Path(f"locret-hidden-{model}.json")).write_text(json.dumps(out, indent=1))
+    write_text_file(json_out or Path(f"locret-hidden-{model}.json"), json.dumps(out, indent=1))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from kvpot.bench.needle_trace import needle_digits
 from kvpot.engine import Engine, EngineConfig
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
+from kvpot.safe_write import write_text_file
 
 ORACLE_SCORE = np.float32(1e30)  # above any score the heads give (they are pre-softmax logits)
 
@@ -105,8 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"answer {answer!r} (key {hay.key}); digits held at the end in {out['digits_held_at_end']} of "
           f"{out['pairs']} pairs; a compaction keeps {out['kept_fraction']:.0%} of the document")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_text_file(a.json, json.dumps(out, indent=1))
     return out
 
 

@@ -23,6 +23,7 @@ from kvpot.bench.niah import TASKS
 from kvpot.engine import Engine, EngineConfig
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
+from kvpot.safe_write import write_text_file
 
 
 def needle_digits(model, text: str, needle: str, key: str) -> list[int]:
@@ -128,8 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['kept_by_cap']:3d}); NuC {r['nuc']} vs T-th {r['nuc_T_median']:.2f}; CaP rank {r['cap_rank_median']}")
     print(f"answer {out['answer']!r} (key {hay.key}); digits held at the end in {final} of {out['pairs']} pairs")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_text_file(a.json, json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.models.resolve import resolve_model
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.pot import Pot
+from kvpot.safe_write import write_text_file
 
 MODES = ("no log-probs", "log-probs, head in blocks", "log-probs, model's head on every row")
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:20s} " + "  ".join(f"{m}: {r['median'][m]:.2f} s" for m in MODES)
               + f"  NuC's share {r['nuc_share']:.0%}  blocks/model head {r['blocks_vs_model_head']:.2f}")
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        write_text_file(a.json, json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from kvpot.bench.texts import SMALL_FILE, manual_text, stdlib_code
 from kvpot.errors import KvpotError
 from kvpot.models.resolve import resolve_model
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.safe_write import write_text_file
 
 TEXTS = {"code": lambda: stdlib_code(40, SMALL_FILE), "manual": manual_text}
 SHORTLISTS = (8192, 16384, 32768, 65536)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"p95 {row['dlogp_p95']:.2f}; NuC's {r['t']} of {r['budget']} kept "
                       f"{row['nuc_kept_mean']:.1%} (least {row['nuc_kept_min']:.1%})")
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_text_file(a.json, json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.session.context_file import read_context
 from kvpot.session.sources import SourceMap, piece_chars
+from kvpot.safe_write import write_text_file
 
 
 def find_line(pieces, needle: str) -> tuple[str, int, int]:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for (q, p), n in zip(toks, counts):
         print(f"  {q:>10}  {p!r:<16} {n}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"context": a.context, "line": text[start:end], "pairs": pairs,
+        write_text_file(a.json, json.dumps({"context": a.context, "line": text[start:end], "pairs": pairs,
                                             "end_pos": smap.end_pos,
                                             "tokens": [{"pos": q, "piece": p, "held_by": n}
                                                        for (q, p), n in zip(toks, counts)]}, indent=1) + "\n")

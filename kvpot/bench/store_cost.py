@@ -19,6 +19,7 @@ import numpy as np
 
 from kvpot.runtime import api
 from kvpot.runtime.blocks import KV_TYPES, BlockStore
+from kvpot.safe_write import write_text_file
 
 # (name, KV heads, head dim, tokens per block): the registry's models at InfLLM's block size below 4096 cells
 SHAPES = (("gemma3-270m", 1, 256, 64), ("qwen2.5-coder-1.5b", 2, 128, 64), ("smollm2-135m", 3, 64, 64))
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:20s} {kv_type:5s} miss {r['miss_us']:7.1f} us  hit {r['hit_us']:5.1f} us  "
                   f"scoring {r['score_ns']:6.0f} ns a block  record {r['record_bytes']:,} B")
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        write_text_file(a.json, json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from kvpot.ingest.formats import Kind, UnreadableInput, compressed
 from kvpot.ingest.formats.detect import COMPRESSED_MAGIC
 from kvpot.ingest.textfile import SNIFF_BYTES
 from kvpot.ingest.tree import walk
-from kvpot.safe_write import protect
+from kvpot.safe_write import protect, protect_folder
 
 PIECE_BYTES = 1 << 16   # bytes read per piece: 64 KiB keeps memory flat and tokenizer calls few
 STDIN = "-"
@@ -508,6 +508,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
             continue
         if is_dir:
             walked = True
+            protect_folder(path, f"the input folder {item}")  # what the walk leaves out too
             tree = walk(path, globs, excludes, notice)
             left_out += tree.left_out
             found = []
