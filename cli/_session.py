@@ -201,9 +201,11 @@ def protect_recorded_inputs(header: dict) -> None:
 
 
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None,
-                   save_to: Path | str | None = None, resettable: bool = True) -> Session:
-    """A saved context reopened; `resettable` False for `ask`, which answers once (no copy kept for /reset)."""
+                   save_to: Path | str | None = None, resettable: bool = True, go_on: bool = False) -> Session:
+    """A saved context reopened; `resettable` False for `ask`, which answers once (no copy kept for /reset);
+    `go_on`: it is to read on (`--continue`), which a context with no read point is refused before loading."""
     from kvpot.session.context_file import check_context_path, read_context
+    from kvpot.session.read_point import ReadStopped, cannot_continue, why_no_rest
 
     check_threads(threads)
     context = check_context_path(context)
@@ -211,6 +213,9 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     # the very file whose header chose the model
     saved = read_context(context, seq_in_file=True)
     header = saved.header
+    if go_on and "read_point" not in header:
+        stopped = ReadStopped.from_header(header["read_stopped"]) if "read_stopped" in header else None
+        raise KvpotError(cannot_continue(context, stopped, header["turns"]))
     name = model or header["model"]["name"]
     if model is None and name not in KNOWN:
         name = header["model"]["path"]
@@ -237,17 +242,9 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
     stopped = session.read_stopped
     if stopped is not None and session.read_point is None:  # one with a point says --continue reads the rest
         err.print(f"[yellow]the input was read only partly:[/yellow] {escape(stopped.describe())} before the read "
-                  f"stopped; {escape(_why_no_rest(session))}: answers know only that part", soft_wrap=True)
+                  f"stopped; {escape(why_no_rest(stopped, session.turns))}: answers know only that part",
+                  soft_wrap=True)
     return session
-
-
-def _why_no_rest(session: Session) -> str:
-    """Why a reopened context whose read stopped early has no rest to read (it has no read point)."""
-    if session.read_stopped is not None and session.read_stopped.stream:
-        return "the input was a stream (stdin or a pipe), which cannot be read again"
-    if session.turns:
-        return f"it was saved after {session.turns:,} turns of conversation, so it cannot read on"
-    return "where it stopped was not recorded"
 
 
 def continue_reading(session: Session, context: Path | str, question: str | None, save_to: Path | str | None) -> None:
@@ -256,12 +253,10 @@ def continue_reading(session: Session, context: Path | str, question: str | None
     from kvpot.session.read_point import reopen_sources
 
     point = session.read_point
-    if point is None and session.read_stopped is not None:
-        raise KvpotError(f"{context} holds a read stopped after {session.read_stopped.describe()}, and "
-                         f"{_why_no_rest(session)}: --continue cannot read the rest (read the whole input again)")
     if point is None:
-        raise KvpotError(f"{context} holds no stopped read to continue: it was read to its end"
-                         + (" and answered" if session.turns else ""))
+        from kvpot.session.read_point import cannot_continue
+
+        raise KvpotError(cannot_continue(context, session.read_stopped, session.turns))
     notices = []
     sources = reopen_sources(point, notice=notices.append)
     if question:

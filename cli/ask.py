@@ -157,7 +157,7 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
             raise KvpotError("pass either files to read or --context, not both")
         connect_rpc(rpc)
         session = reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context,
-                                 resettable=question is None)
+                                 resettable=question is None, go_on=go_on)
         try:
             if go_on:
                 continue_reading(session, context, question, save_context)

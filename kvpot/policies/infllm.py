@@ -72,6 +72,17 @@ def reclaim_stores() -> list[Path]:
     return removed
 
 
+def _file_kind(path: Path, st: os.stat_result) -> str:
+    """What a path is, for an error line: "a symbolic link to /x", "a named pipe (FIFO)", ..."""
+    if os.path.islink(path):
+        return f"a symbolic link to {os.readlink(path)}"
+    for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(st.st_mode):
+            return kind
+    return "a file that is not a block store"
+
+
 def _remove_own_store(path: str) -> None:
     try:
         os.unlink(path)
@@ -317,8 +328,14 @@ class InfLLM(Policy):
             raise KvpotError(f"{what} is a folder; name a new file (e.g. {path / 'blocks.kvblk'})")
         if self._made == (st.st_dev, st.st_ino) and not self._made_kept:
             return  # made by this policy for an earlier document and referenced by no saved context
-        if reopening and stat.S_ISREG(st.st_mode) and self._is_block_store(path):
+        link = os.path.islink(path)
+        if reopening and stat.S_ISREG(st.st_mode) and not link and self._is_block_store(path):
             return
+        if reopening and (link or not stat.S_ISREG(st.st_mode)):
+            # kvpot writes a store as a regular file: whatever is there now is not the one a context was saved
+            # with, nor a name a new store can take (a reading that makes one would write through a link)
+            raise KvpotError(f"{what} is {_file_kind(path, st)} now, not a block store: a saved context's store "
+                             "is the regular file kvpot wrote there, and a new store needs a name that does not exist")
         raise KvpotError(f"{what} exists; a block store must be a new file (kvpot never replaces a file), "
                          "name one that does not exist")
 
@@ -481,6 +498,7 @@ class InfLLM(Policy):
         these ModelFacts: every token past the initial ones and the local window becomes part of a
         block. Every layer is counted (a model's pot layers are at most its layers), so the figure errs high."""
         from kvpot.paths import blocks_dir
+        from kvpot.session.checks import size_text
 
         past = n_tokens - self._p("n_init") - self._p("n_local")
         if past <= 0:
@@ -491,7 +509,7 @@ class InfLLM(Policy):
         ways = "put the block store on a larger disk (infllm:store=PATH)"
         if self.kv_type_for(d_k, d_v) != "q4_0" and d_k % 32 == 0 and d_v % 32 == 0:  # keys in q4_0 too
             q4 = past * self.store_bytes_per_token(facts.n_layer, facts.n_head_kv, d_k, d_v, "q4_0")
-            ways += (f", store it in q4_0 (infllm:store_type=q4_0, about {q4 / 2**30:,.1f} GiB; coarser keys, "
+            ways += (f", store it in q4_0 (infllm:store_type=q4_0, about {size_text(int(q4))}; coarser keys, "
                      "which some models' answers do not survive)")
         return int(past * per_token), folder, ways
 
@@ -664,8 +682,16 @@ class InfLLM(Policy):
         if self._store_path:
             from kvpot.runtime.blocks import BlockStore
 
-            if not os.path.exists(self._store_path):
+            try:
+                st = os.lstat(self._store_path)
+            except OSError:
+                st = None
+            if st is None or (stat.S_ISLNK(st.st_mode) and not os.path.exists(self._store_path)):
                 raise KvpotError(f"the saved context's block store {self._store_path} is missing")
+            if not stat.S_ISREG(st.st_mode):  # opening a FIFO would wait for a writer; a link is not what was saved
+                raise KvpotError(f"the saved context's block store {self._store_path} is "
+                                 f"{_file_kind(Path(self._store_path), os.stat(self._store_path))} now, "
+                                 "not the block store file it was saved with")
             self._blocks = BlockStore(self._store_path, block_size=self._p("block_size"),
                                       max_cached=self._p("max_cached_block"))
             self._store_own = False  # borrowed: never written (_copy_borrowed_store)

@@ -92,6 +92,10 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
     probe = folder
     while not probe.exists() and probe != probe.parent:  # KVPOT_HOME/blocks is made at the first block
         probe = probe.parent
+    unwritable = _unwritable(probe)
+    if unwritable:  # a read-only disk reports no free space: say what is wrong with it, not that it is full
+        raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {size_text(nbytes)} of "
+                         f"blocks to {folder}, but {probe} {unwritable}; {ways}")
     if free_bytes is None:
         try:
             free_bytes = shutil.disk_usage(probe).free
@@ -99,8 +103,29 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
             return  # a folder the OS cannot measure: the write itself reports a full disk
     if nbytes <= free_bytes:
         return
-    raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {_gib(nbytes)} to {folder}, "
-                     f"which has {_gib(free_bytes)} free; free space there, {ways}, or read less")
+    raise KvpotError(f"{policy.name}: reading about {n_tokens:,} tokens writes about {size_text(nbytes)} to {folder}, "
+                     f"which has {size_text(free_bytes)} free; free space there, {ways}, or read less")
+
+
+def _unwritable(folder) -> str | None:
+    """What keeps kvpot from writing in `folder` (a read-only file system, a folder without write
+    permission), as the rest of a sentence; None when it can."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "is on a read-only file system"
+    except (OSError, AttributeError):  # no statvfs (Windows): the permission check below still runs
+        pass
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "is not writable (no write permission)"
+    return None
+
+
+def size_text(n: int) -> str:
+    """Bytes as a reader wants them: GiB from 1 GiB up, else MiB, KiB or bytes (never "0.0 GiB")."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / 2**shift:,.1f} {unit}"
+    return f"{n:,} bytes"
 
 
 def check_adapters(policy: Policy | str, model_path) -> None:
@@ -134,7 +159,7 @@ def available_memory() -> int | None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
+    return size_text(n)
 
 
 def check_settings_fit(facts: ModelFacts, settings, policy: Policy | None = None) -> None:
@@ -180,6 +205,38 @@ def check_memory(facts: ModelFacts, n_ctx: int, n_batch: int, budget: int, chunk
                      f"(KV {_gib(need.kv)}, logits {_gib(need.logits)}, attention and activations "
                      f"{_gib(need.scores + need.activations)}); "
                      f"{_gib(avail)} is available: {hint}")
+
+
+def check_context_fits(facts: ModelFacts, header: dict, path, available: int | None = None) -> None:
+    """A saved context reopened makes the context it was saved with (its n_ctx cells, read in its chunks,
+    with or without flash attention): the same memory check a new read's settings get (check_settings_fit),
+    before the model loads. A context saved on a larger machine is refused with the numbers; its options
+    cannot change it, so the way out is reading the files again with a smaller budget."""
+    settings = header["settings"]
+    n_ctx, chunk = header["n_ctx"], settings["chunk"]
+    avail = available_memory() if available is None else available
+    if avail is None:
+        return
+    need = memory_need(facts, n_ctx, min(chunk, n_ctx), flash_attn=settings.get("flash_attn") == "on")
+    if need.total <= avail:
+        return
+    from kvpot.session.auto_budget import MEMORY_ENV
+
+    where = f" ({MEMORY_ENV})" if os.environ.get(MEMORY_ENV) else ""
+    raise KvpotError(f"saved context {path} holds a context of {n_ctx:,} cells, which needs about "
+                     f"{size_text(need.total)} (KV {size_text(need.kv)}, logits {size_text(need.logits)}, attention "
+                     f"and activations {size_text(need.scores + need.activations)}); {size_text(avail)} is "
+                     f"available here{where}: it was saved where more memory was free; read the files again "
+                     "with a smaller --budget")
+
+
+def threads_for_machine(threads: int, where: str) -> tuple[int, str | None]:
+    """A thread count that came from a file (a saved context, the config file), at most this machine's
+    cores (more threads than cores only slows llama.cpp down), with a line saying so when it was lowered."""
+    cores = cpu_cores()
+    if threads <= cores:
+        return threads, None
+    return cores, f"{where} asks for {threads} threads; this machine has {cores} CPU cores: using {cores}"
 
 
 # -- the pot's room for a catalyst ----------------------------------------------------------------

@@ -123,6 +123,11 @@ def check_saved(saved: SavedContext, path: Path | str = "saved context") -> None
             point = ReadPoint.from_header(saved.header["read_point"])
             if point.next_position != st.values["tokens_seen"] or saved.header["turns"]:
                 raise ValueError("read_point is not where the engine stopped reading")
+        if "read_stopped" in saved.header:  # a read that stopped early (older contexts do not say)
+            from kvpot.session.read_point import ReadStopped
+
+            if ReadStopped.from_header(saved.header["read_stopped"]).tokens != saved.header["tokens_read"]:
+                raise ValueError("read_stopped does not count the tokens read")
         check_pot_bytes(st.pot, st.arrays["positions"], st.values["pos_next"])
         from kvpot.policies import make_policy
 

@@ -95,10 +95,12 @@ class PieceLog:
         self._digest = digest if digest is not None else hashlib.sha256()
         self._char = char0
         self._last: tuple[int, object] | None = None     # the piece just tokenized: (char, digest before it)
+        self.last_text = ""                               # and its text (the source map digests it)
         self._pieces: deque[tuple[int, np.ndarray, int, object]] = deque(maxlen=PIECES_KEPT)
 
     def tokenize(self, text: str) -> list[int]:
         self._last = (self._char, self._digest.copy())
+        self.last_text = text
         self._digest.update(text.encode("utf-8"))
         self._char += len(text)
         return self._tokenize(text)
@@ -179,3 +181,59 @@ def text_after(sources: SourceSet, point: ReadPoint) -> tuple[Iterator[str], has
         yield from it
 
     return rest(), digest, size
+
+
+@dataclass(frozen=True)
+class ReadStopped:
+    """A read that stopped before the end of its input (Ctrl-C, a signal), as a saved context records it
+    whether or not it can go on: a reopened context says that its input was read only partly, and
+    `--continue` says why it cannot read the rest where there is no read point (a stream: stdin or a
+    pipe is read once)."""
+    tokens: int               # document tokens read
+    of_tokens: int | None     # the input's estimated length in tokens when it stopped (None: unknown)
+    bytes_read: int           # bytes of the input read when it stopped (the reader runs a little ahead)
+    of_bytes: int | None      # the input's size (None: a stream of unknown length)
+    stream: bool              # an input was a stream, which cannot be read again
+
+    def to_header(self) -> dict:
+        return {"tokens": self.tokens, "of_tokens": self.of_tokens, "bytes_read": self.bytes_read,
+                "of_bytes": self.of_bytes, "stream": self.stream}
+
+    @classmethod
+    def from_header(cls, h) -> ReadStopped:
+        """Checked field by field: ValueError if malformed."""
+        if not isinstance(h, dict) or set(h) != {"tokens", "of_tokens", "bytes_read", "of_bytes", "stream"}:
+            raise ValueError("read_stopped must hold tokens, of_tokens, bytes_read, of_bytes and stream")
+        for key in ("tokens", "of_tokens", "bytes_read", "of_bytes"):
+            v = h[key]
+            if v is None and key.startswith("of_"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 62:
+                raise ValueError(f"read_stopped.{key} is not a count")
+        if not isinstance(h["stream"], bool):
+            raise ValueError("read_stopped.stream is not a boolean")
+        return cls(h["tokens"], h["of_tokens"], h["bytes_read"], h["of_bytes"], h["stream"])
+
+    def describe(self) -> str:
+        """How much was read: "354 of ~5,000 tokens (20,480 of 19,811 bytes read)"."""
+        of = f" of ~{self.of_tokens:,}" if self.of_tokens and self.of_tokens > self.tokens else ""
+        size = f"{self.bytes_read:,} of {self.of_bytes:,}" if self.of_bytes else f"{self.bytes_read:,}"
+        return f"{self.tokens:,}{of} tokens (the reader had taken {size} bytes of the input)"
+
+
+def why_no_rest(stopped: ReadStopped | None, turns: int) -> str:
+    """Why a context whose read stopped early has no rest to read (it has no read point)."""
+    if stopped is not None and stopped.stream:
+        return "the input was a stream (stdin or a pipe), which cannot be read again"
+    if turns:
+        return f"it was saved after {turns:,} turns of conversation, so it cannot read on"
+    return "where it stopped was not recorded"
+
+
+def cannot_continue(context, stopped: ReadStopped | None, turns: int) -> str:
+    """What `--continue` says of a context with no read point (its header's read_stopped and turns)."""
+    if stopped is None:
+        return (f"{context} holds no stopped read to continue: it was read to its end"
+                + (" and answered" if turns else ""))
+    return (f"{context} holds a read stopped after {stopped.describe()}, and {why_no_rest(stopped, turns)}: "
+            "--continue cannot read the rest (read the whole input again)")

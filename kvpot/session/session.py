@@ -25,7 +25,7 @@ from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import FORMAT_NAME, SavedContext, read_context, write_context
 from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
-from kvpot.session.read_point import PieceLog, ReadPoint, resumable_sources, text_after
+from kvpot.session.read_point import PieceLog, ReadPoint, ReadStopped, resumable_sources, text_after
 from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
@@ -98,6 +98,9 @@ class Session:
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
         # where a stopped read goes on (None: read to its end, or stopped where it cannot go on)
         self.read_point: ReadPoint | None = None
+        # how much of the input a read that stopped early had read (None: read to its end), kept whether or
+        # not it can go on (a stream cannot): a reopened context says so
+        self.read_stopped: ReadStopped | None = None
 
     def close(self) -> None:
         self.engine.close()
@@ -155,7 +158,7 @@ class Session:
             done = tok.chars
             for toks in tok.stream(text):
                 log.piece_read(at, toks)
-                self.source_map.add(at, done, tok.chars - done, toks, eng.model.piece)
+                self.source_map.add(at, done, tok.chars - done, toks, eng.model.piece, text=log.last_text)
                 self.source_map.marks = sources.marks
                 first, at, done = at, at + len(toks), tok.chars
                 if resume is not None and first == resume.pos:
@@ -164,7 +167,10 @@ class Session:
                     toks = toks[resume.skip:]
                 yield toks
 
+        est = None
+
         def on_chunk(ev: FeedEvent) -> None:
+            nonlocal est
             self.doc_tokens = ev.tokens_read - start.start_tokens
             est = None
             if total_bytes:
@@ -179,10 +185,12 @@ class Session:
                                      sources.bytes_read, sources.replaced))
 
         t0, seen0 = time.perf_counter(), eng.tokens_seen
+        stopped = False
         try:
             eng.feed_stream(pieces(), expected=start.expected, on_chunk=on_chunk, abortable=True)
-            self.read_point = None  # read to its end
+            self.read_point = self.read_stopped = None  # read to its end
         except (ReadingStopped, abort.Interrupted) as e:
+            stopped = True
             self.read_point = None if names is None else log.point(eng.tokens_seen, names)
             if isinstance(e, abort.Interrupted):
                 raise ReadingStopped(str(e)) from None
@@ -191,6 +199,9 @@ class Session:
             self.read_seconds += time.perf_counter() - t0
             self.read_here += eng.tokens_seen - seen0
             self.doc_tokens = eng.tokens_seen - start.start_tokens
+            if stopped:
+                self.read_stopped = ReadStopped(self.doc_tokens, est, sources.bytes_read,
+                                                total_bytes, names is None)
         if self.doc_tokens <= len(eng.model.bos()):
             raise KvpotError("the input holds no text")
         self.finish_reading()
@@ -333,6 +344,8 @@ class Session:
         if point is not None and self.turns == 0 and point.next_position == self.engine.tokens_seen:
             # a stopped read: where its rest begins (a read that failed after its point has none)
             header["read_point"] = point.to_header()
+        if self.read_stopped is not None:  # the input was read only partly (with or without a point to go on from)
+            header["read_stopped"] = self.read_stopped.to_header()
         state = self.engine.export_state()
         # the file will reference the policy's disk data (InfLLM's store): mark it kept before the file exists,
         # so no moment has a saved context whose store a signal's cleanup would delete (a save that then
@@ -376,6 +389,8 @@ class Session:
             raise KvpotError(f"{path} cannot be restored: {e}") from None
         if "read_point" in h:  # checked with the file (context_file.check_saved)
             s.read_point = ReadPoint.from_header(h["read_point"])
+        if "read_stopped" in h:
+            s.read_stopped = ReadStopped.from_header(h["read_stopped"])
         s._after_reading = saved.state if s.turns == 0 and resettable else None
         return s
 

@@ -7,11 +7,16 @@ Three records meet here:
   * the engine's `answer_mass`: the attention the answer's rows gave each stream position, summed
     over layers, KV heads and rows (score taps, `Engine.track_answer_attention`);
   * a `SourceMap` built while reading: stream position -> character offset of the joined text, one
-    entry per GROUP tokens (memory grows by 16 bytes per GROUP tokens, about 250 KiB per million),
-    and the input's marks (file, page, chapter or line of each piece, `SourceSet.marks`).
+    entry per GROUP tokens (memory grows by 24 bytes per GROUP tokens, about 375 KiB per million),
+    and the input's marks (file, page, chapter or line of each piece, `SourceSet.marks`), with a short
+    digest of each entry's text as it was read.
 
 Passages are fixed runs of PASSAGE_TOKENS stream positions; their score is the mass they received,
 their quote is read back from the inputs (`quote`), which works whenever the inputs are still there.
+A quote is given only where the text read back has the digests of the text that was read: a file
+changed since (edited, rewritten, replaced) is said to have changed, and its passages are not quoted
+(the text there now is not what the model read). A context saved before the digests were recorded
+is quoted as it reads now, with a note that this could not be checked.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+
+import hashlib
 
 import numpy as np
 
@@ -34,6 +41,7 @@ SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a sou
 QUOTE_CHARS = 160      # longest quote
 WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
 LONG_LINE = 400        # characters into its line past which a place also says its column
+DIGEST_BYTES = 8       # of each entry's text (BLAKE2b): a changed file is told apart, at 8 bytes per entry
 
 
 def piece_chars(piece: bytes) -> int:
@@ -50,20 +58,30 @@ class SourceMap:
     end_pos: int = 0                                           # past the last document token
     end_char: int = 0
     marks: list[Mark] = field(default_factory=list)
+    # per entry, the digest of its text (the joined text from its character offset to the next entry's) as it
+    # was read; None: a map saved before digests were recorded (or built without the text), nothing to check
+    digests: list[bytes] | None = field(default_factory=list)
     _chars_of: dict[int, int] = field(default_factory=dict, repr=False)  # token -> characters of its piece
 
-    def add(self, first_pos: int, char0: int, n_chars: int, tokens: Sequence[int], piece) -> None:
+    def add(self, first_pos: int, char0: int, n_chars: int, tokens: Sequence[int], piece,
+            text: str | None = None) -> None:
         """Record one tokenized run of text: `tokens` at stream positions first_pos.., from the n_chars
         characters at char0. Token lengths come from `piece(token) -> bytes`, scaled to n_chars (a
-        SentencePiece vocabulary adds a leading space the text did not have)."""
+        SentencePiece vocabulary adds a leading space the text did not have). `text`: the run's text,
+        whose entries' digests are kept (without it, the map keeps none)."""
         if not tokens:
             return
         lens = np.fromiter((self._token_chars(t, piece) for t in tokens), dtype=np.int64, count=len(tokens))
         cum = np.concatenate([[0], np.cumsum(lens)])
         total = max(int(cum[-1]), 1)
-        for i in range(0, len(tokens), GROUP):
+        starts = [int(cum[i]) * n_chars // total for i in range(0, len(tokens), GROUP)]
+        for i, start in zip(range(0, len(tokens), GROUP), starts):
             self.pos.append(first_pos + i)
-            self.char.append(char0 + int(cum[i]) * n_chars // total)
+            self.char.append(char0 + start)
+        if text is None or len(text) != n_chars:
+            self.digests = None
+        elif self.digests is not None:
+            self.digests += [text_digest(text[a:b]) for a, b in zip(starts, starts[1:] + [n_chars])]
         self.end_pos, self.end_char = first_pos + len(tokens), char0 + n_chars
 
     def truncate(self, pos: int, char: int) -> None:
@@ -71,6 +89,8 @@ class SourceMap:
         but not read); `char`: the character offset of the token at `pos`, where the map now ends."""
         keep = bisect_right(self.pos, pos - 1)
         del self.pos[keep:], self.char[keep:]
+        if self.digests is not None:
+            del self.digests[keep:]
         self.end_pos, self.end_char = pos, char
 
     def _token_chars(self, token: int, piece) -> int:
@@ -94,9 +114,16 @@ class SourceMap:
 
     # -- saved contexts ----------------------------------------------------------------------------
 
+    def entry_end(self, i: int) -> int:
+        """Character offset where entry i's text ends (the next entry's start, or the map's end)."""
+        return self.char[i + 1] if i + 1 < len(self.char) else self.end_char
+
     def to_header(self) -> dict:
-        return {"pos": list(self.pos), "char": list(self.char), "end": [self.end_pos, self.end_char],
-                "marks": [[m.offset, m.source, m.where] for m in self.marks]}
+        out = {"pos": list(self.pos), "char": list(self.char), "end": [self.end_pos, self.end_char],
+               "marks": [[m.offset, m.source, m.where] for m in self.marks]}
+        if self.digests is not None:
+            out["digests"] = b"".join(self.digests).hex()
+        return out
 
     @classmethod
     def from_header(cls, h) -> SourceMap:
@@ -107,12 +134,22 @@ class SourceMap:
             pos, char = array("q", h["pos"]), array("q", h["char"])
             end_pos, end_char = (int(v) for v in h["end"])
             marks = [Mark(int(o), str(s), str(w)) for o, s, w in h["marks"]]
+            digests = None
+            if "digests" in h:  # older contexts have none
+                raw = bytes.fromhex(h["digests"])
+                if len(raw) != DIGEST_BYTES * len(pos):
+                    raise ValueError("a digest per entry")
+                digests = [raw[i:i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES)]
         except (KeyError, TypeError, ValueError, OverflowError):
             raise KvpotError("its source map is malformed") from None
         if len(pos) != len(char) or any(b <= a for a, b in zip(pos, pos[1:])) or \
                 any(b < a for a, b in zip(char, char[1:])) or (pos and (end_pos < pos[-1] or end_char < char[-1])):
             raise KvpotError("its source map is not in reading order")
-        return cls(pos=pos, char=char, end_pos=end_pos, end_char=end_char, marks=marks)
+        return cls(pos=pos, char=char, end_pos=end_pos, end_char=end_char, marks=marks, digests=digests)
+
+
+def text_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES).digest()
 
 
 @dataclass(frozen=True)
@@ -122,11 +159,20 @@ class Passage:
     start: int           # character offsets of the joined text
     end: int
     share: float         # of the attention the answer gave the document
-    quote: str = ""      # "" when the inputs cannot be read again (stdin, moved files)
+    quote: str = ""      # "" when the inputs cannot be read again (stdin, moved files) or changed since
+    note: str = ""       # why a quote is missing or unchecked: CHANGED, UNCHECKED, or ""
 
     def as_dict(self) -> dict:
-        return {"source": self.source, "where": self.where, "start": self.start, "end": self.end,
-                "share": round(self.share, 4), "quote": self.quote}
+        out = {"source": self.source, "where": self.where, "start": self.start, "end": self.end,
+               "share": round(self.share, 4), "quote": self.quote}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+# Passage.note: the text read back is not the text that was read (not quoted); no digest was recorded to check
+CHANGED = "changed since it was read"
+UNCHECKED = "not checked"
 
 
 def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
@@ -213,18 +259,25 @@ def reread(session) -> SourceSet | None:
 
 def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> list[Passage]:
     """Fill in each passage's quote (and its line, for text inputs marked per piece) by reading the
-    inputs once more, up to the last passage. A re-read whose places differ from the recorded ones
-    (the files changed) quotes nothing."""
+    inputs once more, up to the last passage. Each passage's text is checked against the digests of
+    what was read (SourceMap.digests): where it differs (the file changed since), or where the places
+    differ from the recorded ones, the passage is not quoted and its note says the file changed. A map
+    without digests (a context saved before they were recorded) is quoted unchecked, and says so."""
     if text is None or not passages:
         return passages
     want = sorted(range(len(passages)), key=lambda i: passages[i].start)
+    check = _DigestCheck(smap, passages) if smap.digests is not None else None
     last = max(p.end for p in passages)
+    if check is not None:
+        last = max(last, check.end)  # the entries holding the passages' ends are checked whole
     span = max(p.end - p.start for p in passages) + 2 * WORD_REACH  # a passage, widened to whole words
     got: dict[int, tuple[str, str]] = {}
+    moved = False
     try:
-        for buf_start, buf, n_marks, line0 in _windows(text.pieces(), text, last, span):
+        for buf_start, buf, n_marks, line0 in _windows(text.pieces(), text, last, span, check):
             if text.marks[:n_marks] != smap.marks[:n_marks]:
-                return passages
+                moved = True  # the places differ: the files changed
+                break
             for i in want:
                 p = passages[i]
                 if i in got or not buf_start <= p.start or p.end > buf_start + len(buf):
@@ -233,12 +286,59 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
                           _line(smap, p, buf, buf_start, line0))
     except KvpotError:
         return passages
-    return [Passage(p.source, got[i][1], p.start, p.end, p.share, got[i][0]) if i in got else p
-            for i, p in enumerate(passages)]
+    out = []
+    for i, p in enumerate(passages):
+        if moved or (check is not None and not check.same(p)):
+            # no quote of what is there now, and no line: a text input's recorded place is the line its piece
+            # began on ("line 1" for most of a small file), which only the text read back would refine
+            out.append(replace(p, note=CHANGED, where="" if p.where.startswith("line ") else p.where))
+        elif i in got:
+            out.append(Passage(p.source, got[i][1], p.start, p.end, p.share, got[i][0],
+                               "" if check is not None else UNCHECKED))
+        else:
+            out.append(p)
+    return out
 
 
-def _windows(pieces: Iterable[str], text: SourceSet, last: int,
-             span: int) -> Iterator[tuple[int, str, int, int]]:
+class _DigestCheck:
+    """The text read back, entry by entry of the map, against the digests of the text that was read:
+    `feed` takes the joined text in order, `same(passage)` says whether every entry the passage covers
+    read back the same (an entry not reached, e.g. a file now shorter, is not the same)."""
+
+    def __init__(self, smap: SourceMap, passages: list[Passage]):
+        self.smap = smap
+        # the entries the passages cover: the one holding each start up to the one holding its end
+        self.need: set[int] = set()
+        for p in passages:
+            a = max(bisect_right(smap.char, p.start) - 1, 0)
+            b = max(bisect_right(smap.char, max(p.end - 1, p.start)) - 1, a)
+            self.need.update(range(a, b + 1))
+        self.end = max((smap.entry_end(i) for i in self.need), default=0)
+        self.ok: set[int] = set()
+        self._parts: dict[int, list[str]] = {}
+        self._seen = 0
+
+    def feed(self, piece: str) -> None:
+        start, self._seen = self._seen, self._seen + len(piece)
+        for i in sorted(self.need - self.ok):
+            a, b = self.smap.char[i], self.smap.entry_end(i)
+            if b <= start or a >= self._seen:
+                continue
+            self._parts.setdefault(i, []).append(piece[max(a - start, 0):b - start])
+            if b <= self._seen:
+                if text_digest("".join(self._parts.pop(i))) == self.smap.digests[i]:
+                    self.ok.add(i)
+                else:
+                    self.need.discard(i)
+
+    def same(self, p: Passage) -> bool:
+        a = max(bisect_right(self.smap.char, p.start) - 1, 0)
+        b = max(bisect_right(self.smap.char, max(p.end - 1, p.start)) - 1, a)
+        return all(i in self.ok for i in range(a, b + 1))
+
+
+def _windows(pieces: Iterable[str], text: SourceSet, last: int, span: int,
+             check: _DigestCheck | None = None) -> Iterator[tuple[int, str, int, int]]:
     """(start, text, marks so far, where the line holding `start` begins) of each piece joined to the pieces
     before it that hold at least its `span` characters before it (or all of them, near the start), until
     the character `last` is passed. Every run of up to `span` characters up to `last` then lies whole in
@@ -248,6 +348,8 @@ def _windows(pieces: Iterable[str], text: SourceSet, last: int,
     held: deque[tuple[str, int]] = deque()  # the pieces before the current one that the window keeps, with
     held_chars, seen, line = 0, 0, 0        # the line start at each; `line`: the line start at `seen`
     for piece in pieces:
+        if check is not None:
+            check.feed(piece)
         yield seen - held_chars, "".join(h for h, _ in held) + piece, len(text.marks), held[0][1] if held else line
         held.append((piece, line))
         nl = piece.rfind("\n")
@@ -302,4 +404,11 @@ def format_passages(found: list[dict]) -> str:
         place = f"{p['source']} {p['where']}".strip()
         quote_text = f': "{p["quote"]}"' if p["quote"] else ""
         lines.append(f"  {n}. {place} ({p['share']:.0%}){quote_text}")
+    for note, said in ((CHANGED, "{} changed since it was read: its passages are not quoted (the text there now is "
+                                 "not what the model read)"),
+                       (UNCHECKED, "{} is quoted as it reads now: this context records no digest of the text that "
+                                   "was read, so whether it changed since could not be checked")):
+        names = list(dict.fromkeys(p["source"] or "the input" for p in found if p.get("note") == note))
+        if names:
+            lines.append("  " + said.format(", ".join(names)))
     return "\n".join(lines) + "\n"
