@@ -37,8 +37,9 @@ from kvpot.errors import KvpotError
 _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 
 
-# files the running command reads or runs: real path -> what it is, for the refusal ("the model")
-_protected: dict[str, str] = {}
+# files the running command reads or runs: real path -> what it is, for the refusal ("the model"); a file
+# may be several things at once (the log named as the model), and each is kept
+_protected: dict[str, list[str]] = {}
 # folders whose every file is protected (an input folder: what --glob, --exclude or .gitignore left out too)
 _protected_folders: dict[str, str] = {}
 # files known only by an open descriptor (stdin redirected from a file): (st_dev, st_ino) -> what it is.
@@ -49,7 +50,9 @@ _protected_ids: dict[tuple[int, int], str] = {}
 def protect(path: Path | str, role: str) -> None:
     """Never let a save replace `path` (through any name) while this command runs. A path that does
     not exist yet (a block store made while reading) is protected by its name."""
-    _protected.setdefault(os.path.realpath(Path(path).expanduser()), role)
+    roles = _protected.setdefault(os.path.realpath(Path(path).expanduser()), [])
+    if role not in roles:
+        roles.append(role)
 
 
 def protect_folder(path: Path | str, role: str) -> None:
@@ -78,7 +81,7 @@ def protect_standard_streams() -> None:
 @contextlib.contextmanager
 def protection_scope() -> Iterator[None]:
     """Files protected inside the block are forgotten after it (one CLI command, one test)."""
-    saved = dict(_protected), dict(_protected_folders), dict(_protected_ids)
+    saved = {k: list(v) for k, v in _protected.items()}, dict(_protected_folders), dict(_protected_ids)
     try:
         yield
     finally:
@@ -87,26 +90,30 @@ def protection_scope() -> Iterator[None]:
             now.update(before)
 
 
-def protected_role(path: Path | str) -> str | None:
+def protected_role(path: Path | str, ignore: str | None = None) -> str | None:
     """What `path` is to the running command when a save there would replace a protected file: the
     same name, or the same inode (st_dev, st_ino) as one, each compared now (an inode number a
-    deleted file freed may belong to another file since)."""
+    deleted file freed may belong to another file since), or a file under a protected folder.
+    `ignore`: a role that does not count (the log's own, when the log itself is checked)."""
     real = os.path.realpath(Path(path).expanduser())
-    if real in _protected:
-        return _protected[real]
+    for role in _protected.get(real, ()):
+        if role != ignore:
+            return role
     try:
         st = os.stat(real)
     except OSError:
         return None  # a new name: nothing there to replace
     if (st.st_dev, st.st_ino) in _protected_ids:
         return _protected_ids[(st.st_dev, st.st_ino)]
-    for known, role in _protected.items():
+    for known, roles in _protected.items():
         try:
             other = os.stat(known)
         except OSError:
             continue
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-            return role
+            for role in roles:
+                if role != ignore:
+                    return role
     return _folder_role(real)
 
 
@@ -174,8 +181,8 @@ def check_append_target(path: Path | str, what: str, own_role: str | None = None
     if not stat.S_ISREG(st.st_mode):
         kind = "a FIFO (the log would wait for a reader forever)" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
         raise KvpotError(f"{what} is {kind}; name a file")
-    role = protected_role(path)
-    if role is not None and role != own_role:
+    role = protected_role(path, ignore=own_role)
+    if role is not None:
         raise KvpotError(f"{what} is {role}, which this command uses (the log would be written into it); "
                          "name another file")
     return path

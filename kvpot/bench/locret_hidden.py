@@ -19,10 +19,10 @@ from kvpot.converters.adapter import BaseIdentity
 from kvpot.models.resolve import resolve_model
 from kvpot.paths import home
 from kvpot.runtime.llama import LlamaModel
+from kvpot.safe_write import write_text_file
 from kvpot.train.documents import default_sources, make_samples
 from kvpot.train.locret import capture_all, heldout_spearman
 from kvpot.train.locret_fit import FitConfig, evaluate, fit
-from kvpot.safe_write import write_text_file
 
 N_TRAIN, N_HELD, LENGTH, STEPS, SEED = 16, 4, 512, 120, 0
 
