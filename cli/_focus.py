@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
+from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, locate, why_not
 from kvpot.session.session import Session
@@ -48,7 +49,7 @@ def find_passages(session: Session, question: str) -> Focus | None:
     try:
         text, settings = focus_for(session, located)
     except KvpotError as e:
-        err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(str(e))}", soft_wrap=True)
+        err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(printable(str(e)))}", soft_wrap=True)
         return None
     st = session.engine.stats()
     pot = {"policy": session.policy_spec, "budget": session.settings.budget, "tokens_read": session.doc_tokens,

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from kvpot.display import printable
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.sources import format_passages, top_passages
@@ -58,6 +59,14 @@ def report(session: Session, said: Answered, answer_seconds: float, context: str
     return out
 
 
+def sources_text(found: list[dict]) -> str:
+    """--sources as printed on the terminal: each passage's file name, place and quote with their control
+    characters shown as escapes (kvpot.display), so that a name or a document cannot drive the terminal or
+    forge a line (the JSON report escapes them itself)."""
+    safe = [{k: printable(v) if isinstance(v, str) else v for k, v in p.items()} for p in found]
+    return format_passages(safe)
+
+
 def print_report(obj: dict) -> None:
     write_out(json.dumps(obj, ensure_ascii=False) + "\n")
 
@@ -91,5 +100,5 @@ def answer_with_sources(session: Session, question: str, sampler: Sampler | None
             amend(obj)
         print_report(obj)
     elif found is not None and not said.stopped:
-        write_out(format_passages(found))
+        write_out(sources_text(found))
     return said

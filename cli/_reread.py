@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.paths import home
 from kvpot.session.session import Session
@@ -83,7 +84,7 @@ def read_again(session: Session, reread: Reread, question: str, open_session) ->
                                exclude=reread.exclude, resettable=True, **reread.opts)
         except (KeyboardInterrupt, KvpotError) as e:
             why = "stopped" if isinstance(e, KeyboardInterrupt) else f"refused: {e}"
-            err.print(f"[yellow]/ask: reading again {escape(why)}; back to the chat's reading[/yellow]",
+            err.print(f"[yellow]/ask: reading again {escape(printable(why))}; back to the chat's reading[/yellow]",
                       soft_wrap=True)
             try:
                 return reopen_session(str(kept), reread.model, reread.opts.get("threads"),

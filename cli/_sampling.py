@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kvpot.display import require_utf8
+from kvpot.errors import KvpotError
 from kvpot.session.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_REPEAT_PENALTY,
@@ -46,4 +48,10 @@ def make_sampler(temp: float, top_k: int, top_p: float, min_p: float, repeat_pen
 
 
 def stops(values: list[str] | None) -> tuple[str, ...]:
-    return tuple(v for v in (values or []) if v)
+    """The --stop texts, checked before any reading: an empty one would end nothing (or everything), and
+    one that is not UTF-8 could never appear in an answer."""
+    for v in values or []:
+        if not v:
+            raise KvpotError('--stop takes the text that ends the answer, got an empty one ("")')
+        require_utf8(v, "a --stop text")
+    return tuple(values or [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kvpot.display import printable, require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
 from kvpot.ingest.sources import STDIN, stdin_is_piped
@@ -21,7 +23,6 @@ from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
-from kvpot.session.sources import format_passages
 
 from ._common import (
     NO_ANSWER_EXIT,
@@ -36,7 +37,7 @@ from ._common import (
 )
 from ._focus import find_passages, focus_report, focused_session
 from ._options import N_PREDICT_HELP, policy_names
-from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources
+from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._sampling import (
     DEFAULTS,
@@ -162,7 +163,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
             if go_on:
                 continue_reading(session, context, question, save_context)
             elif session.read_point is not None:
-                err.print(f"{context} holds a read stopped after {session.doc_tokens:,} tokens; --continue reads "
+                err.print(f"{printable(str(context))} holds a read stopped after {session.doc_tokens:,} tokens; "
+                          "--continue reads "
                           f"the rest of {session.read_point.names()}", soft_wrap=True, markup=False)
         except BaseException:
             session.close()
@@ -225,7 +227,9 @@ def ask(
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    stop_at = stops(stop)
     *inputs, question = args
+    require_utf8(question, "the question")  # a tokenizer takes text: said before the document is read
     if not inputs and context is None and looks_like_input(question):
         raise KvpotError(f"no question: {question} is an input; pass the question after it "
                          f"(kvpot ask {question} \"QUESTION\")")
@@ -245,7 +249,7 @@ def ask(
         saved = save(session, save_context) if save_context is not None else True
         found = find_passages(session, question) if focus else None
         if found is None:
-            said = answer_with_sources(session, question, sampler, stops(stop), json_out, sources,
+            said = answer_with_sources(session, question, sampler, stop_at, json_out, sources,
                                        context=None if context is None else str(context))
         facts, name = session.facts, session.model_name
     if found is not None:  # the pot's session is closed: the focused read loads the model afresh
@@ -256,7 +260,7 @@ def ask(
                 obj["inputs"]["read"], obj["seconds"]["read"] = found.pot["inputs"], found.pot["read_seconds"]
                 obj.update(focus_report(found, focused))
 
-            said = answer_with_sources(focused, question, sampler, stops(stop), json_out, sources, amend=amend)
+            said = answer_with_sources(focused, question, sampler, stop_at, json_out, sources, amend=amend)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:
@@ -304,14 +308,14 @@ def _ask_again(state: _Chat, question: str) -> str | None:
         return None
     why = NO_FILES if state.reread is None else worth_reading_again(state.session)
     if why is not None:
-        err.print(escape(why), soft_wrap=True)
+        err.print(escape(printable(why)), soft_wrap=True)
         return question
     try:
         state.session = read_again(state.session, state.reread, question, _open_session)
     except ReadingLost:
         raise  # the chat has no reading left: its error ends it
     except KvpotError as e:  # not read again: the chat goes on as it was
-        err.print(f"[yellow]{escape(str(e))}[/yellow]", soft_wrap=True)
+        err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]", soft_wrap=True)
         return None
     state.last = None
     return question
@@ -329,7 +333,7 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
         err.print(_stats_table(session))
     elif cmd == "/sources":
         if state.last is not None:
-            write_out(format_passages(state.last))  # where --sources prints them: after the answers, on stdout
+            write_out(sources_text(state.last))  # where --sources prints them: after the answers, on stdout
         elif state.track:
             err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
         else:
@@ -342,7 +346,7 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
             state.last = None
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
-            err.print(f"[yellow]{escape(str(e))}[/yellow]")
+            err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]")
     elif cmd == "/save":
         if not arg.strip():
             err.print("[yellow]usage: /save PATH[/yellow]")
@@ -388,6 +392,7 @@ def chat(
     """
     require_stdout()
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    stop_at = stops(stop)
     if sys.stdin is None:  # Python starts with no sys.stdin when fd 0 is closed
         raise KvpotError("stdin is closed: chat reads your questions from it (use kvpot ask for one question)")
     inputs = inputs or []
@@ -404,7 +409,7 @@ def chat(
         session.model_name if session.model_name in KNOWN else str(session.facts.path), opts)
     state = _Chat(session, sources, reread)
     try:
-        _chat_loop(state, save_context, sampler, stops(stop))
+        _chat_loop(state, save_context, sampler, stop_at)
     finally:
         state.session.close()
 
@@ -413,6 +418,10 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
     if save_context is not None:
         save(state.session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
+    # a line that is not UTF-8 is read as it is (its bad bytes kept as lone surrogates) and refused below,
+    # rather than ending the chat with a decoding error
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             line = err.input("[bold green]you>[/bold green] ")
@@ -422,6 +431,11 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             err.print("\n(/quit or Ctrl-D to leave)")
             continue
         if not line.strip():
+            continue
+        try:
+            require_utf8(line, "the line")
+        except KvpotError as e:  # refused; the chat goes on
+            err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
             continue
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "/ask":
@@ -437,8 +451,8 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             if found is not None:
                 state.last = found
                 if state.show_sources and not said.stopped:
-                    write_out(format_passages(found))
+                    write_out(sources_text(found))
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}")
+            err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)

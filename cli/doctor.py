@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 import kvpot
@@ -16,7 +17,7 @@ from kvpot.errors import KvpotError
 from kvpot.models.pull import cached_path
 from kvpot.models.registry import KNOWN
 
-from ._common import err, user_errors
+from ._common import err, out, user_errors
 
 
 def _cpu_rows(table: Table) -> list[str]:
@@ -106,8 +107,9 @@ def doctor() -> None:
     table.add_row("block stores", block_stores(paths.blocks_dir()))
     for m in KNOWN.values():
         table.add_row(f"model {m.name}", "cached" if cached_path(m).is_file() else "not pulled")
-    err.print(table)
+    out.print(table)  # the report asked for: stdout (`kvpot doctor > report.txt`); warnings stay on stderr
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
-    if problem is not None:
+    if problem is not None:  # the table says it where it was asked for; stderr says it too
+        err.print(f"[red]error:[/red] {escape(str(problem))}", soft_wrap=True)
         raise typer.Exit(problem.exit_code)

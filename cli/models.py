@@ -10,7 +10,7 @@ from kvpot.models.choose import by_capability
 from kvpot.models.pull import cached_path
 from kvpot.models.pull import pull as pull_model
 
-from ._common import err, steps, user_errors
+from ._common import err, out, steps, user_errors
 
 
 @user_errors
@@ -49,4 +49,4 @@ def models() -> None:
     table.add_column("description", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    err.print(table)
+    out.print(table)  # the list asked for: stdout, for `kvpot models | grep`

@@ -7,9 +7,11 @@ import os
 import time
 from collections.abc import Callable
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.ingest.sources import STDIN
@@ -53,11 +55,11 @@ def _describe(sources: SourceSet) -> str:
     sizes = [s.size if s.size is not None else (len(s.head) if s.complete else None) for s in srcs]
     if len(srcs) == 1:
         # a focused read's passages (kvpot.session.focus) are held in memory and named by what they come from
-        what = "stdin" if srcs[0].path is None and srcs[0].name == STDIN else srcs[0].name
+        what = "stdin" if srcs[0].path is None and srcs[0].name == STDIN else printable(srcs[0].name)
     else:
         n_files = len(srcs) - len(streams)
         parts = [f"{n_files} file{'s' if n_files != 1 else ''}"] if n_files else []
-        parts += ["stdin" if s.path is None else s.name for s in streams]
+        parts += ["stdin" if s.path is None else printable(s.name) for s in streams]
         what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
     if None in sizes:
         return f"{what}, size unknown (a stream)"
@@ -79,7 +81,7 @@ def read_with_progress(session: Session, sources: SourceSet, save: Callable[[], 
         what = _describe(sources)
         if resume is not None:
             what = f"the rest of {what} from token {resume.next_position:,}"
-        err.print(f"[bold]reading[/bold] {what} with {session.policy_spec}, budget "
+        err.print(f"[bold]reading[/bold] {escape(what)} with {session.policy_spec}, budget "
                   f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: {session.format.name}",
                   soft_wrap=True)
         try:

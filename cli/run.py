@@ -11,12 +11,13 @@ from rich.markup import escape
 
 from kvpot import paths
 from kvpot.bench.logbook import logbook
+from kvpot.display import require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import STDIN, stat_input
 from kvpot.ingest.textfile import check_text_file
 from kvpot.models.choose import default_model
 from kvpot.models.pull import pull as pull_model
-from kvpot.session.settings import RunSettings
+from kvpot.session.settings import RunSettings, setting_problem
 
 from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, errors_as_json, require_stdout, user_errors
 from ._options import N_PREDICT_HELP, policy_names
@@ -85,11 +86,16 @@ def run(
     errors_as_json(json_out)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    stop_at = stops(stop)
+    require_utf8(prompt, "the prompt (-p)")  # a tokenizer takes text: said before the document is read
     if ctx is not None:
         if policy.partition(":")[0].strip().lower() != FULL:
             raise KvpotError("--ctx-size sizes full attention's context; a pot policy takes --budget")
         if budget is not None:
             raise KvpotError("pass --ctx-size or --budget, not both (for --policy full they are the same)")
+        problem = setting_problem("budget", ctx)  # checked here, so that it names -c, not the --budget it becomes
+        if problem:
+            raise KvpotError(f"--ctx-size {problem}")
         budget = str(ctx)
     if str(file) != STDIN:
         st = stat_input(str(file))  # missing, unreachable, a symlink loop: one line each
@@ -105,7 +111,7 @@ def run(
         err.print(escape(line), soft_wrap=True)
     with session:
         read_with_progress(session, read)
-        said = answer_with_sources(session, prompt, sampler, stops(stop), json_out, sources)
+        said = answer_with_sources(session, prompt, sampler, stop_at, json_out, sources)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

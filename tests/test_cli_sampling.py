@@ -26,7 +26,10 @@ def doc(tmp_path_factory, smollm2_path):
                                               ("--top-p", "1.5", "--top-p must be in (0, 1]"),
                                               ("--min-p", "1", "--min-p must be in [0, 1)"),
                                               ("--repeat-penalty", "0", "--repeat-penalty must be > 0"),
-                                              ("--seed", "-7", "--seed must be in 0")])
+                                              ("--seed", "-7", "--seed must be in 0"),
+                                              ("--temp", "inf", "--temp must be >= 0 and finite, got inf"),
+                                              ("--repeat-penalty", "inf", "--repeat-penalty must be > 0 and finite"),
+                                              ("--stop", "", "--stop takes the text that ends the answer")])
 def test_bad_sampling_values_are_refused_before_reading(doc, opt, value, needle):
     path, question = doc
     res = runner.invoke(app, ["ask", str(path), question, *OPTS, opt, value])

@@ -8,6 +8,7 @@ likely token after the penalty, as `kvpot ask` does by default (the same answer 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +34,9 @@ class Sampler:
                                   ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
                                   ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
                                   ("repeat_penalty", self.repeat_penalty > 0, "> 0")):
-            if not ok:
-                raise KvpotError(f"--{name.replace('_', '-')} must be {allowed}, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not ok or not math.isfinite(value):  # inf passes the comparisons, and samples nothing sensible
+                raise KvpotError(f"--{name.replace('_', '-')} must be {allowed} and finite, got {value}")
         if self.seed is not None and not 0 <= self.seed < 2**32:
             raise KvpotError(f"--seed must be in 0 … {2**32 - 1}, got {self.seed}")
         self._rng = np.random.default_rng(self.seed)

@@ -231,6 +231,17 @@ def _one_line(e: Exception) -> str:
     return (lines[0] if lines else type(e).__name__)[:200]
 
 
+def set_in_config(key: str, model_name: str | None, path: Path | None = None) -> bool:
+    """Whether the config file sets `key` ([defaults], or the model's own table): the user's choice, as
+    an option on the command line is (a policy named there is honoured, not replaced by full attention
+    where the input fits)."""
+    cfg = load_config(path or config_path())
+    tables = [cfg.get("defaults", {})]
+    if model_name:
+        tables.append(cfg.get("models", {}).get(model_name, {}))
+    return any(key in table for table in tables)
+
+
 def resolve_settings(model_name: str | None, registry_defaults: dict, cli: dict, path: Path | None = None) -> RunSettings:
     """Merge the layers; `cli` holds only the options the user gave (None values are ignored)."""
     return resolve_settings_and_policy(model_name, registry_defaults, cli, path)[0]
