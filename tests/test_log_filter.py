@@ -93,8 +93,17 @@ def test_the_load_log_reaches_the_file_and_not_stderr(smollm2_path, log_file, ca
 
 
 def test_an_unwritable_log_file_is_one_error(tmp_path):
-    with pytest.raises(KvpotError, match="cannot open log file"):
+    with pytest.raises(KvpotError, match="folder .* does not exist"):  # checked before C opens it
         logs.install(tmp_path / "no" / "such" / "dir" / "llama.log")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # root writes anyway
+            with pytest.raises(KvpotError, match="cannot open log file"):  # C's own refusal, one line
+                logs.install(locked / "llama.log")
+    finally:
+        locked.chmod(0o700)
     logs.install("")
 
 
@@ -114,4 +123,4 @@ def test_an_unwritable_kvpot_llama_log_names_the_variable(smollm2_path, tmp_path
     code = f"from kvpot.runtime.llama import LlamaModel\nLlamaModel({str(smollm2_path)!r}, vocab_only=True)\n"
     env = {**os.environ, "KVPOT_LLAMA_LOG": str(tmp_path / "no" / "dir" / "x.log")}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode != 0 and "KVPOT_LLAMA_LOG: cannot open log file" in res.stderr
+    assert res.returncode != 0 and "KVPOT_LLAMA_LOG=" in res.stderr and "does not exist" in res.stderr
