@@ -27,6 +27,11 @@ const char * const k_harmless[] = {
     "ggml_backend_sched_graph_compute_async failed with error 1\n",
     "failed to compute graph, compute status: 1\n",
     "llama_decode: failed to decode, ret = 2\n",
+    // an RPC connection that broke (ggml-rpc's transport): a client aborts right after it, and kvpot's
+    // abort callback names the lost server in one line (kvpot/runtime/rpc.py); a server goes on to its
+    // next client
+    "recv failed (bytes_recv=",
+    "send failed (bytes_sent=",
 };
 
 std::mutex g_file_mutex;    // guards g_file against a concurrent kvpot_log_setup

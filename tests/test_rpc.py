@@ -236,3 +236,143 @@ def test_runtime_without_rpc_is_refused(monkeypatch):
     monkeypatch.setattr(rpc, "load_runtime", lambda: NoRpc())
     with pytest.raises(rpc.RpcError, match="built without llama.cpp's RPC backend"):
         rpc.use_servers(["127.0.0.1:1"])
+
+
+# --- a server that goes away ------------------------------------------------------------------------
+
+
+class HelloThenClose:
+    """A listener that answers each connection's RPC hello as a server of this protocol does, then
+    closes the connection when the next command has come (a server that dies right after the handshake)."""
+
+    def __init__(self):
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.hellos = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import struct
+
+        from kvpot.runtime.rpc import RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE, RPC_PROTO_MAJOR, RPC_PROTO_MINOR, _recv_exact
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    conn.settimeout(10)
+                    cmd, size = struct.unpack("<BQ", _recv_exact(conn, 9))
+                    _recv_exact(conn, size)
+                    if cmd != RPC_CMD_HELLO:
+                        continue
+                    conn.sendall(struct.pack("<QBBBB", 4 + RPC_CONN_CAPS_SIZE, RPC_PROTO_MAJOR, RPC_PROTO_MINOR, 0, 0)
+                                 + bytes(RPC_CONN_CAPS_SIZE))
+                    self.hellos += 1
+                    # the next command whole (so the close is a FIN, not a reset for unread bytes), then close
+                    _, size = struct.unpack("<BQ", _recv_exact(conn, 9))
+                    _recv_exact(conn, size)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+def _no_native_report(text: str) -> None:
+    """No trace of ggml's abort: its message, a debugger's backtrace, kvpot's crash banner, a traceback,
+    the transport's error line for the broken connection (kvpot-log.cpp drops it)."""
+    for needle in ("ggml-rpc.cpp", "GGML_ASSERT", "Remote RPC server crashed", "crashed in native code",
+                   "Traceback", "Fatal Python error", "#0 ", "[Inferior", "recv failed", "send failed"):
+        assert needle not in text, text
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["line", "json"])
+def test_rpc_server_that_closes_after_the_hello_is_one_line(smollm2_path, tmp_path, as_json):
+    """The hello is answered (the check before the model loads passes), then the connection closes:
+    ggml-rpc aborts inside the next command; kvpot's abort callback makes it one line, exit RPC_LOST_EXIT."""
+    from kvpot.runtime.rpc import RPC_LOST_EXIT
+
+    doc = tmp_path / "d.txt"
+    doc.write_text("a short note")
+    fake = HelloThenClose()
+    try:
+        res = run_cli("ask", str(doc), "what?", "-m", str(smollm2_path), "--rpc", fake.endpoint,
+                      *(["--json"] if as_json else []), timeout=120)
+    finally:
+        fake.close()
+    assert fake.hellos >= 2  # kvpot's check, then ggml-rpc's own connection
+    assert res.returncode == RPC_LOST_EXIT, res.stderr
+    assert res.stdout == ""
+    _no_native_report(res.stderr)
+    if as_json:
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, res.stderr
+        got = json.loads(lines[0])
+        assert got["exit_code"] == RPC_LOST_EXIT and f"RPC server {fake.endpoint}" in got["error"]
+    else:
+        assert_one_line_error(res.stderr, f"RPC server {fake.endpoint} answered the hello, then closed the connection")
+
+
+def test_rpc_server_killed_mid_read_is_one_line(smollm2_cut_path, tmp_path):
+    """A real server killed while `kvpot ask` reads through it: one error line naming it, saying nothing
+    could be saved, exit RPC_LOST_EXIT (not ggml's SIGABRT, 134), nothing on stdout."""
+    import signal
+
+    from kvpot.bench.logbook import logbook
+    from kvpot.runtime.rpc import RPC_LOST_EXIT
+
+    text, question, _ = logbook(n_entries=120, seed=3)
+    doc = tmp_path / "logbook.txt"
+    doc.write_text(text)
+    server = Servers(1, tmp_path)
+    try:
+        ep = server.endpoints[0]
+        cmd = [sys.executable, *SERVER_ARGS[:2], "ask", str(doc), question, "-m", str(smollm2_cut_path),
+               "--rpc", ep, "--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion",
+               "--threads", "1", "--save-context", str(tmp_path / "never.kvpot")]
+        env = {**os.environ, "KVPOT_PROGRESS_EVERY": "0"}  # a line after every chunk: the kill lands mid-read
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("read "):
+                break
+        server.procs[0].send_signal(signal.SIGKILL)
+        out, rest = proc.communicate(timeout=300)
+    finally:
+        server.close()
+    stderr = "".join(lines) + rest
+    assert any(ln.startswith("read ") for ln in lines), stderr  # it was reading when the server died
+    assert proc.returncode == RPC_LOST_EXIT, stderr
+    assert out == ""
+    _no_native_report(stderr)
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr
+    assert f"lost RPC server {ep}" in errors[0] and "nothing could be saved" in errors[0], errors[0]
+    assert not (tmp_path / "never.kvpot").exists()
+
+
+def test_rpc_server_on_a_port_in_use_is_one_line():
+    """`kvpot rpc-server` refuses a port another process listens on before it prints its banner, and
+    says who holds it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        res = run_cli("rpc-server", "--host", "127.0.0.1", "--port", str(port), timeout=120)
+    assert res.returncode != 0
+    assert res.stdout == ""  # no banner
+    assert_one_line_error(res.stderr, f"port {port} on 127.0.0.1 is already in use (by pid {os.getpid()}")
