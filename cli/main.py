@@ -9,7 +9,7 @@ import typer
 import kvpot
 from kvpot.build.pins import LLAMA_CPP_COMMIT
 
-from . import ask, bench, build, convert, doctor, models, rpc, run, train
+from . import ask, bench, build, convert, doctor, models, rpc, run, serve, train
 from ._crash import enable_crash_reports
 from ._interrupt import exit_cleanly_on_signals
 from ._options import KvpotCommand, KvpotGroup, aliased
@@ -57,6 +57,7 @@ app.command(cls=aliased(run.ALIASES))(run.run)
 app.command(cls=KvpotCommand)(run.demo)
 app.command(cls=KvpotCommand)(build.build)
 app.command(name="rpc-server", cls=KvpotCommand)(rpc.rpc_server)
+app.command(cls=KvpotCommand)(serve.serve)
 app.add_typer(bench.app, name="bench")
 app.add_typer(convert.app, name="convert")
 app.add_typer(train.app, name="train")
