@@ -136,6 +136,7 @@ def _read_documents(docs: dict[str, Path], model: str | None, threads, max_token
     """Each document's saved context reopened, or its input read and saved first; the backend holds the
     last one open."""
     from kvpot.models.choose import default_model
+    from kvpot.models.registry import KNOWN
     from kvpot.models.resolve import resolve_model
     from kvpot.serve.backend import Backend, Document, context_path, contexts_dir
 
@@ -177,7 +178,10 @@ def _read_documents(docs: dict[str, Path], model: str | None, threads, max_token
                 reading.close()
             session = reopen(ctx)  # served from the file: its state is restored from there for each request
         served[name] = Document(name, str(path), ctx, session.doc_tokens)
-    return Backend(model_id=session.model_name, documents=served, open_context=reopen, session=session,
+    # the plain model's id: a registry name as given, else the file's name without .gguf (a GGUF's own
+    # general.name may hold spaces, which some front ends cannot put in a model field)
+    model_id = session.model_name if session.model_name in KNOWN else facts.path.stem
+    return Backend(model_id=model_id, documents=served, open_context=reopen, session=session,
                    open_doc=name, log=lambda line: err.print(escape(printable(line)), soft_wrap=True))
 
 
