@@ -182,7 +182,7 @@ def _read_documents(docs: dict[str, Path], model: str | None, threads, max_token
     # general.name may hold spaces, which some front ends cannot put in a model field)
     model_id = session.model_name if session.model_name in KNOWN else facts.path.stem
     return Backend(model_id=model_id, documents=served, open_context=reopen, session=session,
-                   open_doc=name, log=lambda line: err.print(escape(printable(line)), soft_wrap=True))
+                   open_doc=name, log=lambda line: err.print(printable(line), soft_wrap=True, markup=False, emoji=False))
 
 
 def _run(backend, sock: socket.socket, host: str, api_key: str | None, origins: list[str]) -> None:
@@ -194,7 +194,8 @@ def _run(backend, sock: socket.socket, host: str, api_key: str | None, origins: 
     port = sock.getsockname()[1]
     where = f"[{host}]" if ":" in host else host
     err.print(f"serving {', '.join(backend.model_ids())} on http://{where}:{port}/v1 "
-              f"({'API key required' if api_key else 'no API key'}); Ctrl-C stops", soft_wrap=True, markup=False)
+              f"({'API key required' if api_key else 'no API key'}); Ctrl-C stops", soft_wrap=True, markup=False,
+              emoji=False)
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
