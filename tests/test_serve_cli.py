@@ -82,3 +82,30 @@ def test_plain_model_renders_the_template_with_text_kept_as_text():
 def test_bad_messages(messages):
     with pytest.raises(BadRequest):
         parse_messages(messages)
+
+
+def test_saved_contexts_are_keyed_by_input_model_and_options(tmp_path, monkeypatch):
+    """The same input, model and options find the same saved context; a changed input (size or mtime, a file
+    added to a folder), another model or other options read again."""
+    import os
+
+    from kvpot.serve.backend import context_path
+
+    monkeypatch.setenv("KVPOT_HOME", str(tmp_path / "home"))
+    doc, model, folder = tmp_path / "doc.txt", tmp_path / "m.gguf", tmp_path / "folder"
+    doc.write_text("one")
+    model.write_bytes(b"GGUF")
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    opts = {"budget": "128"}
+    first = context_path("doc", doc, model, opts)
+    assert first == context_path("doc", doc, model, dict(opts))
+    assert first.parent == tmp_path / "home" / "serve" and first.name.startswith("doc-")
+    assert context_path("doc", doc, model, {"budget": "256"}) != first
+    os.utime(doc, ns=(1, 1))
+    assert context_path("doc", doc, model, opts) != first
+    os.utime(model, ns=(1, 1))
+    assert context_path("doc", doc, model, opts) != context_path("doc", doc, tmp_path / "doc.txt", opts)
+    before = context_path("f", folder, model, opts)
+    (folder / "b.txt").write_text("b")
+    assert context_path("f", folder, model, opts) != before
