@@ -266,7 +266,7 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
     if text is None or not passages:
         return passages
     want = sorted(range(len(passages)), key=lambda i: passages[i].start)
-    check = _DigestCheck(smap, passages) if smap.digests is not None else None
+    check = _DigestCheck(smap, passages) if smap.digests is not None and smap.pos else None
     last = max(p.end for p in passages)
     if check is not None:
         last = max(last, check.end)  # the entries holding the passages' ends are checked whole
