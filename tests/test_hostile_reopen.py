@@ -1,4 +1,4 @@
-"""Reopened contexts meet the checks a fresh read meets (issue 88): the memory the saved context takes,
+"""Reopened contexts meet the checks a fresh read meets: the memory the saved context takes,
 the machine's cores, a read that stopped early on a stream, inputs changed since they were read
 (--sources), and InfLLM's disk check and store."""
 

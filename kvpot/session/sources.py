@@ -21,13 +21,12 @@ is quoted as it reads now, with a note that this could not be checked.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-
-import hashlib
 
 import numpy as np
 
