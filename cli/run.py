@@ -14,7 +14,6 @@ from kvpot.bench.logbook import logbook
 from kvpot.display import require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import STDIN, stat_input
-from kvpot.ingest.textfile import check_text_file
 from kvpot.models.choose import default_model
 from kvpot.models.pull import pull as pull_model
 from kvpot.session.settings import RunSettings, setting_problem
@@ -48,7 +47,8 @@ ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 
 @user_errors
 def run(
-    file: Path = typer.Option(..., "--file", "-f", metavar="PATH", help="the document to read (text)"),
+    file: Path = typer.Option(..., "--file", "-f", metavar="PATH",
+                              help="the document to read (text, PDF, EPUB, DOCX, ODT, HTML; compressed or not)"),
     prompt: str = typer.Option(..., "--prompt", "-p", metavar="TEXT", help="the question to ask about it"),
     model: str = typer.Option(None, "--model", "-m", metavar="NAME|PATH", show_default="see above",
                               help=RUN_MODEL_HELP),
@@ -99,8 +99,10 @@ def run(
         budget = str(ctx)
     if str(file) != STDIN:
         st = stat_input(str(file))  # missing, unreachable, a symlink loop: one line each
-        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):  # a folder or a binary file is refused as such
-            check_text_file(file)                                # (a pipe is read)
+        if stat.S_ISDIR(st.st_mode):  # -f names one document; ask reads folders
+            raise KvpotError(f"input path {file} is a directory; pass a file (kvpot ask reads folders)")
+    # the document is read as ask reads it (kvpot.ingest: PDF, EPUB, DOCX, ODT, HTML, compressed text),
+    # a binary or empty file refused there with one line
     connect_rpc(rpc)
     # the model ask would choose, said once the session stands, so that a refusal stays one line
     chosen: list[str] = []

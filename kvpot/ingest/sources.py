@@ -49,6 +49,9 @@ class Source:
     stream: BinaryIO | None = None  # a pipe or pseudo-file opened once (reading it again would lose data)
     complete: bool = False  # streams only: `head` holds all of it (read ahead to its end; see read_ahead)
     kind: Kind = Kind("text")  # what the file is (kvpot.ingest.formats); size is its file's, not its text's
+    # a compressed file's text size where its format says it (gzip's trailer when plausible, zstd's frame
+    # header; compressed.text_size), else None: unknown until read
+    text_estimate: int | None = None
     # what was said about this source while reading (a PDF's damaged page): said once, however often
     # the source is read (counted, read, quoted)
     said: set[str] = field(default_factory=set, compare=False, repr=False)
@@ -113,6 +116,19 @@ class SourceSet:
         if any(s.size is None for s in self.sources):
             return None
         return sum(s.size for s in self.sources)
+
+    @property
+    def text_bytes(self) -> int | None:
+        """The text's size as far as it is known before reading, for a progress estimate: a file's size,
+        a compressed file's uncompressed size where its format says it (Source.text_estimate); None when
+        any is unknown (a stream, a compressed file whose format does not say), rather than a wrong one."""
+        total = 0
+        for s in self.sources:
+            n = s.size if s.kind.codec is None else s.text_estimate
+            if n is None:
+                return None
+            total += n
+        return total
 
     def read_ahead(self, max_bytes: int, stdin: BinaryIO | None = None,
                    notice: Callable[[str], None] = lambda msg: None) -> None:
@@ -446,6 +462,22 @@ BINARY = "binary"
 UNREADABLE = "unreadable"
 
 
+def _text_estimate(kind: Kind, path: Path, size: int) -> int | None:
+    return compressed.text_size(kind.codec, path, size) if kind.codec else None
+
+
+def only_whitespace(path: Path) -> bool:
+    """The file holds whitespace and nothing else (read until its first other byte)."""
+    try:
+        with open(path, "rb") as f:
+            while raw := f.read(PIECE_BYTES):
+                if raw.strip():
+                    return False
+    except OSError as e:
+        raise KvpotError(f"cannot read {path}: {e.strerror}") from None
+    return True
+
+
 def _identify(path: Path, name: str) -> Kind:
     try:
         return formats.identify(path, _sniff(path), name)
@@ -471,6 +503,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
     skipped: list[str] = []
     left_out: list[tuple[str, str]] = []
     unreadable: list[str] = []   # the reasons of named inputs left out
+    blank: list[str] = []        # named text files that hold only whitespace
     walked = False
     for item in inputs:
         if item == STDIN:
@@ -522,8 +555,8 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
                 if kind.kind == "binary":
                     skipped.append(str(p))
                     left_out.append((str(p), BINARY))
-                elif p.stat().st_size:
-                    found.append(Source(str(p), p, p.stat().st_size, kind=kind))
+                elif size := p.stat().st_size:
+                    found.append(Source(str(p), p, size, kind=kind, text_estimate=_text_estimate(kind, p, size)))
             if not found:
                 raise KvpotError(f"directory {item} has no text files matching "
                                  f"{' or '.join(repr(g) for g in globs)}" + _counts(left_out, " (left out: {})"))
@@ -542,15 +575,25 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
             skipped.append(str(path))
             left_out.append((str(path), BINARY))
             continue
-        sources.append(Source(str(path), path, st.st_size, kind=kind))
+        if kind.plain and st.st_size and only_whitespace(path):
+            blank.append(str(path))
+        sources.append(Source(str(path), path, st.st_size, kind=kind,
+                              text_estimate=_text_estimate(kind, path, st.st_size)))
     if not sources:
         if unreadable:
             raise KvpotError(f"nothing left to read: {'; '.join(unreadable)}")
+        if len(inputs) == 1 and skipped:
+            raise KvpotError(f"no text to read: every input is binary ({skipped[0]} looks binary: not text, "
+                             "PDF, EPUB, DOCX, ODT, HTML or compressed text)")
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
     for why in unreadable:  # told only when there is something else to read
         notice(f"skipping {why}")
     _tell(left_out, sources, walked, verbose, notice)
-    if all(s.size == 0 for s in sources):  # streams have no size (None): they held text
+    if all(s.size == 0 or s.name in blank for s in sources):  # streams have no size (None): they held text
+        if blank and len(sources) == 1:
+            raise KvpotError(f"the input {blank[0]} is empty (it holds only whitespace)")
+        if blank:
+            raise KvpotError("every input file is empty or holds only whitespace")
         raise KvpotError("the input is empty" if len(sources) == 1 else "every input file is empty")
     # no save of this command may replace an input, read or skipped (kvpot.safe_write)
     for name in [s.name for s in sources if s.path is not None] + skipped:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -51,9 +52,10 @@ class _GitIgnores:
     def _load(self, file: Path, base: Path) -> None:
         try:
             with open(file, encoding="utf-8", errors="replace") as f:
-                spec = GitIgnoreSpec.from_lines(f)
+                lines = f.read().splitlines()
         except OSError:
             return  # none, or unreadable: nothing to honour
+        spec = gitignore_spec(lines)
         old = self.specs.get(base)
         self.specs[base] = spec if old is None else old + spec
 
@@ -70,6 +72,38 @@ class _GitIgnores:
         return False
 
 
+def _valid(line: str) -> bool:
+    try:
+        GitIgnoreSpec.from_lines([line])
+    except (ValueError, re.error):
+        return False
+    return True
+
+
+def gitignore_spec(lines: list[str]) -> GitIgnoreSpec:
+    """A .gitignore's rules. A line git cannot use (`!` alone, a trailing backslash, a range like
+    `[z-a]`) is skipped, as git skips it, and the file's other rules still apply."""
+    try:
+        return GitIgnoreSpec.from_lines(lines)
+    except (ValueError, re.error):
+        return GitIgnoreSpec.from_lines([line for line in lines if _valid(line)])
+
+
+def exclude_spec(patterns: list[str]) -> GitIgnoreSpec:
+    """--exclude's patterns (gitignore syntax). Unlike a .gitignore's line, which git skips when it is
+    bad, a bad pattern here is refused with one line: the user typed it for this command, and skipping
+    it would read the files it was meant to leave out."""
+    for pattern in patterns:
+        try:
+            GitIgnoreSpec.from_lines([pattern])
+        except re.error as e:
+            why = re.sub(r" at position \d+", "", e.msg)
+            raise KvpotError(f"--exclude {pattern!r} is not a valid pattern ({why})") from None
+        except ValueError:
+            raise KvpotError(f"--exclude {pattern!r} is not a valid pattern (gitignore's rules do not allow it)") from None
+    return GitIgnoreSpec.from_lines(patterns)
+
+
 def _repo_root(folder: Path) -> Path | None:
     for p in [folder, *folder.parents]:
         if os.path.exists(p / ".git"):  # False, not an error, where a folder cannot be searched
@@ -84,7 +118,8 @@ def walk(root: Path, globs: Iterable[str] = ("*",), excludes: Iterable[str] = ()
     skipped with a notice inside it."""
     absroot = Path(os.path.abspath(root))  # .gitignore rules are looked up by absolute folder
     globs = list(globs) or ["*"]
-    exclude = GitIgnoreSpec.from_lines(list(excludes)) if excludes else None
+    excludes = list(excludes)
+    exclude = exclude_spec(excludes) if excludes else None
     gitignores = _GitIgnores(absroot)
     tree = Tree()
     failed: dict[str, str] = {}  # folder -> why it could not be read

@@ -143,7 +143,7 @@ class Session:
         eng = self.engine
         start = self._new_read(sources) if resume is None else self._continued_read(sources, resume)
         self.source_set = sources
-        total_bytes = sources.total_bytes
+        total_bytes = sources.text_bytes  # a compressed file's text size where its format says it, else unknown
         text, log, opening, at = start.text, start.log, start.opening, start.at
         names = resumable_sources(sources)
         tok = IncrementalTokenizer(log.tokenize)

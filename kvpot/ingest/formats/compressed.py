@@ -176,6 +176,53 @@ def stream_head(codec: str, raw: bytes, whole: bool, name: str, n: int) -> bytes
         return _read_head(f, n, verify=whole)
 
 
+# the most one byte of gzip's deflate can stand for (deflate's limit is ~1032:1); past it a size is not plausible
+GZIP_MAX_RATIO = 1032
+# zstd can reach far higher ratios (a run of one byte), but text does not: a larger claim is not trusted
+ZSTD_MAX_RATIO = 4096
+
+
+def text_size(codec: str, path: Path, size: int) -> int | None:
+    """A compressed file's uncompressed size where its format says it, for a progress estimate;
+    None where it does not or the claim is not plausible (an honest "unknown", not a wrong number).
+    gzip: the last member's ISIZE trailer, which is the size mod 2^32, so it is trusted only when
+    one size fits both it and deflate's ratio, and is at least half the compressed size (a file of
+    several members, whose last is small, is unknown). zstd: the first frame's content size, when
+    the frame header has one and it is plausible. xz and bzip2: unknown."""
+    try:
+        with open(path, "rb") as f:
+            if codec == "gzip":
+                if size < 18 + 8:
+                    return None
+                f.seek(size - 4)
+                isize = int.from_bytes(f.read(4), "little")
+                lo, hi = size // 2, size * GZIP_MAX_RATIO
+                first = isize + max(0, -(-(lo - isize) // (1 << 32))) * (1 << 32)  # the least size >= lo
+                return first if first <= hi < first + (1 << 32) else None  # one fits, not two
+            if codec == "zstd":
+                n = zstd_content_size(f.read(18))
+                return n if n is not None and size // 2 <= n <= size * ZSTD_MAX_RATIO else None
+    except OSError:
+        return None
+    return None
+
+
+def zstd_content_size(head: bytes) -> int | None:
+    """The content size a zstd frame header declares (RFC 8878 3.1.1.1), or None when it has none."""
+    if len(head) < 6 or not head.startswith(ZSTD_MAGIC):
+        return None
+    d = head[4]
+    fcs_flag, single, dict_flag = d >> 6, d >> 5 & 1, d & 3
+    width = (single, 2, 4, 8)[fcs_flag]
+    if not width:
+        return None
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    if len(head) < at + width:
+        return None
+    n = int.from_bytes(head[at:at + width], "little")
+    return n + 256 if width == 2 else n
+
+
 def _read_head(f, n: int, verify: bool) -> bytes:
     """The first n bytes of a decompressing reader; with `verify`, the rest is decompressed too (and
     dropped), so a corrupt or truncated end is refused before anything is read for real."""

@@ -66,7 +66,11 @@ def zip_kind(path: Path, name: str) -> str:
         with zipfile.ZipFile(path) as zf:
             members = set(zf.namelist())
             if "mimetype" in members:
-                mimetype = zf.read("mimetype").decode("ascii", errors="replace").strip()
+                try:
+                    with zf.open("mimetype") as f:
+                        mimetype = f.read(256).decode("ascii", errors="replace").strip()  # a few bytes, whatever it claims
+                except (RuntimeError, NotImplementedError):
+                    mimetype = ""  # encrypted or an unknown method: the members below tell the kind
                 if mimetype in ZIP_MIMETYPES:
                     return ZIP_MIMETYPES[mimetype]
             if "word/document.xml" in members:

@@ -24,6 +24,10 @@ LINE_ENDS = {"br", "td", "th"}  # a line break, or a cell: kept apart from its n
 _SPACE = re.compile(r"\s+")
 
 PIECE_BYTES = 1 << 16
+# unparsed text the parser may hold while it waits for a construct's end (a comment's `-->`, a tag's
+# `>`, a script's `</script>`); past it the construct is unclosed as far as kvpot cares, and the rest
+# of it is skipped as it streams by, so memory stays bounded and each byte is scanned a few times at most
+STUCK_CHARS = 1 << 18
 
 
 class HtmlText(HTMLParser):
@@ -38,6 +42,50 @@ class HtmlText(HTMLParser):
         self._breaks = 0        # newlines owed before the next text (2: a blank line)
         self._line_start = True
         self._started = False   # no blank lines before the first text
+        self._skip_to: str | None = None  # the end of an unclosed construct being skipped
+        self._keep_end = False  # the end is fed to the parser (a script's end tag ends its mode)
+        self._tail = ""         # the skipped text's last characters (an end split across feeds)
+
+    def feed_text(self, text: str) -> None:
+        """feed(), bounded: a construct left open past STUCK_CHARS (a comment never closed, an
+        attribute's quote never closed) is skipped, not held, and its content is not text."""
+        if self._skip_to is not None:
+            text = self._skip_past(text)
+            if self._skip_to is not None:
+                return
+        self.feed(text)
+        if len(self.rawdata) > STUCK_CHARS:
+            self._unstick()
+
+    def _unstick(self) -> None:
+        raw = self.rawdata
+        if self.cdata_elem:  # a script or style never closed: hidden content, skipped to its end tag
+            end, keep = "</" + self.cdata_elem, True
+        elif raw.startswith("<!--"):
+            end, keep = "-->", False
+        elif raw.startswith("<"):  # a tag, declaration or processing instruction never closed
+            end, keep = ">", False
+        else:
+            return
+        self.rawdata = ""
+        self.lineno += raw.count("\n")
+        self._skip_to, self._keep_end = end, keep
+        self._tail = raw[-(len(end) - 1):] if len(end) > 1 else ""  # an end split across the feeds
+
+    def _skip_past(self, text: str) -> str:
+        """Skip `text` up to the end being looked for; what follows the end (for a script, from its end tag)."""
+        end = self._skip_to
+        buf = self._tail + text
+        k = buf.lower().find(end) if self._keep_end else buf.find(end)
+        if k < 0:
+            keep = len(end) - 1
+            self._tail = buf[-keep:] if keep else ""
+            self.lineno += text.count("\n")
+            return ""
+        start = k if self._keep_end else k + len(end)
+        self.lineno += buf[len(self._tail):start].count("\n")  # (the tail's were counted)
+        self._skip_to, self._tail = None, ""
+        return buf[start:]
 
     def take(self) -> str:
         out, self._out = "".join(self._out), []
@@ -97,6 +145,9 @@ class HtmlText(HTMLParser):
         self._line_start = text.endswith("\n")
 
     def finish(self) -> str:
+        raw = self.rawdata
+        if self._skip_to is None and len(raw) > 1 and raw[0] == "<" and (raw[1].isalpha() or raw[1] in "!?/"):
+            self.rawdata = ""  # a construct the file ends inside (a comment never closed): markup, not text
         self.close()
         return self.take().rstrip() + "\n"
 
@@ -113,12 +164,8 @@ def html_pieces(f: BinaryIO, title: bool = True) -> Iterator[tuple[str, str]]:
         text = decoder.decode(raw, final=not raw)
         if first:
             text, first = text.lstrip("\ufeff"), False
-        if raw:
-            parser.feed(text)
-            out = parser.take()
-        else:
-            parser.feed(text)
-            out = parser.finish()
+        parser.feed_text(text)
+        out = parser.take() if raw else parser.finish()
         if out.strip() or (out and not raw):  # the last piece's closing newline too
             yield out, f"line {line}"
         if not raw:
