@@ -92,6 +92,23 @@ def test_windows_of_a_changed_file_are_refused(numbered, tmp_path):
         windows(collect_sources([str(numbered)]), smap, [(100_000, 100_400)])
 
 
+def test_windows_of_a_file_rewritten_at_the_same_length_are_refused(numbered):
+    """The places match, the text does not: the map's digests of what was read catch it, so the focused
+    read never reads text the model did not read as if it had."""
+    sources = collect_sources([str(numbered)])
+    text = "".join(sources.pieces())
+    smap = SourceMap()
+    smap.add(0, 0, len(text), [0] * len(text), lambda t: b"x", text=text)
+    smap.marks = list(sources.marks)
+    assert windows(collect_sources([str(numbered)]), smap, [(40_013, 41_000)])  # unchanged: read again
+    changed = numbered.read_text().replace("line number 1177 ", "line NUMBER 1177 ")
+    numbered.write_text(changed)
+    far = windows(collect_sources([str(numbered)]), smap, [(100, 400)])  # a passage away from the change
+    assert far[0].text == changed[far[0].start:far[0].end]
+    with pytest.raises(KvpotError, match="changed since it was read"):
+        windows(collect_sources([str(numbered)]), smap, [(40_013, 41_000)])
+
+
 def test_focused_text_maps_back_to_the_inputs_offsets(numbered):
     text = numbered.read_text()
     wins = [Window(a, b, str(numbered), "line ?", text[a:b]) for a, b in ((0, 500), (9_000, 9_800), (50_000, 50_100))]

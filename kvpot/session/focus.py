@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
-from kvpot.session.sources import LONG_LINE, SourceMap, line_place, rank, reread
+from kvpot.session.sources import LONG_LINE, DigestCheck, SourceMap, line_place, rank, reread
 
 PASSAGES = 8            # passages the locating answer drew on most
 REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
@@ -87,8 +88,15 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
     # where the line holding each span's start begins: it may begin pieces earlier (files after the first are
     # headed by a line of their own, so no line runs from one file into the next)
     line_at = [0] * len(wanted)
+    # the text read back must be the text that was read, entry by entry of the map (a file rewritten at the
+    # same length keeps its places): checked against the map's digests where it has them
+    spans_read = [SimpleNamespace(start=max(lo - LINE_REACH, 0), end=hi + LINE_REACH) for lo, hi in wanted]  # widened
+    check = DigestCheck(smap, spans_read) if smap.digests is not None and smap.pos else None
+    last = max(last, check.end) if check is not None else last
     seen, line_start = 0, 0
     for piece in text.pieces():
+        if check is not None:
+            check.feed(piece)
         end = seen + len(piece)
         for i, (lo, hi) in enumerate(wanted):
             a, b = max(lo - LINE_REACH, seen), min(hi + LINE_REACH, end)
@@ -106,6 +114,11 @@ def windows(text: SourceSet, smap: SourceMap, wanted: list[tuple[int, int]]) -> 
     n = len(text.marks)
     if text.marks[:n] != smap.marks[:n] or any(f is None for f in firsts):
         raise KvpotError("the inputs changed since they were read: the passages cannot be read again")
+    bad = [sp for sp in spans_read if not check.same(sp)] if check is not None else []
+    if bad:
+        names = sorted({m.source for m in (smap.where(sp.start) for sp in bad) if m is not None})
+        raise KvpotError(f"{', '.join(names) or 'an input'} changed since it was read (its text differs from what "
+                         "the model read): the passages cannot be read again")
     out = []
     for (lo, hi), parts, first, line0 in zip(wanted, got, firsts, line_at):
         buf = "".join(parts)

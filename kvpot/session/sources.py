@@ -265,7 +265,7 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
     if text is None or not passages:
         return passages
     want = sorted(range(len(passages)), key=lambda i: passages[i].start)
-    check = _DigestCheck(smap, passages) if smap.digests is not None and smap.pos else None
+    check = DigestCheck(smap, passages) if smap.digests is not None and smap.pos else None
     last = max(p.end for p in passages)
     if check is not None:
         last = max(last, check.end)  # the entries holding the passages' ends are checked whole
@@ -299,7 +299,7 @@ def quote(passages: list[Passage], text: SourceSet | None, smap: SourceMap) -> l
     return out
 
 
-class _DigestCheck:
+class DigestCheck:
     """The text read back, entry by entry of the map, against the digests of the text that was read:
     `feed` takes the joined text in order, `same(passage)` says whether every entry the passage covers
     read back the same (an entry not reached, e.g. a file now shorter, is not the same)."""
@@ -337,7 +337,7 @@ class _DigestCheck:
 
 
 def _windows(pieces: Iterable[str], text: SourceSet, last: int, span: int,
-             check: _DigestCheck | None = None) -> Iterator[tuple[int, str, int, int]]:
+             check: DigestCheck | None = None) -> Iterator[tuple[int, str, int, int]]:
     """(start, text, marks so far, where the line holding `start` begins) of each piece joined to the pieces
     before it that hold at least its `span` characters before it (or all of them, near the start), until
     the character `last` is passed. Every run of up to `span` characters up to `last` then lies whole in
