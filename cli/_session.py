@@ -184,7 +184,8 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
 
 def _estimated_tokens(sources: SourceSet) -> int | None:
     """The input's length as the session will declare it to the policy when reading starts."""
-    return int(sources.total_bytes / BYTES_PER_TOKEN_GUESS) if sources.total_bytes else None
+    # the text's size (a compressed file's where its format says it): the compressed size would understate it
+    return int(sources.text_bytes / BYTES_PER_TOKEN_GUESS) if sources.text_bytes else None
 
 
 def protect_recorded_inputs(header: dict) -> None:

@@ -354,3 +354,15 @@ def test_a_single_binary_input_says_it_looks_binary(tmp_path):
         collect_sources([str(path)])
     one_line(e, "every input is binary")
     one_line(e, f"{path} looks binary")
+
+
+def test_the_length_told_to_the_policy_is_the_texts_not_the_compressed_size(tmp_path):
+    """A gzip file's expected tokens (IMDC's schedule, the disk check) come from its text's size."""
+    from kvpot.cli._session import _estimated_tokens
+    from kvpot.session.session import BYTES_PER_TOKEN_GUESS
+
+    text = b"".join(b"line %d of a log that compresses well\n" % i for i in range(50_000))
+    path = tmp_path / "log.gz"
+    path.write_bytes(gzip.compress(text))
+    assert path.stat().st_size < len(text) // 10
+    assert _estimated_tokens(collect_sources([str(path)])) == int(len(text) / BYTES_PER_TOKEN_GUESS)

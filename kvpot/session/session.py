@@ -214,7 +214,7 @@ class Session:
         before = self._question if self._question and self.puts_question_before() else None
         # what the document was read with, as a saved context's header records it
         self.settings = replace(self.settings, question_before="on" if before else "off")
-        total = sources.total_bytes
+        total = sources.text_bytes  # a compressed file's text size where its format says it, else unknown
         return _ReadStart(
             text=sources.pieces(), log=PieceLog(eng.model.tokenize),
             # the stream position of the first token pieces() yields (the engine puts the BOS before it)
