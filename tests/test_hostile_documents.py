@@ -347,6 +347,17 @@ def test_a_whitespace_only_file_is_refused_as_empty(tmp_path):
         collect_sources([str(path), str(path)])
 
 
+def test_whitespace_only_stdin_is_refused_and_text_after_whitespace_is_read():
+    import io
+
+    with pytest.raises(KvpotError) as e:
+        collect_sources(["-"], stdin=io.BytesIO(b" \n\t\r\n" * 30_000))
+    one_line(e, "stdin held only whitespace")
+    stream = io.BytesIO(b"\n" * 100_000 + b"the text\n")
+    got = collect_sources(["-"], stdin=stream)
+    assert "".join(got.pieces(stdin=stream)).strip() == "the text"
+
+
 def test_a_single_binary_input_says_it_looks_binary(tmp_path):
     path = tmp_path / "blob.bin"
     path.write_bytes(bytes(range(256)) * 40)

@@ -318,6 +318,9 @@ def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: No
     return head
 
 
+# a stream that starts with this much whitespace is read as it comes (the bytes read ahead stay bounded)
+WHITESPACE_PROBE = 1 << 20
+
 # the first bytes that tell a stream's kind (formats.detect): a head shorter than these is read on
 _MAGICS = (*COMPRESSED_MAGIC, b"%PDF-", b"PK\x03\x04", b"PK\x05\x06")
 
@@ -508,7 +511,13 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
     for item in inputs:
         if item == STDIN:
             stream = stdin_buffer(stdin)
-            src = _stream_source(STDIN, None, _stdin_head(stream, notice), stream, notice)
+            head = _stdin_head(stream, notice)
+            if not head.strip():  # only whitespace so far: read on until text arrives or the stream ends
+                head, ended = _read_on(stream, head, lambda b: bool(bytes(b).strip()) or len(b) >= WHITESPACE_PROBE,
+                                       "stdin")
+                if ended and not head.strip():
+                    raise KvpotError("stdin held only whitespace: there is no text to read")
+            src = _stream_source(STDIN, None, head, stream, notice)
             if src.kind.kind == "binary":
                 inside = f" once decompressed ({src.kind.codec})" if src.kind.codec else ""
                 raise KvpotError(f"stdin looks binary{inside} (not text); kvpot reads text")
