@@ -45,6 +45,38 @@ class _SafeConsole(Console):
 err = _SafeConsole(stderr=True, highlight=False)
 out = _SafeConsole(highlight=False)
 
+# how much a command says on stderr: "quiet" (-q: errors only), "normal" (one line of what is read and how, the
+# progress, the time an answer took), "verbose" (-v: the plan's details too); reset when the command returns
+_verbosity = "normal"
+
+
+def set_verbosity(verbose: bool = False, quiet: bool = False) -> None:
+    """-v and -q of ask, chat and run (serve's log is verbose): from now until the command returns. Quiet
+    silences the stderr console; errors are said through it anyway (_say_error)."""
+    global _verbosity
+    if verbose and quiet:
+        raise KvpotError("pass -v (say more) or -q (errors only), not both")
+    _verbosity = "verbose" if verbose else "quiet" if quiet else "normal"
+    err.quiet = quiet
+
+
+_started = time.perf_counter()
+
+
+def elapsed() -> float:
+    """Seconds since the command started (user_errors), for --json's total."""
+    return time.perf_counter() - _started
+
+
+def is_verbose() -> bool:
+    """-v was given: the detailed lines (the reading plan's reasons, the settings read with)."""
+    return _verbosity == "verbose"
+
+
+def is_quiet() -> bool:
+    """-q was given: nothing but errors on stderr."""
+    return _verbosity == "quiet"
+
 
 class _StepLines:
     """rich's Status where stderr is not a terminal, where its spinner draws nothing: each update a line."""
@@ -167,7 +199,20 @@ def _say_error(message: str, code: int, rich_line: str) -> None:
         sys.stderr.write(json.dumps({"error": message, "exit_code": code}) + "\n")
         sys.stderr.flush()
     else:
-        err.print(rich_line, soft_wrap=True)
+        was, err.quiet = err.quiet, False  # -q leaves errors
+        try:
+            err.print(rich_line, soft_wrap=True)
+        finally:
+            err.quiet = was
+
+
+def print_error(message: str) -> None:
+    """An error the command goes on after (a chat turn's, a failed save): one red line, said under -q too."""
+    was, err.quiet = err.quiet, False
+    try:
+        err.print(f"[red]error:[/red] {escape(printable(message))}", soft_wrap=True)
+    finally:
+        err.quiet = was
 
 
 def protect_command_files() -> None:
@@ -193,6 +238,8 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        global _started
+        _started = time.perf_counter()
         try:
             with protection_scope():
                 protect_command_files()
@@ -210,6 +257,7 @@ def user_errors(fn):
             raise typer.Exit(130) from None
         finally:
             errors_as_json(False)
+            set_verbosity()
 
     return wrapper
 

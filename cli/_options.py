@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Annotated
 from typing import TYPE_CHECKING, ClassVar, get_args, get_origin
 
+import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 if TYPE_CHECKING:  # typer 0.26 on carries its own click (typer._click), earlier ones use click's
@@ -141,3 +143,11 @@ def policy_names() -> str:
 # and small enough that the cells kept free for it (the answer reserve) cost little beside the document
 N_PREDICT_HELP = ("most tokens in an answer (llama.cpp's -n; 256 is a paragraph, and every cell of it is kept "
                   "free in the context while reading)")
+
+
+# how much ask, chat and run say on stderr (cli._common.set_verbosity)
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="say more on stderr: every file left out of folders and why, how the reading was "
+                            "planned (budget, context, prompt format)")]
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="nothing on stderr but errors (the answer alone on stdout)")]

@@ -18,7 +18,7 @@ from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.sources import format_passages, top_passages
 
-from ._common import write_out
+from ._common import elapsed, write_out
 from ._session import Answered, answer
 
 # the options ask and run share (chat takes --sources too)
@@ -38,7 +38,8 @@ def report(session: Session, said: Answered, answer_seconds: float, context: str
     out = {
         "answer": said.text.strip(),
         "stopped": said.stopped,
-        "stop_reason": session.engine.stop_reason,
+        # by name: end-of-generation, max-tokens, context-full, stop-string, end-of-line, loop-guard, interrupted
+        "stop_reason": "interrupted" if said.stopped else session.engine.stop_kind,
         "model": session.model_name,
         "policy": session.policy_spec,
         "budget": session.settings.budget,
@@ -52,7 +53,9 @@ def report(session: Session, said: Answered, answer_seconds: float, context: str
         "tokens_read": session.doc_tokens,
         "cells": st.n_cells_used,
         "compactions": st.n_compactions,
-        "seconds": {"read": round(session.read_seconds, 3), "answer": round(answer_seconds, 3)},
+        "answer_tokens": session.engine.answer_tokens,
+        "seconds": {"read": round(session.read_seconds, 3), "answer": round(answer_seconds, 3),
+                    "total": round(elapsed(), 3)},
     }
     if sources is not None:
         out["sources"] = sources

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,9 @@ from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_policy, set_in_config
+from kvpot.wording import plural
 
-from ._common import err, write_out
+from ._common import err, is_verbose, print_error, write_out
 from ._interrupt import Interrupts
 from .reading import QuestionProgress, plain_every_s, read_with_progress
 
@@ -169,13 +171,14 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     check_disk(facts, policy, expected)  # and a block store that cannot fit the disk
     for msg in held:
         notice(msg)
-    if plan.note:
+    if plan.note and is_verbose():  # the plan's reasons; the line before reading says what it comes to
         err.print(plan.note, soft_wrap=True)
     if question is None and policy.reads_with_question() and (expected is None or expected > settings.budget):
         err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings, policy=policy,
                           resettable=resettable)
+    session.counted = plan.counted
     if question:
         session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
     check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
@@ -284,6 +287,7 @@ def answer(session: Session, question: str, sampler: Sampler | None = None,
     """Stream the answer to stdout (echo=False: only return it, for --json); Ctrl-C stops it. An empty
     answer is said on stderr (never a silent blank line), and so is an answer the loop guard ended."""
     said = ""
+    t0 = time.perf_counter()
     progress = QuestionProgress()  # shown only when the question is read through the pot
     with Interrupts() as stop:
         try:
@@ -312,6 +316,9 @@ def answer(session: Session, question: str, sampler: Sampler | None = None,
     if done.empty:
         err.print(f"[yellow]the model produced no answer[/yellow] (it ended at {session.engine.stop_reason})",
                   soft_wrap=True)
+    else:
+        err.print(f"answered in {time.perf_counter() - t0:.1f} s ({plural(session.engine.answer_tokens, 'token')})",
+                  soft_wrap=True)
     return done
 
 
@@ -320,7 +327,7 @@ def save(session: Session, path: Path | str) -> bool:
     try:
         size = session.save(path)
     except KvpotError as e:
-        err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
+        print_error(str(e))
         return False
     err.print(f"context saved to {path} ({size / 2**20:,.1f} MiB)", soft_wrap=True)
     point = session.read_point

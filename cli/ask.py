@@ -31,12 +31,14 @@ from ._common import (
     connect_rpc,
     err,
     errors_as_json,
+    print_error,
     require_stdout,
+    set_verbosity,
     user_errors,
     write_out,
 )
 from ._focus import find_passages, focus_report, focused_session
-from ._options import N_PREDICT_HELP, policy_names
+from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._sampling import (
@@ -121,7 +123,6 @@ ExcludeOpt = Annotated[list[str], typer.Option(
     "--exclude", metavar="PATTERN", show_default="none",
     help="files or folders to leave out inside folders, in .gitignore syntax (e.g. 'tests/' or '*.min.js'); "
          "repeatable")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="list every file left out of folders, and why")]
 RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOST:PORT,...", show_default="none: this machine",
                                      help=RPC_HELP)]
 # old spellings, accepted with a note on stderr for one release
@@ -209,6 +210,7 @@ def ask(
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
     sources: SourcesOpt = False,
     rpc: RpcOpt = None,
@@ -225,6 +227,7 @@ def ask(
     With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (see --policy and docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Where the pot left part of the input out, the passages its own answer drew on are read again with full attention and that reading answers (--focus).
     """
     errors_as_json(json_out)
+    set_verbosity(verbose, quiet)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     stop_at = stops(stop)
@@ -374,6 +377,7 @@ def chat(
     glob: GlobOpt = None,
     exclude: ExcludeOpt = None,
     verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -390,6 +394,7 @@ def chat(
 
     Every exchange stays in the same bounded memory: when it fills, the policy compacts it again; a conversation read with full attention turns into a pot when the context fills, and says so.
     """
+    set_verbosity(verbose, quiet)
     require_stdout()
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     stop_at = stops(stop)
@@ -435,7 +440,7 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
         try:
             require_utf8(line, "the line")
         except KvpotError as e:  # refused; the chat goes on
-            err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
+            print_error(str(e))
             continue
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "/ask":
@@ -455,4 +460,4 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:
-            err.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
+            print_error(str(e))

@@ -16,10 +16,11 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.ingest.sources import STDIN
 from kvpot.session.read_point import ReadPoint
-from kvpot.session.session import ReadingStopped, ReadProgress, Session
+from kvpot.session.session import BYTES_PER_TOKEN_GUESS, ReadingStopped, ReadProgress, Session
+from kvpot.session.settings import reads_in_full
 from kvpot.wording import plural
 
-from ._common import err
+from ._common import err, is_verbose
 from ._interrupt import Interrupts
 
 PLAIN_EVERY_S = 5.0   # seconds between progress lines when stderr is not a terminal
@@ -45,6 +46,60 @@ class _Rate(ProgressColumn):
     def render(self, task) -> Text:
         speed = task.finished_speed or task.speed
         return Text(f"{speed:,.0f} tok/s" if speed else "… tok/s")
+
+
+def _named(sources: SourceSet) -> str:
+    """What is read, as a user names it: "notes.txt", "stdin", "3 files and stdin"."""
+    srcs = sources.sources
+    if len(srcs) == 1:
+        # a focused read's passages (kvpot.session.focus) are held in memory and named by what they come from
+        return "stdin" if srcs[0].path is None and srcs[0].name == STDIN else printable(srcs[0].name)
+    streams = [s for s in srcs if s.size is None]
+    n_files = len(srcs) - len(streams)
+    parts = [f"{n_files} file{'s' if n_files != 1 else ''}"] if n_files else []
+    parts += ["stdin" if s.path is None else printable(s.name) for s in streams]
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+
+
+def _window(n: int) -> str:
+    """A context's size as a user names it: "32K" (of 1,024 tokens), else the count ("the 5,000-token window")."""
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}-token"
+
+
+def _length(session: Session, sources: SourceSet) -> tuple[str, int | None]:
+    """The input's length as said before reading, with the tokens it is known to have at least (None: unknown):
+    the count made before reading where there is one, else a guess from its size."""
+    counted = session.counted
+    if counted is not None:
+        return (plural(counted.tokens, "token") if counted.complete else f"more than {counted.tokens:,} tokens"), counted.tokens
+    if sources.text_bytes:
+        guess = int(sources.text_bytes / BYTES_PER_TOKEN_GUESS)
+        return f"about {guess:,} tokens", None
+    return "length unknown (a stream)", None
+
+
+def plan_line(session: Session, sources: SourceSet, resume: ReadPoint | None = None) -> str:
+    """The one line said before reading, in a user's words: the model, what is read, its length, and how
+    it is held ("qwen2.5-coder-1.5b · bash.txt · 7,906 tokens · fits the 32K window: reading it whole")."""
+    what = _named(sources)
+    if resume is not None:
+        what = f"the rest of {what} from token {resume.next_position:,}"
+    size, at_least = _length(session, sources)
+    window = session.facts.n_ctx_train or session.engine.ctx.n_ctx
+    if reads_in_full(session.settings.policy):
+        if session.counted is not None and session.counted.complete:
+            how = f"fits the {_window(window)} window: reading it whole"
+        else:
+            how = "reading it whole"
+    else:
+        memory = f"a {session.settings.budget:,}-cell memory ({session.policy_spec.partition(':')[0]})"
+        if at_least is not None and at_least > window:
+            how = f"past the {_window(window)} window: {memory}"
+        elif session.counted is not None and session.counted.complete:
+            how = f"within the {_window(window)} window, through {memory}"
+        else:
+            how = f"through {memory}"
+    return " · ".join([session.model_name, what, size, how])
 
 
 def _describe(sources: SourceSet) -> str:
@@ -81,9 +136,11 @@ def read_with_progress(session: Session, sources: SourceSet, save: Callable[[], 
         what = _describe(sources)
         if resume is not None:
             what = f"the rest of {what} from token {resume.next_position:,}"
-        err.print(f"[bold]reading[/bold] {escape(what)} with {session.policy_spec}, budget "
-                  f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: {session.format.name}",
-                  soft_wrap=True)
+        err.print(escape(plan_line(session, sources, resume)), soft_wrap=True)
+        if is_verbose():
+            err.print(f"[bold]reading[/bold] {escape(what)} with {session.policy_spec}, budget "
+                      f"{session.settings.budget:,} cells (context {session.engine.ctx.n_ctx:,}), prompt: "
+                      f"{session.format.name}", soft_wrap=True)
         try:
             if err.is_terminal:
                 _read_rich(session, sources, stop, resume)
@@ -95,18 +152,28 @@ def read_with_progress(session: Session, sources: SourceSet, save: Callable[[], 
     return True
 
 
+def _exact_total(session: Session, resume: ReadPoint | None) -> int | None:
+    """The input's tokens where they were counted whole before reading (a new read): the progress's total."""
+    counted = session.counted
+    return counted.tokens if resume is None and counted is not None and counted.complete else None
+
+
 def _read_rich(session: Session, sources: SourceSet, stop: Interrupts, resume: ReadPoint | None) -> None:
+    exact = _exact_total(session, resume)
+    bounded = not reads_in_full(session.settings.policy)  # full attention holds everything: no pot to show
     columns = (TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.completed:,}/{task.fields[est]} tokens"),
-               _Rate(), TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"),
-               TextColumn("{task.fields[comp]}"), TimeRemainingColumn())
+               _Rate(), *((TextColumn("pot {task.fields[cells]:,}/{task.fields[cap]:,}"),
+                           TextColumn("{task.fields[comp]}")) if bounded else ()), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         # a continued read starts where it stopped (the rate is then of what this read reads)
-        task = progress.add_task("read", total=None, completed=session.doc_tokens if resume is not None else 0,
-                                 est="?", cells=session.engine.n_cells, cap=session.engine.ctx.n_ctx,
-                                 comp=plural(0, "compaction"))
+        task = progress.add_task("read", total=exact, completed=session.doc_tokens if resume is not None else 0,
+                                 est=f"{exact:,}" if exact else "?", cells=session.engine.n_cells,
+                                 cap=session.engine.ctx.n_ctx, comp=plural(0, "compaction"))
 
         def on_progress(p: ReadProgress) -> None:
-            progress.update(task, completed=p.tokens, total=p.est_total, est=f"~{p.est_total:,}" if p.est_total else "?",
+            total = exact or p.est_total
+            progress.update(task, completed=p.tokens, total=total,
+                            est=f"{exact:,}" if exact else f"~{p.est_total:,}" if p.est_total else "?",
                             cells=p.cells, comp=plural(p.compactions, "compaction"))
             if stop.hit:
                 raise ReadingStopped
@@ -118,15 +185,17 @@ def _read_plain(session: Session, sources: SourceSet, stop: Interrupts, resume: 
     every = plain_every_s()
     t0 = last = time.perf_counter()
     before = session.doc_tokens if resume is not None else 0  # a continued read's rate is of what it reads
+    exact = _exact_total(session, resume)
+    bounded = not reads_in_full(session.settings.policy)
 
     def on_progress(p: ReadProgress) -> None:
         nonlocal last
         now = time.perf_counter()
         if now - last >= every:
             last = now
-            of = f" of ~{p.est_total:,}" if p.est_total else ""
-            err.print(f"read {p.tokens:,}{of} tokens, {(p.tokens - before) / (now - t0):,.0f} tok/s, pot "
-                      f"{p.cells:,}/{p.capacity:,} cells, {plural(p.compactions, 'compaction')}", soft_wrap=True)
+            of = f" of {exact:,}" if exact else f" of ~{p.est_total:,}" if p.est_total else ""
+            pot = f", pot {p.cells:,}/{p.capacity:,} cells, {plural(p.compactions, 'compaction')}" if bounded else ""
+            err.print(f"read {p.tokens:,}{of} tokens, {(p.tokens - before) / (now - t0):,.0f} tok/s{pot}", soft_wrap=True)
         if stop.hit:
             raise ReadingStopped
 
@@ -139,9 +208,10 @@ def _summary(session: Session, sources: SourceSet) -> None:
     rate = f" ({st['read tok/s']:,} tok/s)" if "read tok/s" in st else ""
     n = st["document tokens"]
     what = plural(n, "token") if session.read_here == n else f"{session.read_here:,} more tokens ({n:,} in all)"
-    err.print(f"read {what} in {session.read_seconds:.1f}s{rate}; "
-              f"pot {plural(st['tokens in pot'], 'cell')}, {plural(st['compactions'], 'compaction')}{extra}",
-              soft_wrap=True)
+    # full attention bounds nothing: its cells are the tokens read, and it never compacts
+    pot = (f"; pot {plural(st['tokens in pot'], 'cell')}, {plural(st['compactions'], 'compaction')}"
+           if not reads_in_full(session.settings.policy) else "")
+    err.print(f"read {what} in {session.read_seconds:.1f}s{rate}{pot}{extra}", soft_wrap=True)
 
 
 class QuestionProgress:

@@ -18,8 +18,17 @@ from kvpot.models.choose import default_model
 from kvpot.models.pull import pull as pull_model
 from kvpot.session.settings import RunSettings, setting_problem
 
-from ._common import NO_ANSWER_EXIT, RPC_HELP, connect_rpc, err, errors_as_json, require_stdout, user_errors
-from ._options import N_PREDICT_HELP, policy_names
+from ._common import (
+    NO_ANSWER_EXIT,
+    RPC_HELP,
+    connect_rpc,
+    err,
+    errors_as_json,
+    require_stdout,
+    set_verbosity,
+    user_errors,
+)
+from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_with_sources
 from ._sampling import (
     DEFAULTS,
@@ -68,6 +77,8 @@ def run(
     rpc: str = typer.Option(None, "--rpc", metavar="HOST:PORT,...", show_default="none: this machine", help=RPC_HELP),
     json_out: JsonOpt = False,
     sources: SourcesOpt = False,
+    verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
     top_p: TopPOpt = DEFAULTS["top_p"],
@@ -84,6 +95,7 @@ def run(
     with the same model when -m is not given.
     """
     errors_as_json(json_out)
+    set_verbosity(verbose, quiet)
     require_stdout()  # the answer's destination, before any reading
     sampler = make_sampler(temp, top_k, top_p, min_p, repeat_penalty, seed)
     stop_at = stops(stop)
@@ -108,7 +120,7 @@ def run(
     chosen: list[str] = []
     model = model or default_model(say=chosen.append)
     session, read = new_session([str(file)], "*", model, prompt, policy=policy, budget=budget, chunk=chunk,
-                                threads=threads, prompt=None, max_tokens=max_tokens)
+                                threads=threads, prompt=None, max_tokens=max_tokens, verbose=verbose)
     for line in chosen:
         err.print(escape(line), soft_wrap=True)
     with session:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from kvpot.display import printable
 from kvpot.errors import KvpotError
 
-from ._common import err, user_errors
+from ._common import err, set_verbosity, user_errors
 from .ask import BudgetOpt, ChunkOpt, FlashAttnOpt, ModelOpt, NPredictOpt, PolicyOpt, PromptFormatOpt, ThreadsOpt
 
 API_KEY_ENV = "KVPOT_API_KEY"
@@ -107,6 +107,7 @@ def serve(
 
     Each --document is read once (as `kvpot chat` reads it) and answers as the model kvpot:NAME: every request's conversation goes after the document, whose read state is restored before each request. The model's own name answers without a document. Requests queue and are answered one at a time, in the memory of one pot.
     """
+    set_verbosity(verbose=True)  # a server's log keeps the reading's details (budget, context, prompt format)
     _require_stack()
     if api_key is not None and not api_key.strip():
         raise KvpotError(f"--api-key (or ${API_KEY_ENV}) is empty; give a key or leave it out")

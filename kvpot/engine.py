@@ -110,6 +110,10 @@ class Engine:
         self.step = 0             # chunks read so far
         self._catalyst_cache: tuple[str | None, list[int]] = (None, [])
         self.stop_reason = ""     # why the last answer ended (for "the model produced no answer")
+        # the same by name, for scripts (--json): end-of-generation, max-tokens, context-full; a session's
+        # filter sets stop-string, end-of-line, loop-guard
+        self.stop_kind = ""
+        self.answer_tokens = 0    # tokens the last answer generated (the end-of-generation token not counted)
         # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
         # layers, KV heads and rows (kvpot.session.sources); None when not tracking
         self.answer_mass: dict[int, float] | None = None
@@ -501,14 +505,17 @@ class Engine:
         keep room for the next turn."""
         pending = b""
         chosen: list[int] = []
-        self.stop_reason = f"the {max_tokens}-token limit"
+        self.stop_reason, self.stop_kind = f"the {max_tokens}-token limit", "max-tokens"
+        self.answer_tokens = 0
         self.recall_cells.hold(True)  # the answer reads the blocks its question chose
         for _ in range(max_tokens):
             tok = int(np.argmax(logits)) if pick is None else pick(logits, chosen)
             chosen.append(tok)
             if self.model.is_eog(tok):
                 self.stop_reason = f"end-of-generation ({self.model.piece(tok).decode('utf-8', 'replace') or tok})"
+                self.stop_kind = "end-of-generation"
                 break
+            self.answer_tokens += 1
             pending += self.model.piece(tok)
             try:
                 text = pending.decode("utf-8")
@@ -517,7 +524,7 @@ class Engine:
             except UnicodeDecodeError:
                 pass
             if self.n_cells + 1 > self.ctx.n_ctx - self._turn_room():
-                self.stop_reason = "the room left in the context"
+                self.stop_reason, self.stop_kind = "the room left in the context", "context-full"
                 break
             self._tap_answer_row(self.pos_next)
             self.ctx.decode([tok], self.pos_next, logits="last")

@@ -62,7 +62,7 @@ def stock_answer(model_path, text: str, question: str, n: int, flash_attn: bool)
 def test_an_input_that_fits_is_read_with_full_attention_as_stock(small_doc, smollm2_path, monkeypatch):
     monkeypatch.setenv(MEMORY_ENV, str(8 << 30))
     path, text, question = small_doc
-    res = runner.invoke(app, ["ask", str(path), question, *OPTS])
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS, "-v"])  # -v: the plan's reasons
     assert res.exit_code == 0, res.output
     assert "full attention, as stock llama.cpp" in res.stderr
     assert "flash attention on" not in res.stderr
@@ -83,7 +83,7 @@ def test_past_the_device_memory_the_pot_takes_what_fits(small_doc, smollm2_path,
     plan = plan_cells(facts, DeviceMemory(free, MEMORY_ENV), 256, logit_rows=256, flash_attn=True)
     want = pot_cells(plan.cells, facts.n_ctx_train, answer_reserve(settings), 256)
     path, _, question = small_doc
-    res = runner.invoke(app, ["ask", str(path), question, *OPTS])
+    res = runner.invoke(app, ["ask", str(path), question, *OPTS, "-v"])  # -v: the plan's reasons
     assert res.exit_code == 0, res.output
     assert f"the pot takes {want:,} cells" in res.stderr
     assert f"with infinipot, budget {want:,} cells" in res.stderr  # InfiniPot's |M| (Policy.fit)

@@ -52,11 +52,13 @@ def test_an_input_within_a_chunk_of_the_limit_is_read_whole_as_stock(via, tmp_pa
     assert free < 2 << 30 and plan_cells(facts, DeviceMemory(free, MEMORY_ENV), CHUNK, CHUNK, flash_attn=True).cells == cells
     monkeypatch.setenv(MEMORY_ENV, str(free))
     # stdin has no size: it is read ahead to its end (it is within the limit) and counted as the file is
-    res = (runner.invoke(app, ["ask", str(path), question, *OPTS]) if via == "file" else
-           runner.invoke(app, ["ask", "-", question, *OPTS], input=text))
+    # -v: the plan's reasons (without it, one line says what they come to)
+    res = (runner.invoke(app, ["ask", str(path), question, *OPTS, "-v"]) if via == "file" else
+           runner.invoke(app, ["ask", "-", question, *OPTS, "-v"], input=text))
     assert res.exit_code == 0, res.output
     assert f"the input's {doc:,} tokens fit the {cells:,} cells" in res.stderr
     assert "full attention, as stock llama.cpp" in res.stderr
+    assert f" · {doc:,} tokens · fits the 8K window: reading it whole" in res.stderr
     assert res.stdout.rstrip("\n") == stock_answer(smollm2_path, text, question, 10, flash_attn=True)
 
 

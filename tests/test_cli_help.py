@@ -146,16 +146,59 @@ def test_reading_summary_agrees_and_shows_no_none(capsys):
     from kvpot.cli import reading
 
     stats = {"document tokens": 1, "tokens in pot": 1, "compactions": 1}  # no read tok/s: a reopened context's
-    session = SimpleNamespace(stats=lambda: stats, read_seconds=0.0, read_here=1)
+    pot = SimpleNamespace(policy="infinipot")
+    session = SimpleNamespace(stats=lambda: stats, read_seconds=0.0, read_here=1, settings=pot)
     reading._summary(session, SimpleNamespace(replaced=1))
     said = capsys.readouterr().err
     assert "1 compaction" in said and "1 compactions" not in said
     assert "None" not in said and "1 token " in said and "1 invalid UTF-8 sequence replaced" in said
     # a continued read (--continue) says what it read and what the pot holds in all
     stats.update({"document tokens": 5277, "read tok/s": 200.0})
-    reading._summary(SimpleNamespace(stats=lambda: stats, read_seconds=20.0, read_here=4085), SimpleNamespace(replaced=0))
+    reading._summary(SimpleNamespace(stats=lambda: stats, read_seconds=20.0, read_here=4085, settings=pot),
+                     SimpleNamespace(replaced=0))
     said = capsys.readouterr().err
     assert "read 4,085 more tokens (5,277 in all) in 20.0s (200.0 tok/s)" in said, said
+
+
+def test_full_attention_says_no_pot(capsys):
+    """Full attention bounds nothing: the summary says what was read and how fast, no pot, no compactions."""
+    from kvpot.cli import reading
+
+    stats = {"document tokens": 900, "tokens in pot": 900, "compactions": 0, "read tok/s": 150.0}
+    full = SimpleNamespace(stats=lambda: stats, read_seconds=6.0, read_here=900, settings=SimpleNamespace(policy="full"))
+    reading._summary(full, SimpleNamespace(replaced=0))
+    said = capsys.readouterr().err
+    assert said.startswith("read 900 tokens in 6.0s (150.0 tok/s)") and "pot" not in said and "compaction" not in said
+
+
+def _plan_session(policy: str, budget: int, counted, window: int = 32768, n_ctx: int = 32768):
+    from kvpot.session.reading_plan import TokenCount
+
+    return SimpleNamespace(model_name="qwen2.5-coder-1.5b", counted=None if counted is None else TokenCount(*counted),
+                           facts=SimpleNamespace(n_ctx_train=window), engine=SimpleNamespace(ctx=SimpleNamespace(n_ctx=n_ctx)),
+                           settings=SimpleNamespace(policy=policy, budget=budget), policy_spec=policy)
+
+
+def _one_file(name: str, size: int):
+    return SimpleNamespace(sources=[SimpleNamespace(name=name, path=name, size=size)], text_bytes=size)
+
+
+def test_the_line_before_reading_is_in_a_users_words():
+    from kvpot.cli.reading import plan_line
+
+    fits = plan_line(_plan_session("full", 8000, (7906, True)), _one_file("bash.txt", 30000))
+    assert fits == "qwen2.5-coder-1.5b · bash.txt · 7,906 tokens · fits the 32K window: reading it whole"
+    past = plan_line(_plan_session("infinipot:pot=2048,keep=1024", 2048, (40000, False)), _one_file("big.txt", 900000))
+    assert past == ("qwen2.5-coder-1.5b · big.txt · more than 40,000 tokens · past the 32K window: "
+                    "a 2,048-cell memory (infinipot)")
+    # not counted (a --budget N pot): the length guessed from the size, and a window not of whole K said as a count
+    guessed = plan_line(_plan_session("snapkv", 512, None, window=5000), _one_file("notes.txt", 4000))
+    assert guessed == "qwen2.5-coder-1.5b · notes.txt · about 1,000 tokens · through a 512-cell memory (snapkv)"
+    within = plan_line(_plan_session("snapkv", 512, (900, True), window=5000), _one_file("notes.txt", 4000))
+    assert within.endswith("900 tokens · within the 5,000-token window, through a 512-cell memory (snapkv)")
+    stream = SimpleNamespace(sources=[SimpleNamespace(name="-", path=None, size=None)], text_bytes=None)
+    assert plan_line(_plan_session("full", 8000, None), stream).endswith(" · stdin · length unknown (a stream) · "
+                                                                            "reading it whole")
 
 
 def test_a_partial_count_is_said_as_more_than():

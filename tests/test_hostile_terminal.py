@@ -95,7 +95,7 @@ def test_a_file_name_with_escapes_is_shown_escaped_everywhere(tmp_path, smollm2_
     single = run_cli("ask", *FAST, "--sources", str(folder / RED_NAME), "What is the strongbox code?")
     assert single.returncode == 0, single.stderr
     _no_raw_controls(single.stdout, single.stderr)
-    assert "reading \\x1b[31mRED\\x1b[2J.txt" in single.stderr.replace(str(folder) + "/", "")
+    assert " · \\x1b[31mRED\\x1b[2J.txt · " in single.stderr.replace(str(folder) + "/", "")
 
     as_json = run_cli("ask", *FAST, "--json", "--sources", str(folder / RED_NAME), "What is the strongbox code?")
     assert as_json.returncode == 0, as_json.stderr

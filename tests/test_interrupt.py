@@ -49,9 +49,9 @@ def _signal_at(args: list[str], sig: int, line_start: str, ignore: bool = False)
 
 
 def _ask_and_interrupt(doc, ignore: bool, sig: int = signal.SIGINT) -> tuple[int, str]:
-    """Stopped as reading starts (the "reading ..." line is printed once Ctrl-C is handled)."""
+    """Stopped as reading starts (-v's "reading ..." line is printed once Ctrl-C is handled)."""
     path, question, args = doc
-    return _signal_at(["ask", str(path), question, *args], sig, "reading ", ignore)
+    return _signal_at(["ask", str(path), question, *args, "-v"], sig, "reading ", ignore)
 
 
 def test_ctrl_c_stops_the_reading_at_a_chunk_and_says_how_far(doc):

@@ -219,6 +219,6 @@ def test_a_piped_gzip_log_is_answered_as_the_plain_log_is(smollm2_cut_path):
     # the model may answer nothing (exit NO_ANSWER_EXIT): what is checked is what was read
     for res in (plain, piped):
         assert res.returncode in (0, NO_ANSWER_EXIT), res.stderr.decode()
-        assert "reading stdin" in res.stderr.decode()
+        assert " · stdin · " in res.stderr.decode()
     assert _tokens_read(piped.stderr.decode()) == _tokens_read(plain.stderr.decode()) > 300
     assert piped.stdout == plain.stdout

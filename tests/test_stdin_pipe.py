@@ -52,6 +52,6 @@ def test_piped_text_is_answered(smollm2_path):
     res = run_cli("ask", "What is the strongbox code?", *FAST, input=doc)
     # the 135M test model may answer nothing (exit NO_ANSWER_EXIT): what is checked is that the pipe was read
     assert res.returncode in (0, NO_ANSWER_EXIT), res.stderr
-    assert "reading stdin" in res.stderr
+    assert " · stdin · " in res.stderr
     read = re.search(r"read ([\d,]+) tokens", res.stderr)
     assert read and int(read.group(1).replace(",", "")) > 50, res.stderr

@@ -40,6 +40,7 @@ class AnswerText:
     stops: tuple[str, ...] = ()
     one_line: bool = False
     stopped: str | None = None       # why the filter ended the answer (None: the model ended it)
+    kind: str | None = None          # the same by name: stop-string, end-of-line, loop-guard
     loop: bool = False               # the stop was the loop guard
     _held: str = ""                  # decided-later text, not shown yet
     _started: bool = False
@@ -56,13 +57,13 @@ class AnswerText:
         cut = min((text.find(s) for s in self.stops if s in text), default=-1)
         if cut >= 0:
             stop = next(s for s in self.stops if text.find(s) == cut)
-            self.stopped = f"the stop string {stop!r}"
+            self.stopped, self.kind = f"the stop string {stop!r}", "stop-string"
             return self._show(text[:cut].rstrip(), final=True)
         if self.one_line:  # a line break after the answer's first visible character ends it
             start = 0 if self._started else len(text) - len(text.lstrip())
             nl = text.find("\n", start)
             if nl >= 0:
-                self.stopped = "the end of the answer's line"
+                self.stopped, self.kind = "the end of the answer's line", "end-of-line"
                 return self._show(text[:nl].rstrip(), final=True)
         # hold the possible start of a stop string and trailing whitespace (both may still vanish), and a
         # line that so far is a copy of one the loop guard would stop at (it must not show in part)
@@ -136,4 +137,4 @@ class AnswerText:
         return None
 
     def _loop(self, why: str) -> None:
-        self.stopped, self.loop = f"the loop guard: {why}", True
+        self.stopped, self.loop, self.kind = f"the loop guard: {why}", True, "loop-guard"

@@ -31,12 +31,20 @@ MAX_BYTES_PER_TOKEN = 16
 
 
 @dataclass(frozen=True)
+class TokenCount:
+    tokens: int      # the input's tokens, or, when not complete, fewer than it has (counting stopped)
+    complete: bool   # every token was counted
+
+
+@dataclass(frozen=True)
 class ReadingPlan:
     settings: RunSettings    # with a number for the budget (full attention: the input's tokens)
     note: str | None         # what was decided and why, for stderr (None: the user's own budget, as given)
     # the policy to run: the one plan_reading was given, or full attention's when the plan chose it
     # instead of the settings' (None: none was given and the settings' spec stands)
     policy: Policy | None = None
+    # the input's tokens as counted before reading (None: not counted, a --budget N pot, or stdin)
+    counted: TokenCount | None = None
 
 
 def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
@@ -46,12 +54,6 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
     counting and returns a number above the limit (a lower bound of the input's tokens)."""
     counted = count_input(facts, prompt, sources, limit, question)
     return None if counted is None else counted.tokens
-
-
-@dataclass(frozen=True)
-class TokenCount:
-    tokens: int      # the input's tokens, or, when not complete, fewer than it has (counting stopped)
-    complete: bool   # every token was counted
 
 
 def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
@@ -188,7 +190,7 @@ def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
                                            asked=settings.budget != AUTO)
         note = (f"full attention over {tokens:,} tokens" if tokens is not None
                 else f"full attention, up to {cells:,} tokens (stdin: length unknown)")
-        return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}", policy)
+        return ReadingPlan(replace(settings, budget=cells), f"{note}; the most that fits: {why}", policy, counted)
     device, complete = device_budget.DevicePlan(limit, why), counted is None or counted.complete
     reading = device_budget.choose_reading(device, n_ctx_train, tokens, reserve, chunk, complete=complete)
     if reading.mode == "pot" and not policy_chosen and settings.policy == RunSettings.policy:
@@ -200,9 +202,9 @@ def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     if reading.mode == "full" and not policy_chosen:
         # the settings' policy was built only to learn what its steps need (the device plan's logit rows)
         return ReadingPlan(replace(settings, policy="full", budget=reading.cells), f"budget auto: {reading.reason}",
-                           make_policy("full"))
+                           make_policy("full"), counted)
     if reading.mode == "full":  # the user's policy, at the largest budget (it will not need to evict)
         pot = device_budget.pot_cells(limit, n_ctx_train, reserve, chunk)
         return ReadingPlan(replace(settings, budget=pot), f"budget auto: {settings.policy} with {pot:,} cells ({why})",
-                           policy)
-    return ReadingPlan(replace(settings, budget=reading.cells), f"budget auto: {reading.reason}", policy)
+                           policy, counted)
+    return ReadingPlan(replace(settings, budget=reading.cells), f"budget auto: {reading.reason}", policy, counted)

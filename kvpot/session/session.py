@@ -93,6 +93,8 @@ class Session:
         self.conversation_dropped = 0  # cells the last turn dropped to fit (full attention, see ask)
         self.read_seconds = 0.0
         self.read_here = 0  # document tokens this process read (a continued read's are not all of them)
+        # the input's tokens as counted before reading (kvpot.session.reading_plan), for the progress's total
+        self.counted = None
         self.resettable = resettable
         self._after_reading: EngineState | None = None
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
@@ -298,6 +300,7 @@ class Session:
             yield shown
         if text.stopped is not None:
             self.engine.stop_reason, self.answer_loop = text.stopped, text.loop
+            self.engine.stop_kind = text.kind
 
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""
