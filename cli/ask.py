@@ -37,6 +37,7 @@ from ._common import (
     user_errors,
     write_out,
 )
+from ._chat_input import ChatInput, history_path
 from ._focus import find_passages, focus_report, focused_session
 from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
@@ -272,15 +273,38 @@ def ask(
         raise typer.Exit(1)  # the answer was printed; the exit status still says the save failed
 
 
-CHAT_HELP = """commands:
-  /ask QUESTION  read the files again with the question first, then answer it; when the input did not
-                 fit the pot, the pot then keeps what the question needs (the chat goes on from there)
-  /save PATH     save the conversation's context (reopen with kvpot chat --context PATH)
-  /sources       the passages the last answer drew on most (file, page or line, a quote)
-  /stats         what the pot holds
-  /reset         forget the conversation, keep the document
-  /help          this text
-  /quit          leave (also Ctrl-D)"""
+CHAT_COMMANDS = (
+    ("/ask QUESTION", "read the files again with the question first, then answer it; when the input did not fit "
+                      "the pot, the pot then keeps what the question needs (the chat goes on from there)"),
+    ("/save PATH", "save the conversation's context (reopen with kvpot chat --context PATH)"),
+    ("/sources", "the passages the last answer drew on most (file, page or line, a quote)"),
+    ("/stats", "what the pot holds"),
+    ("/reset", "forget the conversation, keep the document"),
+    ("/help", "this text"),
+    ("/quit", "leave (also Ctrl-D)"),
+)
+CHAT_INPUT_HELP = ("a line ending with \\ goes on on the next (...>); several lines pasted at once are one "
+                   "question; Ctrl-C drops what is typed, or stops an answer")
+
+
+def chat_help(width: int) -> str:
+    """/help's text, wrapped to `width` columns between words, descriptions in a column after the commands
+    (under them where the terminal is too narrow for one)."""
+    import textwrap
+
+    name_w = max(len(name) for name, _ in CHAT_COMMANDS) + 4
+    lines = ["commands:"]
+    for name, text in CHAT_COMMANDS:
+        if width - name_w >= 20:
+            body = textwrap.wrap(text, width - name_w, break_long_words=False, break_on_hyphens=False)
+            lines.append(f"  {name:<{name_w - 2}}{body[0]}")
+            lines += [" " * name_w + more for more in body[1:]]
+        else:
+            lines.append(f"  {name}")
+            lines += textwrap.wrap(text, width, initial_indent="    ", subsequent_indent="    ",
+                                   break_long_words=False, break_on_hyphens=False)
+    lines += textwrap.wrap(CHAT_INPUT_HELP.replace("\\\\", "\\"), width, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def _stats_table(session: Session) -> Table:
@@ -331,7 +355,7 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     if cmd in ("/quit", "/exit"):
         return False
     if cmd == "/help":
-        err.print(CHAT_HELP)
+        err.print(chat_help(err.width if err.is_terminal else 80), soft_wrap=True, markup=False, highlight=False)
     elif cmd == "/stats":
         err.print(_stats_table(session))
     elif cmd == "/sources":
@@ -414,12 +438,14 @@ def chat(
         session.model_name if session.model_name in KNOWN else str(session.facts.path), opts)
     state = _Chat(session, sources, reread)
     try:
-        _chat_loop(state, save_context, sampler, stop_at)
+        reader = ChatInput(history_path(inputs, context))
+        _chat_loop(state, save_context, sampler, stop_at, reader)
     finally:
         state.session.close()
 
 
-def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...]) -> None:
+def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: tuple[str, ...],
+               reader: ChatInput | None = None) -> None:
     if save_context is not None:
         save(state.session, save_context)
     err.print("ask about the document; /help for commands, /quit to leave")
@@ -427,9 +453,10 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
     # rather than ending the chat with a decoding error
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdin.reconfigure(errors="surrogateescape")
+    reader = reader or ChatInput()
     while True:
         try:
-            line = err.input("[bold green]you>[/bold green] ")
+            line = reader.read()
         except EOFError:
             break
         except KeyboardInterrupt:
