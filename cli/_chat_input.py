@@ -70,6 +70,7 @@ class ChatInput:
         try:
             self.history.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with atomic_write(self.history, "chat history") as f:
+                os.fchmod(f.fileno(), 0o600)  # the user's questions: theirs alone, as a shell's history is
                 f.write(text.encode("utf-8", "surrogateescape"))
         except (OSError, KvpotError) as e:
             err.print(f"[yellow]the chat's history is not kept:[/yellow] {e}", soft_wrap=True, markup=True)

@@ -95,6 +95,7 @@ def test_history_per_document_bounded_and_read_back(monkeypatch, tmp_path):
     assert prompts == ["you> ", "...> "]  # readline shows the prompt: it is part of the line it edits
     kept = path.read_text().splitlines()
     assert len(kept) == HISTORY_LINES and kept[-2:] == ["who kept \\", "the log?"], kept[-3:]
+    assert path.stat().st_mode & 0o777 == 0o600  # the user's questions are theirs alone
     # read back by the next chat on the same document
     again = _FakeReadline()
     monkeypatch.setitem(sys.modules, "readline", again)
