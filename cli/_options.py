@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated
-from typing import TYPE_CHECKING, ClassVar, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, ClassVar, get_args, get_origin
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption

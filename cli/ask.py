@@ -24,6 +24,7 @@ from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 
+from ._chat_input import ChatInput, history_path
 from ._common import (
     NO_ANSWER_EXIT,
     RPC_HELP,
@@ -37,7 +38,6 @@ from ._common import (
     user_errors,
     write_out,
 )
-from ._chat_input import ChatInput, history_path
 from ._focus import find_passages, focus_report, focused_session
 from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text

@@ -10,7 +10,6 @@ import types
 
 import pytest
 
-from kvpot.cli import _chat_input
 from kvpot.cli._chat_input import HISTORY_LINES, ChatInput, history_path
 
 
