@@ -210,3 +210,19 @@ def unknown_twin(path: Path, tmp_path: Path) -> Path:
     data[-1] ^= 0xFF
     twin.write_bytes(bytes(data))
     return twin
+
+
+def as_a_user() -> None:
+    """A Popen preexec_fn: root keeps uid 0 but loses the capabilities that bypass file permissions
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so a permission test means the same as root and as a user;
+    its executable and libraries stay reachable, as the owner's bits allow."""
+    import ctypes
+    import os
+
+    if os.geteuid() != 0:
+        return
+    pr_capbset_drop, cap_dac_override, cap_dac_read_search = 24, 1, 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (cap_dac_override, cap_dac_read_search):
+        if libc.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")

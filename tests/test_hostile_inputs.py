@@ -8,14 +8,13 @@ command runs in a child that drops those two capabilities first, so the cases ru
 
 from __future__ import annotations
 
-import ctypes
 import io
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import assert_one_line_error
+from conftest import as_a_user, assert_one_line_error
 
 from kvpot.cli import _common
 from kvpot.errors import KvpotError
@@ -23,18 +22,6 @@ from kvpot.ingest import collect_sources
 
 KVPOT = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
 FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1"]
-PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
-
-
-def _as_a_user() -> None:
-    """In the child, before exec: root keeps uid 0 but loses the capabilities that bypass file
-    permissions (its executable and libraries stay reachable, as the owner's bits allow)."""
-    if os.geteuid() != 0:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
 def _kvpot(*args: str, preexec=None, **kw) -> subprocess.CompletedProcess:
@@ -121,7 +108,7 @@ def locked(tmp_path):
 def test_a_file_in_a_folder_without_search_permission(locked, mode):
     locked.chmod(mode)
     for args in (["ask", str(locked / "f.txt"), "Q"], ["run", "-f", str(locked / "f.txt"), "-p", "Q"]):
-        res = _kvpot(*args, "-m", "smollm2-135m", preexec=_as_a_user)
+        res = _kvpot(*args, "-m", "smollm2-135m", preexec=as_a_user)
         assert res.returncode == 1
         assert_one_line_error(res.stderr, "permission denied (a folder on its path is not searchable)")
 
@@ -129,7 +116,7 @@ def test_a_file_in_a_folder_without_search_permission(locked, mode):
 @pytest.mark.parametrize("mode", [0o000, 0o444])
 def test_a_folder_input_without_permission(locked, mode):
     locked.chmod(mode)
-    res = _kvpot("ask", str(locked), "Q", *FAST, preexec=_as_a_user)
+    res = _kvpot("ask", str(locked), "Q", *FAST, preexec=as_a_user)
     assert res.returncode == 1
     assert_one_line_error(res.stderr, f"cannot read directory {locked}: Permission denied")
 
@@ -141,7 +128,7 @@ def test_an_unreadable_folder_inside_an_input_is_skipped_with_a_notice(tmp_path,
             f"s = collect_sources([{str(tmp_path)!r}], notice=lambda m: print('notice:', m, file=sys.stderr)); "
             "print([x.name for x in s.sources])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         preexec_fn=_as_a_user)
+                         preexec_fn=as_a_user)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str([str(tmp_path / "top.txt")])
     # the folder's notice, then the one summary line of what the input's folders gave

@@ -4,7 +4,6 @@ good (the next pull removes it). pip is faked (tests/fake_wheels.py): no network
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import signal
@@ -15,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error
+from conftest import as_a_user, assert_one_line_error
 from fake_wheels import hanging_pip, part_wheel
 
 KVPOT = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
-PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 
 WORKER = textwrap.dedent("""
@@ -32,15 +30,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _as_a_user() -> None:
-    """Root keeps uid 0 but loses the capabilities that bypass file permissions (as in test_hostile_inputs)."""
-    if os.geteuid() != 0:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
 
 def test_a_read_only_home_is_one_line_naming_the_folder(tmp_path):
     home = tmp_path / "home"
@@ -48,7 +37,7 @@ def test_a_read_only_home_is_one_line_naming_the_folder(tmp_path):
     home.chmod(0o555)
     try:
         res = subprocess.run([*KVPOT, "pull", "smollm2-135m"], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "KVPOT_HOME": str(home)}, preexec_fn=_as_a_user)
+                             env={**os.environ, "KVPOT_HOME": str(home)}, preexec_fn=as_a_user)
     finally:
         home.chmod(0o755)
     assert res.returncode == 1, res.stderr
