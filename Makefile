@@ -7,7 +7,7 @@ MODEL   ?= qwen2.5-coder-0.5b
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install pull pull-test-models train-deps demo bench-qa test test-long test-floors fuzz test-aarch64 test-vulkan clean-venv
+.PHONY: all venv runtime install stock-upstream pull pull-test-models train-deps demo bench-qa test test-long test-floors fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -29,7 +29,13 @@ install: runtime
 pull: install
 	$(BIN)/kvpot pull $(MODEL)
 
-pull-test-models: install
+# unpatched llama.cpp of the runtime's commit (libllama only), the reference of every speed and memory
+# ratio (kvpot.bench.stock_upstream) and of tests/test_stock_upstream.py: built once (several minutes on
+# 2 cores), then found in $KVPOT_HOME/build/upstream-KEY
+stock-upstream: install
+	$(BIN)/python -m kvpot.build.upstream
+
+pull-test-models: install stock-upstream
 	$(BIN)/kvpot pull smollm2-135m
 	$(BIN)/kvpot pull gemma3-270m
 	$(BIN)/kvpot pull qwen2.5-coder-0.5b
