@@ -7,7 +7,7 @@ MODEL   ?= qwen2.5-coder-0.5b
 VENV_FLAGS ?=
 export PYTHONPATH :=
 
-.PHONY: all venv runtime install stock-upstream pull pull-test-models train-deps demo bench-qa test test-long test-floors fuzz test-aarch64 test-vulkan clean-venv
+.PHONY: all venv runtime install stock-upstream pull pull-test-models train-deps demo bench-qa qa-set test test-long test-floors fuzz test-aarch64 test-vulkan clean-venv
 
 all: install
 
@@ -63,6 +63,9 @@ D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
 # answer quality on real documents (docs/benchmarks.md), the 8K and 32K parts: hours on 2 cores.
 # Every case is written to $(QA_JSON) as it ends; running it again continues where it stopped (--resume)
 QA_JSON ?= bench-qa.json
+# the question set (kvpot/bench/qa_set.json): its generated questions rebuilt from this machine's files
+qa-set:
+	$(BENCH_PY) -m kvpot.bench.qa_generate
 bench-qa: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P full -P default --length 8192 --length 32768 \
