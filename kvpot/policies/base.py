@@ -179,6 +179,9 @@ class Policy:
                                     chunk: the budget kept, and the chunk being read)
       chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
       before_chunk(n_tokens)     -> TapRequest for the chunk about to be decoded
+      wants_logprobs()           -> whether its chunks ask for every row's log-prob (TapRequest.logprobs,
+                                    NuC), answered without side effects before reading: the engine
+                                    sizes llama.cpp's output rows and the planner their memory from it
       after_chunk(view)          -> observe the chunk's taps and log-probs (e.g. accumulate, H2O)
       wants_compaction(n_cells, budget, next_chunk) -> compact now? (default: n_cells > budget)
       catalyst_text()            -> text appended before select, its rows tapped, then dropped (CaP)
@@ -272,6 +275,9 @@ class Policy:
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return NO_TAPS
+
+    def wants_logprobs(self) -> bool:
+        return False
 
     def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
         return n_cells > budget
@@ -419,6 +425,9 @@ class Wrapping(Policy):
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return self.wrapped.before_chunk(n_tokens)
+
+    def wants_logprobs(self) -> bool:
+        return self.wrapped.wants_logprobs()
 
     def wants_compaction(self, n_cells: int, budget, next_chunk: int) -> bool:
         return self.wrapped.wants_compaction(n_cells, budget, next_chunk)

@@ -144,7 +144,10 @@ class InfiniPot(Policy):
         return self._sizes()[1]
 
     def before_chunk(self, n_tokens: int) -> TapRequest:
-        return TapRequest(logprobs=self.nuc_ratio > 0)
+        return TapRequest(logprobs=self.wants_logprobs())
+
+    def wants_logprobs(self) -> bool:
+        return self.nuc_ratio > 0
 
     def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
         # next_chunk already includes the catalyst's length (the engine adds it)
