@@ -1,15 +1,47 @@
-"""The table `kvpot bench qa` prints: accuracy per model x policy x length, held-out questions apart."""
+"""The table `kvpot bench qa` prints: accuracy per model x policy x length, held-out questions apart, each
+with its n and 95 % Wilson interval, and the same questions' closed-book accuracy beside it."""
 
 from __future__ import annotations
+
+import math
 
 from rich.table import Table
 
 from kvpot.bench.qa import CLOSED
 
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials (0..1); (0, 1) when n is 0. Unlike p ± z·se it
+    stays inside 0..1 and is not zero-width at 0/n or n/n, which small question sets hit."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def share(k: int, n: int) -> str:
+    """"62 % (8/13, 36–86 %)": the accuracy, its n and its 95 % Wilson interval ("-" when nothing was asked)."""
+    if not n:
+        return "-"
+    lo, hi = wilson(k, n)
+    return f"{k / n:.0%} ({k}/{n}, {lo:.0%}–{hi:.0%})"
+
 
 def _share(rows: list[dict], key: str = "correct") -> str:
-    return f"{sum(bool(r[key]) for r in rows) / len(rows):.0%} ({sum(bool(r[key]) for r in rows)}/{len(rows)})" \
-        if rows else "-"
+    return share(sum(bool(r[key]) for r in rows), len(rows))
+
+
+def closed_book(rows: list[dict]) -> str:
+    """The closed-book accuracy of the questions of `rows` that were asked closed book (closed_book_correct),
+    with the count of those that were not."""
+    known = [r for r in rows if r.get("closed_book_correct") is not None]
+    text = share(sum(bool(r["closed_book_correct"]) for r in known), len(known))
+    return text + (f", {len(rows) - len(known)} not asked" if known and len(known) < len(rows) else "") \
+        if known else ("not asked" if rows else "-")
 
 
 def readings(rows: list[dict]) -> list[dict]:
@@ -48,9 +80,10 @@ def summary(results: list[dict]) -> list[dict]:
 
 
 def qa_table(results: list[dict]) -> Table:
-    t = Table(title="answer quality on real documents (kvpot bench qa): share answered correctly")
-    for col in ("model", "policy", "length", "not held out", "held out", "all", "exact", "multi-key", "read tok/s",
-                "peak RSS MiB"):
+    t = Table(title="answer quality on real documents (kvpot bench qa): share answered right (strict), n and 95 % "
+                    "interval; closed book: the same questions asked with no document")
+    for col in ("model", "policy", "length", "not held out", "held out", "all", "closed book", "exact", "multi-key",
+                "read tok/s", "peak RSS MiB"):
         t.add_column(col, justify="left" if col in ("model", "policy") else "right")
     for s in summary(results):
         qa = s["tuning"] + s["heldout"]
@@ -60,6 +93,7 @@ def qa_table(results: list[dict]) -> Table:
         if s["skipped"]:
             policy += f", {s['skipped']} skipped"
         t.add_row(s["model"], policy, f"{s['length']:,}", _share(s["tuning"]), _share(s["heldout"]), _share(qa),
-                  _share(qa, "exact"), _share(s["multikey"]), f"{s['tok_s']:.0f}" if s["tok_s"] else "-",
+                  closed_book(qa) if s["policy"] != CLOSED else "-", _share(qa, "exact"), _share(s["multikey"]),
+                  f"{s['tok_s']:.0f}" if s["tok_s"] else "-",
                   f"{s['peak_rss_mib']:,.0f}" if s["peak_rss_mib"] else "-")
     return t
