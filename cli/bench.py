@@ -297,6 +297,22 @@ def qa(
         err.print(f"results written to {json_out}")
 
 
+@app.command("qa-rescore", cls=aliased({}))
+@user_errors
+def qa_rescore(
+    files: list[Path] = typer.Argument(..., help="`bench qa` or `bench niah` JSON files (their answers and references)"),
+    write: bool = typer.Option(True, "--write/--dry-run", help="write the strict verdicts into the files"),
+) -> None:
+    """Score the answers benchmark JSON files hold again, strictly (the reference and no competing answer), the old verdict kept beside it; prints old against strict per file."""
+    from kvpot.bench.qa_rescore import rescore, summary_lines
+    from kvpot.bench.qa_rescore import write as write_rescored
+
+    for f in rescore(files):
+        typer.echo("\n".join(summary_lines(f)))
+        if write and f.cases:
+            write_rescored(f)
+
+
 def _say_stopped(e, json_out: Path | None) -> None:
     """Where a stopped `bench qa` is, and how it goes on."""
     if e.saved is not None:
