@@ -230,7 +230,7 @@ def test_resume_measures_again_what_another_cpu_measured_while_a_read_is_left(mo
 
     monkeypatch.setattr(tp, "run_worker", fake_worker)
     plan = tp.ThroughputPlan(model="m.gguf", policy="snapkv", budget=2048, chunk=512, threads=2, flash_attn=False,
-                             pot_tokens=(8192, 32768, 1048576), stock_tokens=2048)
+                             pot_tokens=(8192, 32768, 1048576), stock_tokens=2048, upstream=False)
     here, there = tp.describe_host(), "AMD EPYC"
     elsewhere = {"stock": {"tokens": 2048, "tok_s": 250.0, "cpu": there},
                  "pot": [{"tokens": 8192, "tok_s": 120.0, "read_cpus": [there]},
