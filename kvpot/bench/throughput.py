@@ -2,8 +2,18 @@
 stock llama.cpp's prefill of the same text measured in the same run; then, with `decode`, how fast
 each side generates answer tokens after its read (a short question, then greedy tokens).
 
-`run_plan` (the parent) starts one worker process per case; `kvpot_ingest` and `stock_prefill` are
-the cases (kvpot.bench.worker calls them)."""
+Three sides, each in its own process:
+- "upstream": unpatched llama.cpp of the same commit at its defaults (flash attention auto, the model
+  file memory-mapped), kvpot.bench.stock_upstream: stock as users run it, the reference every ratio
+  (`ratio_vs_upstream`, `rss_vs_upstream`) is taken against;
+- "stock": kvpot's patched runtime with no kvpot call (flash attention as the plan says, off unless
+  --flash-attn), shown beside it (`ratio_vs_stock`);
+- "pot": kvpot reading with its policy.
+The result records the unpatched build's identity, the CPU, the command, kvpot's commit and the load
+average at the start and the end (the machine a figure came from may be shared).
+
+`run_plan` (the parent) starts one process per case; `kvpot_ingest` and `stock_prefill` are the kvpot
+cases (kvpot.bench.worker calls them)."""
 
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvpot.bench.process import peak_rss_mb, rss_mb, run_worker
+from kvpot.bench.stock_upstream import memory_status
 from kvpot.runtime.cpu import describe_host
 
 # asked after each read before the answer tokens are generated (kvpot: through Engine.prompt, as
@@ -30,6 +41,7 @@ class ThroughputPlan:
     pot_tokens: tuple[int, ...]
     stock_tokens: int
     decode: int = 0  # answer tokens generated after each read (0: no decode measurement)
+    upstream: bool = True  # also read with unpatched llama.cpp at its defaults (the ratios' reference)
 
 
 def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = None, on_part=None,
@@ -52,12 +64,21 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
         if stock.get("cpu") != host:
             stock = None
         parts = {n: r for n, r in parts.items() if r.get("read_cpus") == [host]}
+    meta = (done or {}).get("meta") or run_meta()
+    upstream = (done or {}).get("upstream") if stock is not None else None
+    if plan.upstream and upstream is None:
+        upstream = measure_upstream(plan, say) | {"cpu": host}
     if stock is None:
-        say(f"stock llama.cpp prefill of {plan.stock_tokens} tokens")
+        say(f"kvpot's runtime with no pot: prefill of {plan.stock_tokens} tokens")
         stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common]) | {"cpu": host}
 
     def result() -> dict:  # every part done, the ones kept from `done` included, in the plan's order
-        return {"plan": asdict(plan), "stock": stock, "pot": [parts[n] for n in plan.pot_tokens if n in parts]}
+        out = {"plan": asdict(plan), "meta": meta | {"loadavg_end": _loadavg()}, "stock": stock,
+               "pot": [parts[n] for n in plan.pot_tokens if n in parts]}
+        if upstream is not None:
+            out["upstream"] = upstream
+            upstream_ratios(upstream, [stock, *out["pot"]])
+        return out
 
     if on_part:
         on_part(result())
@@ -83,6 +104,57 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
         r["ratio_vs_stock"] = r["tok_s"] / stock["tok_s"]
     decode_ratios(stock, done_result["pot"])
     return done_result
+
+
+def measure_upstream(plan: ThroughputPlan, say=lambda msg: None) -> dict:
+    """Unpatched llama.cpp at its defaults reading the stock part's tokens, in its own process (built first
+    where the cache has no build for this machine: several minutes)."""
+    from kvpot.bench.stock_upstream import DEFAULT_QUESTION, measure
+    from kvpot.build.upstream import build_upstream
+
+    build = build_upstream(say=say)
+    say(f"unpatched llama.cpp at its defaults: prefill of {plan.stock_tokens} tokens")
+    # room for the document, the question and its answer (as stock_prefill sizes kvpot's stock context)
+    n_ctx = plan.stock_tokens + 16 + (64 + plan.decode if plan.decode else 0)
+    return measure(build, plan.model, generated=plan.stock_tokens, n_ctx=n_ctx, chunk=plan.chunk,
+                   threads=plan.threads, decode=plan.decode, question=DEFAULT_QUESTION)
+
+
+def upstream_ratios(upstream: dict, cases: list[dict]) -> None:
+    """Each case's tokens/s and peak RSS over unpatched llama.cpp's at its defaults (and its decode tok/s
+    over upstream's, where both decoded)."""
+    for r in cases:
+        r["ratio_vs_upstream"] = r["tok_s"] / upstream["tok_s"]
+        if r.get("peak_rss_mb") and upstream.get("peak_rss_mb"):
+            r["rss_vs_upstream"] = r["peak_rss_mb"] / upstream["peak_rss_mb"]
+        if r.get("decode_tok_s") and upstream.get("decode_tok_s"):
+            r["decode_ratio_vs_upstream"] = r["decode_tok_s"] / upstream["decode_tok_s"]
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in __import__("os").getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def run_meta() -> dict:
+    """What a result file records of the run: the command, kvpot's commit, the CPU, the load average at the
+    start (`loadavg_end` is added as each part ends) and that the machine may be shared."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"command": " ".join(["kvpot" if Path(sys.argv[0]).name == "kvpot" else sys.argv[0], *sys.argv[1:]]),
+            "commit": commit, "tree_dirty": dirty, "cpu": describe_host(), "loadavg_start": _loadavg(),
+            "machine": "a 2-core machine shared with other jobs unless a run says otherwise: see the load average"}
 
 
 def read_checkpoint_path(folder: Path, plan: ThroughputPlan, n_tokens: int) -> Path:
@@ -161,10 +233,17 @@ def stock_prefill(model_path: str, n_tokens: int, chunk: int, threads: int, flas
     prefill(ctx, tokens, chunk)
     dt = time.perf_counter() - t0
     res = {"mode": "stock", "tokens": len(tokens), "seconds": dt, "tok_s": len(tokens) / dt,
-           "peak_rss_mb": peak_rss_mb(), "kv_bytes": None, "compactions": 0, "flash_attn": flash_attn}
+           "peak_rss_mb": peak_rss_mb(), "kv_bytes": None, "compactions": 0, "flash_attn": flash_attn,
+           **_end_of_read(memory_status())}
     if decode:
         res |= _stock_decode(model, ctx, question, len(tokens), decode, chunk)
     return res
+
+
+def _end_of_read(mem: dict) -> dict:
+    """Resident memory at the end of the read, all of it and its anonymous (not file-backed) part: the
+    mapped weights a process keeps resident are file pages, which kvpot gives back and stock keeps."""
+    return {f"end_{k}": mem[k] for k in ("rss_mb", "rss_anon_mb", "rss_file_mb") if k in mem}
 
 
 def _stock_decode(model, ctx, question: list[int], pos: int, n: int, chunk: int) -> dict:
@@ -221,7 +300,8 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
                "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
-               "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus}
+               "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus,
+               **_end_of_read(memory_status())}
         if decode:  # after the read's figures, so they are the read's alone
             res |= _pot_decode(eng, decode)
         return res
