@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from kvpot.bench.qa_inputs import JoinedInput, build_inputs
 from kvpot.bench.qa_questions import Question
 from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar, this_part
-from kvpot.bench.qa_score import contains, exact
+from kvpot.bench.qa_score import contains, exact, judge, normalize, question_facts
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.beyond_window import Asking
@@ -61,11 +61,26 @@ class Plan:
     only: tuple[str, ...] = ()  # ask only these question ids (the inputs are still built from the whole set)
     question_before: bool = False  # with per_question: the question before the document too (--question-before on)
     focus: bool = False        # with per_question: answer from the focused read, as `kvpot ask` (kvpot.session.focus)
+    closed_book: bool = False  # also ask every question closed book (CLOSED) first; each case records that verdict
 
 
 def case_key(r: dict) -> tuple:
     return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)),
             bool(r.get("question_before", False)), bool(r.get("focus", False)))
+
+
+def closed_key(r: dict) -> tuple[str, str]:
+    """What a closed-book answer depends on: the model and the question (no input is read)."""
+    return r["model"], normalize(r["question"])
+
+
+def with_closed_book(results: list[dict]) -> None:
+    """Every case that was asked of an input gets `closed_book_correct`: the verdict of the same model on
+    the same question asked closed book, where one of `results` holds it (in place)."""
+    closed = {closed_key(r): r["correct"] for r in results if r.get("policy") == CLOSED and "correct" in r}
+    for r in results:
+        if r.get("policy") != CLOSED and "question" in r and closed_key(r) in closed:
+            r["closed_book_correct"] = closed[closed_key(r)]
 
 
 def reading_key(r: dict) -> tuple:
@@ -115,12 +130,16 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
     if len(results) < len(done):
         say(f"{len(done) - len(results)} earlier cases of {name} were asked with another prompt; asking them again")
     have = {case_key(r) for r in results}
+    # closed book first, so that every case read after it records the closed-book verdict of its question
+    specs = ([CLOSED] if plan.closed_book or CLOSED in plan.policies else []) + [p for p in plan.policies if p != CLOSED]
+    facts_of = {q.id: question_facts(q) for q in questions}
+    closed = {closed_key(r): r["correct"] for r in results if r.get("policy") == CLOSED and "correct" in r}
     readings: dict[tuple, dict[str, dict]] = {}  # reading_key -> that reading's cases by question id
     for r in results:
         if "resolved_policy" in r:
             readings.setdefault(reading_key(r), {})[r["id"]] = r
     with tempfile.TemporaryDirectory(prefix="kvpot-qa-") as tmp:
-        for spec in plan.policies:
+        for spec in specs:
             for n in plan.lengths:
                 for joined in inputs[n]:
                     path = Path(tmp) / f"qa-{n}-{joined.index}.txt"
@@ -139,11 +158,17 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
                     path.write_text(joined.text, encoding="utf-8")
                     for r in _run_input(plan, facts, known, name, spec, n, joined, todo, path, readings, frame,
-                                        on_read, _Reading(saves, stop, say)):
+                                        on_read, _Reading(saves, stop, say), facts_of):
+                        if "correct" in r:
+                            if spec == CLOSED:
+                                closed[closed_key(r)] = r["correct"]
+                            elif closed_key(r) in closed:
+                                r["closed_book_correct"] = closed[closed_key(r)]
                         if "resolved_policy" in r:
                             readings.setdefault(reading_key(r), {}).setdefault(r["id"], r)
                         results.append(r)
                         on_case(r)
+    with_closed_book(results)  # the cases of an earlier run too, where this one asked their questions closed book
     return results
 
 
@@ -207,7 +232,8 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
 
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
-               readings: dict[tuple, dict[str, dict]], frame: str, on_read: Callable[[str], None], how: _Reading):
+               readings: dict[tuple, dict[str, dict]], frame: str, on_read: Callable[[str], None], how: _Reading,
+               facts_of: dict[str, dict]):
 
     base = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "input": joined.index,
             "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
@@ -260,13 +286,13 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     s.reset_conversation()
                 t0 = time.perf_counter()
                 answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
-                yield {**base, **_ask_fields(a), **read, **_scored(answer, a),
+                yield {**base, **_ask_fields(a), **read, **_scored(answer, a, facts_of),
                        "answer_seconds": round(time.perf_counter() - t0, 2)}
             if focusing:
                 t0 = time.perf_counter()
                 located = locate(s, asks[0].question)
-                read |= {"pot_answer": located.answer,
-                         "pot_correct": contains(located.answer, list(asks[0].refs), asks[0].question)}
+                pot = _scored(located.answer, asks[0], facts_of)
+                read |= {"pot_answer": located.answer, "pot_correct": pot["correct"], "pot_contains": pot["contains"]}
                 try:
                     text, focused = focus_for(s, located)
                     # where the passages read again lie, as shares of the input's characters (beside `depth`,
@@ -276,10 +302,10 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     read["focus_ranked"] = _ranked(s, located, asks[0])
                 except KvpotError as e:  # as `kvpot ask`: the answer comes from the pot, and why is said
                     focusing = False
-                    yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0]),
+                    yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0], facts_of),
                            "focus_refused": str(e), "answer_seconds": round(time.perf_counter() - t0, 2)}
         if focusing:  # the pot's session is closed: the focused read loads the model afresh, as `kvpot ask` does
-            yield {**base, **_ask_fields(asks[0]), **read, **_focused(facts, name, focused, text, asks[0], t0)}
+            yield {**base, **_ask_fields(asks[0]), **read, **_focused(facts, name, focused, text, asks[0], t0, facts_of)}
         if saving is not None:  # its cases are written down: the save has done its job
             saving.drop()
 
@@ -377,9 +403,16 @@ def _rounded(mib: float | None) -> float | None:
     return None if mib is None else round(mib, 1)
 
 
-def _scored(answer: str, a) -> dict:
-    return {"answer": answer, "exact": exact(answer, list(a.refs)), "correct": contains(answer, list(a.refs), a.question),
-            "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False}
+def _scored(answer: str, a, facts_of: dict[str, dict]) -> dict:
+    """The answer and its verdicts: `correct` strict (kvpot.bench.qa_score: the reference and no competing
+    answer, the question's candidates from the set by id, a multi-key needle's other codes), `contains` the
+    whole-word check alone, `named` the competing answers it gave (where it gave one)."""
+    facts = {"candidates": tuple(a.distractors)} if a.task == "multikey" else facts_of.get(a.id, {})
+    v = judge(answer, list(a.refs), a.question, **facts)
+    out = {"answer": answer, "exact": exact(answer, list(a.refs)), "correct": v.right,
+           "contains": contains(answer, list(a.refs), a.question), "scoring": "strict",
+           "distractor": contains(answer, list(a.distractors), a.question) if a.distractors else False}
+    return out | ({"named": list(v.named)} if v.named else {})
 
 
 def _ranked(s, located, a) -> list[dict]:
@@ -396,7 +429,7 @@ def _ranked(s, located, a) -> list[dict]:
             for (lo, hi, share), w in zip(ranked, texts)]
 
 
-def _focused(facts, name: str, settings, text, a, t0: float) -> dict:
+def _focused(facts, name: str, settings, text, a, t0: float, facts_of: dict[str, dict]) -> dict:
     """The answer of the focused read of `text` (the passages the pot's answer drew on, `settings` its own),
     with its figures;
     t0: when locating began (focus_seconds counts locating, loading, reading and answering)."""
@@ -407,7 +440,7 @@ def _focused(facts, name: str, settings, text, a, t0: float) -> dict:
         answer = "".join(f.ask(a.question, max_tokens=MAX_TOKENS)).strip()
         got = {"focus_passages": len(text.windows), "focus_tokens": f.doc_tokens,
                "focus_read_seconds": round(f.read_seconds, 2)}
-    return {**_scored(answer, a), **got, "focus_seconds": round(time.perf_counter() - t0, 2)}
+    return {**_scored(answer, a, facts_of), **got, "focus_seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _ask_fields(a) -> dict:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from kvpot.bench.haystack import draw_needles
 from kvpot.bench.haystack import question as needle_question
-from kvpot.bench.qa import CLOSED
+from kvpot.bench.qa import CLOSED, with_closed_book
 from kvpot.bench.qa_questions import Question, parse_set
-from kvpot.bench.qa_score import judge, normalize
+from kvpot.bench.qa_score import judge, question_facts
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write
 
@@ -41,14 +41,6 @@ class Scoring:
     candidates: tuple[str, ...] = ()
     passages: tuple[str, ...] = ()
     absent: bool = False
-
-
-def question_facts(q: Question) -> dict:
-    """The scoring fields of a question of the set (candidates, passages, kind where the set has them)."""
-    kind = getattr(q, "kind", "lexical")
-    return {"candidates": tuple(getattr(q, "candidates", ()) or ()),
-            "passages": tuple(getattr(q, "passages", ()) or (q.passage,)),
-            "absent": kind == "absent" or not q.answer}
 
 
 def multikey_codes(seed: int, n_keys: int, key: str) -> tuple[str, ...]:
@@ -99,10 +91,6 @@ def rescore_case(r: dict, s: Scoring) -> dict:
     return out
 
 
-def closed_key(r: dict) -> tuple[str, str]:
-    return r["model"], normalize(r["question"])
-
-
 @dataclass
 class Rescored:
     path: Path
@@ -145,17 +133,10 @@ def rescore(paths: list[Path], set_path: Path | None = None) -> list[Rescored]:
             cases.append(new)
             before.append(r)
         out.append(Rescored(path, new_rows if isinstance(data, list) else new_rows[0], cases, before, skipped))
-    closed: dict[tuple[str, str], bool] = {}
-    for f in out:
-        for r in f.cases:
-            if r.get("policy") == CLOSED and "question" in r and "reference" in r:
-                closed.setdefault(closed_key(r), r["correct"])
-    for f in out:
-        for r in f.cases:
-            if "reference" in r and "question" in r:
-                r.pop("closed_book_correct", None)
-                if closed_key(r) in closed:
-                    r["closed_book_correct"] = closed[closed_key(r)]
+    every = [r for f in out for r in f.cases]
+    for r in every:
+        r.pop("closed_book_correct", None)
+    with_closed_book(every)  # the closed-book cases of any of the files
     return out
 
 

@@ -123,5 +123,13 @@ def judge(answer: str, refs: list[str], question: str = "", candidates=(), passa
     return Verdict(gives and not named, gives, tuple(named))
 
 
+def question_facts(q) -> dict:
+    """judge's keyword arguments for a question of the set (kvpot.bench.qa_questions.Question): its
+    candidates, its passages and whether its answer is absent from the input, where the set gives them."""
+    return {"candidates": tuple(getattr(q, "candidates", ()) or ()),
+            "passages": tuple(getattr(q, "passages", ()) or (q.passage,)),
+            "absent": getattr(q, "kind", "") == "absent" or not q.answer}
+
+
 def strict(answer: str, refs: list[str], question: str = "", candidates=(), passages=(), absent: bool = False) -> bool:
     return judge(answer, refs, question, candidates, passages, absent).right
