@@ -215,6 +215,9 @@ def qa(
                                help="with --per-question: where the pot left part of the input out, answer from a "
                                     "focused read of the passages its own answer drew on (as `kvpot ask`); each "
                                     "case records the pot's answer too (pot_answer, pot_correct)"),
+    closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book",
+                                     help="also ask every question with no document first (as -P none); each case "
+                                          "records that verdict (closed_book_correct) and the table shows it beside"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
                                    help="ask only these questions (repeatable; ids as in the JSON, multikey-N for input "
                                         "N's access code); the inputs stay the ones the whole set builds"),
@@ -284,7 +287,8 @@ def qa(
             for m in models:
                 plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                             threads=threads, budget=budget, per_question=per_question, multikey=multikey,
-                            only=tuple(only or ()), question_before=question_before, focus=focus)
+                            only=tuple(only or ()), question_before=question_before, focus=focus,
+                            closed_book=closed_book)
                 run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
                     on_read=_reading_lines(status), saves=saves, stop=lambda: interrupts.hit)
         except QaReadStopped as e:
