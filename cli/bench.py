@@ -19,7 +19,7 @@ from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings
 
 from ._common import at_most_every, err, steps, user_errors
-from ._options import KvpotGroup, aliased
+from ._options import ADVANCED, KvpotGroup, aliased
 
 READ_LINE_EVERY_S = 60.0  # in a log, a line a minute of how far a reading is (one past the window takes up to an hour)
 
@@ -31,35 +31,31 @@ app = typer.Typer(cls=KvpotGroup, help="Benchmarks, each reported as a ratio to 
 @app.command(cls=aliased({"-n": "--tokens"}))
 @user_errors
 def throughput(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    policy: str = typer.Option("streaming", "--policy", "-P", help="policy spec, e.g. streaming, snapkv:window=32"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    policy: str = typer.Option("streaming", "--policy", "-P", metavar="SPEC", help="policy spec (docs/methods.md)"),
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells the pot keeps"),
-    chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per decode step (also stock's n_batch)"),
-    tokens: list[int] = typer.Option([32768], "--tokens", min=64, help="input lengths to ingest (repeatable)"),
-    stock_tokens: int = typer.Option(None, "--stock-tokens", min=64,
-                                     show_default="the longest input that fits the model's context",
-                                     help="stock prefill length"),
-    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn",
-                                    help="flash attention for both sides (off: as `kvpot ask` reads where the "
-                                         "device holds the model's window; llama.cpp's own -fa auto turns it on "
-                                         "for a CPU)"),
-    decode: int = typer.Option(32, "--decode", min=0,
-                               help="after each read, a short question and this many greedy answer tokens, "
-                                    "timed (0: no decoding)"),
+    tokens: list[int] = typer.Option([32768], "--tokens", min=64, help="input lengths to read; repeatable"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
-                                 help="also write the results here as JSON (rewritten as each part ends)"),
-    resume: bool = typer.Option(False, "--resume",
-                                help="keep the parts already in --json, and go on with a stopped read from "
-                                     "its last save (while a read is still to do, parts measured on another "
-                                     "CPU are measured again)"),
-    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS",
-                                     help="with --json, save a read where it is after this much reading, so that "
-                                          "--resume goes on from there (0: after every chunk)"),
+                                 help="also write the results here, rewritten as each part ends"),
+    chunk: int = typer.Option(512, "--chunk", min=16, rich_help_panel=ADVANCED,
+                              help="tokens per decode step (also stock's n_batch)"),
+    stock_tokens: int = typer.Option(None, "--stock-tokens", min=64, show_default="the longest that fits",
+                                     rich_help_panel=ADVANCED, help="stock prefill length"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, rich_help_panel=ADVANCED, help="CPU threads"),
+    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", rich_help_panel=ADVANCED,
+                                    help="flash attention on both sides"),
+    decode: int = typer.Option(32, "--decode", min=0, rich_help_panel=ADVANCED,
+                               help="answer tokens timed after each read (0: none)"),
+    resume: bool = typer.Option(False, "--resume", rich_help_panel=ADVANCED,
+                                help="keep --json's parts, go on from a save"),
+    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS", rich_help_panel=ADVANCED,
+                                     help="save reads this often (0: each chunk)"),
 ) -> None:
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's.
 
-    A read of hours can stop (Ctrl-C, a session's end) and go on: with --json the parts done are written as they end and each read is saved every --save-every seconds; --resume keeps them. A read in parts reports its reading time summed and the largest part's peak RSS."""
+    --decode asks a short question after each read and times that many greedy answer tokens. --flash-attn is off by default, as `kvpot ask` reads where the device holds the model's window (llama.cpp's own -fa auto turns it on for a CPU).
+
+    A read of hours can stop (Ctrl-C, a session's end) and go on: with --json the parts done are written as they end and each read is saved every --save-every seconds; --resume keeps them and goes on from the last save (while a read is still to do, parts measured on another CPU are measured again). A read in parts reports its reading time summed and the largest part's peak RSS."""
     # a bad spec or an impossible budget is refused before any process starts, at the longest read (IMDC's
     # smallest step shrinks as the input grows)
     check_budget(policy, budget, chunk, expected_tokens=max(tokens))
@@ -122,9 +118,9 @@ def _load_throughput(path: Path | None, plan: ThroughputPlan) -> dict | None:
 @app.command(cls=aliased({"-n": "--length"}))
 @user_errors
 def niah(
-    model: str = typer.Option("gemma3-270m", "--model", "-m", help="a known model name or a path to a .gguf file"),
-    policy: list[str] = typer.Option(["infinipot"], "--policy", "-P",
-                                     help="policy specs to compare (repeatable)"),
+    model: str = typer.Option("gemma3-270m", "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    policy: list[str] = typer.Option(["infinipot"], "--policy", "-P", metavar="SPEC",
+                                     help="policy specs to compare; repeatable"),
     lengths: list[int] = typer.Option([8192], "--length", min=256, help="haystack lengths in tokens (repeatable)"),
     depths: list[float] = typer.Option([0.1, 0.5, 0.9], "--depth", "-d", min=0.0, max=1.0, help="needle depths (repeatable)"),
     seeds: list[int] = typer.Option([0], "--seed", help="seeds: each draws another key (repeatable)"),
@@ -135,17 +131,12 @@ def niah(
                                   help="write every case here as JSON (rewritten after each case)"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing ones"),
     png_out: Path = typer.Option(None, "--png", show_default="not drawn", help="write an accuracy heatmap (length x depth per policy) here"),
-    task: str = typer.Option("multikey", "--task",
-                             help="multikey: four access codes in varied prose, the question names one (RULER); "
-                                  "prose: one code in that prose; passkey: one key in a repeated filler sentence"),
-    sources: bool = typer.Option(False, "--sources",
-                                 help="also rank the passages each answer drew on, as `kvpot ask --sources` does, and "
-                                      "record whether the top one is the needle (source_hit, source_rank); "
-                                      "with --resume, cases recorded without them run again"),
+    task: str = typer.Option("multikey", "--task", help="multikey, prose or passkey (see above)"),
+    sources: bool = typer.Option(False, "--sources", help="also record whether the top source is the needle"),
 ) -> None:
     """Needle retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt).
 
-    `-P full` reads each haystack whole with full attention (stock llama.cpp's computation)."""
+    `-P full` reads each haystack whole with full attention (stock llama.cpp's computation). Tasks: multikey, four access codes in varied prose, the question names one (RULER); prose, one code in that prose; passkey, one key in a repeated filler sentence. --sources ranks the passages each answer drew on, as `kvpot ask --sources` does, and records whether the top one is the needle (source_hit, source_rank); with --resume, cases recorded without them run again."""
     from kvpot.bench.grid import niah_grid
     from kvpot.bench.niah import TASKS
 
@@ -191,51 +182,42 @@ def niah(
 @app.command(cls=aliased({}))  # readable labels and every default in --help, as every kvpot command
 @user_errors
 def qa(
-    models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m",
-                                     help="known model names or .gguf paths (repeatable)"),
-    policy: list[str] = typer.Option(["full", "default"], "--policy", "-P",
-                                     help="policy specs (repeatable); default: what `kvpot ask` chooses; none: no "
-                                          "document, what the model answers from what it knows"),
+    models: list[str] = typer.Option(["qwen2.5-coder-1.5b"], "--model", "-m", metavar="MODEL",
+                                     help="model names or .gguf paths; repeatable"),
+    policy: list[str] = typer.Option(["full", "default"], "--policy", "-P", metavar="SPEC",
+                                     help="policy specs, default (as `kvpot ask`) or none (no document); repeatable"),
     lengths: list[int] = typer.Option([8192, 32768], "--length", min=512, help="input lengths in tokens (repeatable)"),
-    sample: int = typer.Option(8, "--sample", min=1, help="questions asked at lengths above 32,768"),
+    sample: int = typer.Option(8, "--sample", min=1, help="questions asked at lengths past 32K"),
     limit: int = typer.Option(None, "--limit", min=1, show_default="all", help="questions asked at every length"),
-    seed: int = typer.Option(0, "--seed", help="draws the inputs: which documents, in what order, at what depths"),
-    budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="as `kvpot ask` resolves it",
+    seed: int = typer.Option(0, "--seed", help="draws the inputs: documents, order, depths"),
+    budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="as `kvpot ask`",
                                help="cells kept by pot policies"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
-    per_question: bool = typer.Option(False, "--per-question",
-                                      help="pot policies read each input again per question, with the question "
-                                           "known first (CaP-Q, as `kvpot ask`); default: one read per input"),
-    multikey: bool = typer.Option(True, "--multikey/--no-multikey",
-                                  help="also hide four access codes in each input and ask for one"),
-    question_before: bool = typer.Option(False, "--question-before",
-                                         help="with --per-question: the question before the document too, as "
-                                              "`kvpot ask --question-before on` (full attention read per question too)"),
-    focus: bool = typer.Option(False, "--focus",
-                               help="with --per-question: where the pot left part of the input out, answer from a "
-                                    "focused read of the passages its own answer drew on (as `kvpot ask`); each "
-                                    "case records the pot's answer too (pot_answer, pot_correct)"),
-    closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book",
-                                     help="also ask every question with no document first (as -P none); each case "
-                                          "records that verdict (closed_book_correct) and the table shows it beside"),
+    per_question: bool = typer.Option(False, "--per-question", rich_help_panel=ADVANCED,
+                                      help="read each input again per question"),
+    multikey: bool = typer.Option(True, "--multikey/--no-multikey", rich_help_panel=ADVANCED,
+                                  help="also ask for a hidden access code"),
+    question_before: bool = typer.Option(False, "--question-before", rich_help_panel=ADVANCED,
+                                         help="the question before the document too"),
+    focus: bool = typer.Option(False, "--focus", rich_help_panel=ADVANCED,
+                               help="answer from a focused read, as `kvpot ask`"),
+    closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book", rich_help_panel=ADVANCED,
+                                     help="also ask every question with no document first"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
-                                   help="ask only these questions (repeatable; ids as in the JSON, multikey-N for input "
-                                        "N's access code); the inputs stay the ones the whole set builds"),
+                                   rich_help_panel=ADVANCED, help="ask only these questions (ids as in the JSON)"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
-                                  help="write every case here as JSON (rewritten after each case)"),
-    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the missing "
-                                                        "ones, a stopped reading going on from its last save"),
-    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS",
-                                     help="with --json, save each reading where it is after this much reading, so "
-                                          "that one stopped (Ctrl-C, SIGTERM, a session's end) goes on with "
-                                          "--resume (0: after every chunk)"),
+                                  help="write every case here, rewritten after each case"),
+    resume: bool = typer.Option(False, "--resume", help="keep the cases in --json, run only the missing ones"),
+    save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS", rich_help_panel=ADVANCED,
+                                     help="save readings this often (0: each chunk)"),
 ) -> None:
     """Answer quality on real documents: questions over licence texts, man pages, package documentation and Python's library, each in an input of other documents at a varied depth (docs/benchmarks.md).
 
-    `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none`
-    asks each question with no document (closed book: right answers a reading must beat). A reading past the
-    window takes an hour or more on 2 cores: with --json it is saved as it goes, and Ctrl-C or SIGTERM stop it
-    after a save, to go on with --resume."""
+    `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none` asks each question with no document (closed book: right answers a reading must beat). --closed-book (on by default) asks every question that way first, and each case records that verdict (closed_book_correct) beside its own.
+
+    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct). --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code); the inputs stay the ones the whole set builds.
+
+    A reading past the window takes an hour or more on 2 cores: with --json it is saved as it goes (every --save-every seconds), and Ctrl-C or SIGTERM stop it after a save, to go on with --resume from its last save."""
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_read_save import QaReadStopped, QaSaves
@@ -304,7 +286,7 @@ def qa(
 @app.command("qa-rescore", cls=aliased({}))
 @user_errors
 def qa_rescore(
-    files: list[Path] = typer.Argument(..., help="`bench qa` or `bench niah` JSON files (their answers and references)"),
+    files: list[Path] = typer.Argument(..., metavar="JSON...", help="`bench qa` or `bench niah` JSON files"),
     write: bool = typer.Option(True, "--write/--dry-run", help="write the strict verdicts into the files"),
 ) -> None:
     """Score the answers benchmark JSON files hold again, strictly (the reference and no competing answer), the old verdict kept beside it; prints old against strict per file."""
@@ -382,8 +364,9 @@ def _load_cases(path: Path | None, fields=("policy", "length", "depth", "seed"),
 @user_errors
 def ppl(
     file: Path = typer.Option(..., "--file", "-f", help="a long text file"),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    policy: list[str] = typer.Option(["streaming"], "--policy", "-P", help="policy specs to compare (repeatable)"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    policy: list[str] = typer.Option(["streaming"], "--policy", "-P", metavar="SPEC",
+                                     help="policy specs to compare; repeatable"),
     budget: int = typer.Option(1024, "--budget", "-b", min=1, help="cells kept"),
     chunk: int = typer.Option(512, "--chunk", min=16, help="tokens per step"),
     max_tokens: int = typer.Option(None, "--tokens", min=64, show_default="the whole file",
@@ -420,15 +403,15 @@ def ppl(
 @app.command(cls=aliased({"-n": "--tokens"}))
 @user_errors
 def context(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="a known model name or a path to a .gguf file"),
-    tokens: list[int] = typer.Option([32768], "--tokens", min=256, help="document lengths in tokens (repeatable)"),
-    policy: str = typer.Option(None, "--policy", "-P", show_default="the model's, as `kvpot ask` uses",
-                               help="policy spec"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    tokens: list[int] = typer.Option([32768], "--tokens", min=256, help="document lengths in tokens; repeatable"),
+    policy: str = typer.Option(None, "--policy", "-P", metavar="SPEC", show_default="as `kvpot ask`",
+                               help="policy spec (docs/methods.md)"),
     budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="the model's", help="cells kept"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
     stock: bool = typer.Option(True, "--stock/--no-stock", help="also run stock llama.cpp where the document fits its context"),
-    keep_files: Path = typer.Option(None, "--keep-files", file_okay=False, show_default="a temporary folder, removed",
-                                    help="keep the generated documents and saved contexts in this folder"),
+    keep_files: Path = typer.Option(None, "--keep-files", file_okay=False, show_default="a temporary folder",
+                                    help="keep the documents and saved contexts made here"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                  help="also write the results here as JSON"),
 ) -> None:
