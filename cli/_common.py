@@ -262,8 +262,7 @@ def user_errors(fn):
     return wrapper
 
 
-RPC_HELP = ("HOST:PORT[,HOST:PORT...] of `kvpot rpc-server` processes (other machines or this one): "
-            "the model's layers and their part of the pot are spread over their devices")
+RPC_HELP = "HOST:PORT,... of `kvpot rpc-server`s"
 
 
 def connect_rpc(spec: str | None) -> None:

@@ -98,15 +98,20 @@ def _readable(param) -> None:
             param.type.get_metavar = lambda *args, **kwargs: ""
         return
     if isinstance(param, TyperOption) and param.is_flag and not param.is_eager and param.show_default is True:
-        # a flag's default as the user would type it: "--stock", "off"; typer shows none for False
+        # a flag's default as the user would type it: "--stock", "on"; a plain flag that is off unless
+        # given says nothing (a line of "[default: off]" per flag would crowd the help)
         if param.secondary_opts:
             param.show_default = param.opts[-1] if param.default else param.secondary_opts[-1]
         else:
-            param.show_default = "on" if param.default else "off"
+            param.show_default = "on" if param.default else False
     if isinstance(param.show_default, str):
         # said as written: typer would wrap it in parentheses ("[default: (auto)]")
         text = param.show_default
         param._get_default_string = lambda **kw: text
+    if isinstance(param, TyperOption) and hasattr(param, "_get_number_range_help_str"):
+        # a bound is said when a value breaks it; beside the label it would widen the column ("N [x>=16]")
+        # and leave the help a narrow strip (typer 0.29 on: typers before it show the type's range)
+        param._get_number_range_help_str = lambda: None
     if isinstance(param, TyperOption) and param.metavar is None:
         if param.is_flag:
             param.metavar = ""  # a flag takes no value
@@ -138,15 +143,19 @@ def policy_names() -> str:
     return ", ".join(POLICIES)
 
 
+# the help panel of the options a user rarely needs: every command lists its everyday options first, these after
+ADVANCED = "Advanced"
+
+# -m in ask, chat and run: a saved context's model comes first where --context is given (kvpot.models.choose)
+MODEL_HELP = "a `kvpot models` name or a .gguf path, else $KVPOT_MODEL"
+MODEL_DEFAULT = "the most capable downloaded"
+
 # one answer length for ask, chat and run: a paragraph, which is what a question about a document wants,
 # and small enough that the cells kept free for it (the answer reserve) cost little beside the document
-N_PREDICT_HELP = ("most tokens in an answer (llama.cpp's -n; 256 is a paragraph, and every cell of it is kept "
-                  "free in the context while reading)")
+N_PREDICT_HELP = "most tokens in an answer (llama.cpp's -n)"
 
 
 # how much ask, chat and run say on stderr (cli._common.set_verbosity)
 VerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="say more on stderr: every file left out of folders and why, how the reading was "
-                            "planned (budget, context, prompt format)")]
-QuietOpt = Annotated[bool, typer.Option(
-    "--quiet", "-q", help="nothing on stderr but errors (the answer alone on stdout)")]
+    "--verbose", "-v", help="more on stderr: files left out, the plan")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="nothing on stderr but errors")]

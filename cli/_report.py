@@ -23,10 +23,9 @@ from ._session import Answered, answer
 
 # the options ask and run share (chat takes --sources too)
 JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="print one JSON object on stdout (answer, sources, inputs read and skipped, tokens, times, model, "
-                   "policy, budget) instead of the answer's text; errors as JSON on stderr")]
+    "--json", help="the answer as one JSON object, errors too")]
 SourcesOpt = Annotated[bool, typer.Option(
-    "--sources", help="after the answer, the passages of the input it drew on most (file, page or line, a quote)")]
+    "--sources", help="then the passages the answer drew on most")]
 
 
 def report(session: Session, said: Answered, answer_seconds: float, context: str | None = None,

@@ -20,22 +20,21 @@ from kvpot.session.sampling import (
 
 PANEL = "Sampling"
 TempOpt = Annotated[float, typer.Option(
-    "--temp", rich_help_panel=PANEL, help="temperature; 0 is greedy (the most likely token, the same answer every "
-                                          "time); llama.cpp's default is 0.8")]
+    "--temp", rich_help_panel=PANEL, help="temperature; 0: greedy, the same every time")]
 TopKOpt = Annotated[int, typer.Option("--top-k", rich_help_panel=PANEL,
-                                      help="sample among the k most likely tokens (0: all)")]
+                                      help="sample from the k likeliest tokens (0: all)")]
 TopPOpt = Annotated[float, typer.Option("--top-p", rich_help_panel=PANEL,
-                                        help="sample among the most likely tokens whose mass reaches p (1.0: all)")]
+                                        help="sample from the likeliest tokens of mass p")]
 MinPOpt = Annotated[float, typer.Option("--min-p", rich_help_panel=PANEL,
-                                        help="drop tokens less likely than p times the most likely one (0.0: off)")]
+                                        help="drop tokens under p times the likeliest one")]
 RepeatPenaltyOpt = Annotated[float, typer.Option(
     "--repeat-penalty", rich_help_panel=PANEL,
-    help=f"penalize tokens among the answer's last {REPEAT_LAST_N} (1.0: off)")]
+    help=f"penalize the last {REPEAT_LAST_N} tokens (1.0: off)")]
 SeedOpt = Annotated[int, typer.Option("--seed", "-s", rich_help_panel=PANEL,
-                                      help="random seed for --temp > 0 (-1: a new one each run)")]
+                                      help="seed for --temp > 0 (-1: a new one each run)")]
 StopOpt = Annotated[list[str], typer.Option(
     "--stop", rich_help_panel=PANEL, metavar="TEXT", show_default="none",
-    help="end the answer where this text appears (not shown); repeatable")]
+    help="end the answer at this text; repeatable")]
 
 DEFAULTS = dict(temp=0.0, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P, min_p=DEFAULT_MIN_P,
                 repeat_penalty=DEFAULT_REPEAT_PENALTY, seed=-1)

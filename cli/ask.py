@@ -18,7 +18,6 @@ from kvpot.ingest.sources import STDIN, stdin_is_piped
 from kvpot.models.choose import default_model
 from kvpot.models.registry import KNOWN
 from kvpot.safe_write import resolve_target
-from kvpot.session.beyond_window import measured_sizes
 from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
@@ -39,7 +38,7 @@ from ._common import (
     write_out,
 )
 from ._focus import find_passages, focus_report, focused_session
-from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
+from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
 from ._sampling import (
@@ -57,75 +56,56 @@ from ._sampling import (
 from ._session import continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
 
-MODEL_HELP = ("a known model name or a path to a .gguf file (default: the saved context's model, else $KVPOT_MODEL, "
-              "else the most capable downloaded model this device holds, said on stderr)")
-POLICY_HELP = (f"what the memory keeps: {policy_names()}, with parameters as in `infinipot:pot=4096,keep=2048`; "
-               "by default full attention (stock llama.cpp's computation) when the input fits the device and the "
-               "model's trained context, else infinipot at the largest budget the device holds, or, for a model "
-               "measured past the window, the budget that answered best there (ask knows the question before "
-               f"reading, chat does not): {measured_sizes()}")
+POLICY_HELP = "what the memory keeps, see docs/methods.md"
 
 # the options ask and chat share (Typer reads type and help from these annotations)
 # str, not Path: Path("") would read as "." and an empty path could not be told apart
 # a None default is filled from the config file and the model's registry entry (kvpot.session.settings):
 # show_default says what that comes to for a user who set neither
 ContextOpt = Annotated[str, typer.Option("--context", metavar="PATH", show_default="none: read the files",
-                                         help="reopen a saved context instead of reading files")]
+                                         help="reopen a saved context instead of files")]
 SaveContextOpt = Annotated[str, typer.Option("--save-context", metavar="PATH", show_default="not saved",
-                                             help="save the compressed context here after reading; a read "
-                                                  "stopped by Ctrl-C or SIGTERM is saved too, to go on later "
-                                                  "with --context PATH --continue")]
+                                             help="save the context here, a stopped read too")]
 ContinueOpt = Annotated[bool, typer.Option(
-    "--continue", help="with --context: read the rest of the files a stopped read was reading (from where it "
-                       "stopped, checked to be the same text), then answer; add --save-context to keep it")]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", metavar="NAME|PATH", show_default="see above", help=MODEL_HELP)]
-PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if the input fits, else infinipot",
+    "--continue", help="with --context: finish a stopped read first")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT,
+                                       help=MODEL_HELP)]
+PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if it fits, else infinipot",
                                         help=POLICY_HELP)]
 BudgetOpt = Annotated[str, typer.Option(
     "--budget", "-b", metavar="N|auto", show_default="auto",
-    help="cells the memory may hold (per layer and KV head), or auto: the most the device's free memory holds, "
-         "with full attention when the whole input fits")]
+    help="cells kept per layer and KV head, or auto: what the device holds")]
 ChunkOpt = Annotated[int, typer.Option("--chunk", metavar="N", show_default=str(RunSettings.chunk),
-                                       help="tokens read per step")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", metavar="N", show_default="every core", help="CPU threads")]
+                                       rich_help_panel=ADVANCED, help="tokens read per step")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", metavar="N", show_default="every core",
+                                         rich_help_panel=ADVANCED, help="CPU threads")]
 # --prompt-format, not llama.cpp's --chat-template: that one names which template, this one whether to use the
 # model's own (its values are auto, chat, completion); -p/--prompt stays the question's text, as in llama.cpp
 PromptFormatOpt = Annotated[str, typer.Option(
-    "--prompt-format", metavar="auto|chat|completion", show_default="the model's, else auto",
-    help="auto: the model's chat template if it has one; chat; or completion (plain text)")]
+    "--prompt-format", metavar="FORMAT", show_default="the model's", rich_help_panel=ADVANCED,
+    help="auto, chat or completion")]
 # llama.cpp's -fa/--flash-attn takes on|off|auto; its auto asks whether the backend runs it, kvpot's whether
-# the device's memory needs it
+# the device's memory needs it (docs/budget.md)
 FlashAttnOpt = Annotated[str, typer.Option(
-    "--flash-attn", "-fa", metavar="auto|on|off", show_default=RunSettings.flash_attn,
-    help="flash attention: on holds no score matrix over the context's cells, so the same memory holds two to "
-         "five times the cells, but reads a large context slower on a CPU; auto: on only where the device "
-         "cannot hold, without it, the context of the reading chosen (the model's window, or the pot or the input read in "
-         "full once known). A saved context reopens as it was read")]
+    "--flash-attn", "-fa", metavar="MODE", show_default=RunSettings.flash_attn, rich_help_panel=ADVANCED,
+    help="on, off or auto: on where memory needs it")]
 FocusOpt = Annotated[bool, typer.Option(
-    "--focus/--no-focus",
-    help="where the pot had to leave part of the input out: answer from the pot once without showing it, read the "
-         "passages that answer drew on again with full attention, and answer from that reading (files, or a "
-         "reopened --context's files found again; not a pipe; docs/benchmarks.md, The focused read). Past the "
-         "window a model measured so reads files with the smaller pot that led its focused read best. "
-         "--no-focus answers from the pot")]
+    "--focus/--no-focus", rich_help_panel=ADVANCED,
+    help="answer from the passages the pot found, reread in full")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
-    "--question-before", metavar="on|off", show_default=RunSettings.question_before,
-    help="on: put the question before the document as well as after it, so the document is read knowing what "
-         "is asked (query-aware contextualization, Liu et al. 2023). Off by default: on the 1.5B model's 8K "
-         "multi-key cases it fixed 3 answers and broke 5. A context saved with it holds this question before its "
-         "document")]
+    "--question-before", metavar="on|off", show_default=RunSettings.question_before, rich_help_panel=ADVANCED,
+    help="put the question before the document too")]
 NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", metavar="N", show_default=str(RunSettings.max_tokens),
                                           help=N_PREDICT_HELP)]
 # folder inputs: any number of --glob and --exclude patterns (each one given adds to the others)
 GlobOpt = Annotated[list[str], typer.Option(
     "--glob", metavar="PATTERN", show_default="every file",
-    help="which files to read inside folders, e.g. '*.py'; repeat it to read files matching any")]
+    help="which files of folders ('*.py'); repeatable")]
 ExcludeOpt = Annotated[list[str], typer.Option(
     "--exclude", metavar="PATTERN", show_default="none",
-    help="files or folders to leave out inside folders, in .gitignore syntax (e.g. 'tests/' or '*.min.js'); "
-         "repeatable")]
-RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOST:PORT,...", show_default="none: this machine",
-                                     help=RPC_HELP)]
+    help="what to leave out of folders (.gitignore syntax); repeatable")]
+RpcOpt = Annotated[str, typer.Option("--rpc", metavar="HOSTS", show_default="none",
+                                     rich_help_panel=ADVANCED, help=RPC_HELP)]
 # old spellings, accepted with a note on stderr for one release
 ALIASES = {"--prompt": "--prompt-format", "--max-tokens": "--n-predict"}
 
@@ -194,26 +174,26 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
 @user_errors
 def ask(
     args: list[str] = typer.Argument(..., metavar="[FILE]... QUESTION",
-                                     help="files, directories or - (stdin) to read, then the question"),
-    context: ContextOpt = None,
-    go_on: ContinueOpt = False,
-    save_context: SaveContextOpt = None,
+                                     help="files, folders or -, then the question"),
     model: ModelOpt = None,
-    policy: PolicyOpt = None,
     budget: BudgetOpt = None,
+    policy: PolicyOpt = None,
+    max_tokens: NPredictOpt = None,
+    context: ContextOpt = None,
+    save_context: SaveContextOpt = None,
+    go_on: ContinueOpt = False,
+    glob: GlobOpt = None,
+    exclude: ExcludeOpt = None,
+    sources: SourcesOpt = False,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     chunk: ChunkOpt = None,
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
-    max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
     question_before: QuestionBeforeOpt = None,
     focus: FocusOpt = True,
-    glob: GlobOpt = None,
-    exclude: ExcludeOpt = None,
-    verbose: VerboseOpt = False,
-    quiet: QuietOpt = False,
-    json_out: JsonOpt = False,
-    sources: SourcesOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -225,7 +205,7 @@ def ask(
 ) -> None:
     """Read files of any length, then answer one question about them.
 
-    With the defaults, an input that fits the device's memory and the model's trained context is read with full attention, exactly as stock llama.cpp reads it; a longer one goes through the pot (infinipot) at the largest --budget the device holds, or, for a model measured past the window, the budget that answered best there with the question known first (see --policy and docs/benchmarks.md), and memory stays there however long the input is. The question is known before reading, so InfiniPot uses it as its catalyst (CaP-Q) and keeps what matters for it. Where the pot left part of the input out, the passages its own answer drew on are read again with full attention and that reading answers (--focus).
+    An input that fits is read whole with full attention; a longer one goes through the pot, which knows the question while reading (docs/usage.md).
     """
     errors_as_json(json_out)
     set_verbosity(verbose, quiet)
@@ -387,21 +367,23 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
 @user_errors
 def chat(
     inputs: list[str] = typer.Argument(None, metavar="[FILE]...", help="files or directories to read"),
-    context: ContextOpt = None,
-    go_on: ContinueOpt = False,
-    save_context: SaveContextOpt = None,
     model: ModelOpt = None,
-    policy: PolicyOpt = None,
     budget: BudgetOpt = None,
+    policy: PolicyOpt = None,
+    max_tokens: NPredictOpt = None,
+    context: ContextOpt = None,
+    save_context: SaveContextOpt = None,
+    go_on: ContinueOpt = False,
+    glob: GlobOpt = None,
+    exclude: ExcludeOpt = None,
+    sources: Annotated[bool, typer.Option(
+        "--sources", help="then the passages each answer drew on most")] = False,
+    verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     chunk: ChunkOpt = None,
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
-    max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
-    glob: GlobOpt = None,
-    exclude: ExcludeOpt = None,
-    verbose: VerboseOpt = False,
-    quiet: QuietOpt = False,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -410,9 +392,6 @@ def chat(
     repeat_penalty: RepeatPenaltyOpt = DEFAULTS["repeat_penalty"],
     seed: SeedOpt = DEFAULTS["seed"],
     stop: StopOpt = None,
-    sources: Annotated[bool, typer.Option(
-        "--sources", help="after each answer, the passages of the input it drew on most (file, page or line, "
-                          "a quote); /sources lists the last answer's again")] = False,
 ) -> None:
     """Read files of any length, then chat about them (/help lists the commands).
 

@@ -28,7 +28,7 @@ from ._common import (
     set_verbosity,
     user_errors,
 )
-from ._options import N_PREDICT_HELP, QuietOpt, VerboseOpt, policy_names
+from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_with_sources
 from ._sampling import (
     DEFAULTS,
@@ -46,10 +46,7 @@ from ._session import answer, new_session
 from .reading import read_with_progress
 
 FULL = "full"
-RUN_POLICY_HELP = (f"full (stock llama.cpp: the document must fit), or a pot policy: "
-                   f"{policy_names().replace(FULL + ', ', '')} (e.g. snapkv:window=32)")
-RUN_MODEL_HELP = ("a known model name or a path to a .gguf file (default: $KVPOT_MODEL, else the most capable "
-                  "downloaded model this device holds, said on stderr, as in kvpot ask)")
+RUN_POLICY_HELP = "full (stock llama.cpp: the document must fit) or a pot policy, see docs/methods.md"
 # old spellings, accepted with a note on stderr for one release
 ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 
@@ -57,24 +54,22 @@ ALIASES = {"--ctx": "--ctx-size", "--max-tokens": "--n-predict"}
 @user_errors
 def run(
     file: Path = typer.Option(..., "--file", "-f", metavar="PATH",
-                              help="the document to read (text, PDF, EPUB, DOCX, ODT, HTML; compressed or not)"),
+                              help="the document to read (docs/formats.md)"),
     prompt: str = typer.Option(..., "--prompt", "-p", metavar="TEXT", help="the question to ask about it"),
-    model: str = typer.Option(None, "--model", "-m", metavar="NAME|PATH", show_default="see above",
-                              help=RUN_MODEL_HELP),
+    model: str = typer.Option(None, "--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT, help=MODEL_HELP),
     policy: str = typer.Option(FULL, "--policy", "-P", metavar="SPEC", help=RUN_POLICY_HELP),
     budget: str = typer.Option(None, "--budget", "-b", metavar="N|auto", show_default="auto",
-                               help="cells the pot may hold (pot policies), or auto: the most the device holds"),
+                               help="a pot's cells per layer and KV head, or auto: what the device holds"),
     chunk: int = typer.Option(None, "--chunk", min=16, metavar="N", show_default=str(RunSettings.chunk),
-                              help="tokens read per step"),
+                              rich_help_panel=ADVANCED, help="tokens read per step"),
     ctx: int = typer.Option(None, "--ctx-size", "-c", min=64, metavar="N",
-                            show_default="what the document needs, up to the model's trained context and the "
-                                         "device's memory",
-                            help="context size in tokens for --policy full"),
+                            show_default="what the document needs", help="context size for --policy full"),
     threads: int = typer.Option(None, "--threads", "-t", min=1, metavar="N", show_default="every core",
-                                help="CPU threads"),
+                                rich_help_panel=ADVANCED, help="CPU threads"),
     max_tokens: int = typer.Option(None, "--n-predict", "-n", min=1, metavar="N",
                                    show_default=str(RunSettings.max_tokens), help=N_PREDICT_HELP),
-    rpc: str = typer.Option(None, "--rpc", metavar="HOST:PORT,...", show_default="none: this machine", help=RPC_HELP),
+    rpc: str = typer.Option(None, "--rpc", metavar="HOSTS", show_default="none", rich_help_panel=ADVANCED,
+                            help=RPC_HELP),
     json_out: JsonOpt = False,
     sources: SourcesOpt = False,
     verbose: VerboseOpt = False,
@@ -89,10 +84,7 @@ def run(
 ) -> None:
     """Answer a question about a document, llama.cpp style (-f FILE -p QUESTION).
 
-    With --policy full (the default) the whole document is kept, exactly as stock llama.cpp computes
-    it, and a document that cannot fit is refused before reading; a pot policy reads any length in
-    chunks and keeps at most --budget cells per layer and KV head. Answers the same way as `kvpot ask`,
-    with the same model when -m is not given.
+    With --policy full (the default) the whole document is kept, as stock llama.cpp computes it, and one that cannot fit is refused before reading; a pot policy reads any length. Answers as `kvpot ask` does.
     """
     errors_as_json(json_out)
     set_verbosity(verbose, quiet)
@@ -146,7 +138,7 @@ def demo(
     model: str = typer.Option(DEMO_MODEL, "--model", "-m", metavar="NAME|PATH",
                               help="a known model name (pulled if needed) or a path to a .gguf file"),
     threads: int = typer.Option(None, "--threads", "-t", min=1, metavar="N", show_default="every core",
-                                help="CPU threads"),
+                                rich_help_panel=ADVANCED, help="CPU threads"),
     entries: int = typer.Option(DEMO_ENTRIES, "--entries", min=10, metavar="N",
                                 help="logbook days to write (about 44 tokens each)"),
     budget: str = typer.Option(str(DEMO_BUDGET), "--budget", "-b", metavar="N|auto",

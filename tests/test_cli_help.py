@@ -1,5 +1,6 @@
-"""--help as a user reads it: a default for every option, readable type labels, ask's usage line, the
-policy lists taken from the registry, and messages with true numbers."""
+"""--help as a user reads it: a default for every option, readable type labels, ask's usage line, help that
+fits an 80-column terminal (two lines an option, nothing cut, ask and chat on one screen), the policy table
+taken from the registry, and messages with true numbers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer
+from conftest import run_cli
 from typer.core import TyperArgument, TyperOption
 from typer.testing import CliRunner
 
@@ -19,7 +21,7 @@ from kvpot.session.auto_budget import DevicePlan, choose_reading
 from kvpot.wording import plural
 
 ROOT = typer.main.get_command(app)
-README = Path(__file__).resolve().parent.parent / "README.md"
+METHODS = Path(__file__).resolve().parent.parent / "docs" / "methods.md"
 
 
 def commands(cmd=ROOT, path=()):
@@ -32,10 +34,15 @@ ALL = list(commands())
 IDS = [" ".join(p) or "kvpot" for p, _ in ALL]
 
 
-def help_text(path) -> str:
-    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+def help_text(path, columns: int = 400) -> str:
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(columns)})
     assert res.exit_code == 0, res.output
     return res.output
+
+
+def plain_flag(p) -> bool:
+    """A flag without a --no- form that is off unless given: its help says nothing of a default."""
+    return isinstance(p, TyperOption) and p.is_flag and not p.secondary_opts and not p.default
 
 
 @pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
@@ -43,6 +50,10 @@ def test_every_option_shows_a_default_or_is_required(path, cmd):
     shown = help_text(path)
     for p in cmd.params:
         if not isinstance(p, TyperOption) or p.hidden or p.is_flag and p.is_eager:  # --help, --version
+            continue
+        if plain_flag(p):
+            row = next(line for line in shown.splitlines() if re.search(rf"{re.escape(p.opts[0])}\b", line))
+            assert "[default:" not in shown[shown.index(row):].split("│\n│ -")[0], (path, p.opts[0])
             continue
         says = isinstance(p.show_default, str) or (p.default is not None and p.show_default is not False)
         assert says or p.required, f"{' '.join(path)} {p.opts[0]} shows no default"
@@ -114,19 +125,14 @@ def test_ask_usage_line():
     assert "Usage: kvpot chat [OPTIONS] [FILE]..." in help_text(("chat",))
 
 
-@pytest.mark.parametrize("path", ["ask", "chat", "run"])
-def test_policy_list_is_the_registry(path):
+@pytest.mark.parametrize("path", ["ask", "chat", "run", "serve"])
+def test_policy_help_points_to_the_table(path):
     policy = next(p for p in ROOT.commands[path].params if p.name == "policy")
-    if path == "run":  # full comes first, on its own: run's default
-        assert f"a pot policy: {', '.join(n for n in POLICIES if n != 'full')} (e.g." in policy.help
-    else:
-        assert f"keeps: {', '.join(POLICIES)}, with parameters" in policy.help
-    shown = help_text((path,))
-    assert all(name in shown for name in POLICIES)
+    assert "docs/methods.md" in policy.help
 
 
-def test_readme_policy_table_is_the_registry():
-    rows = re.findall(r"^\| `([a-z0-9]+)[:`]", README.read_text(), flags=re.M)
+def test_methods_policy_table_is_the_registry():
+    rows = re.findall(r"^\| `([a-z0-9]+)[:`]", METHODS.read_text(), flags=re.M)
     assert sorted(rows) == sorted(POLICIES)
 
 
@@ -206,3 +212,75 @@ def test_a_partial_count_is_said_as_more_than():
     said = choose_reading(plan, 32768, 41485, 512, 512, complete=False).reason
     assert "more than 32,768 tokens" in said and "41,485" not in said
     assert "41,485 tokens do not fit" in choose_reading(plan, 32768, 41485, 512, 512).reason
+
+
+# -- help at 80 columns ------------------------------------------------------------------------------------------
+
+TAG = re.compile(r"\[(default|required)[:\]]")
+
+
+def option_rows(shown: str) -> list[tuple[str, int, int]]:
+    """(name, help lines, default lines) of every option and argument row in a help's panels: a row starts
+    where its name column is filled, and its default ("[default: ...]", "[required]") begins a line of its own
+    or follows the help on its last line."""
+    rows: list[list] = []
+    panel = None
+    for line in shown.splitlines():
+        title = re.match(r"╭─ (.*?) ─", line)
+        if title:
+            panel, row = title.group(1), None
+            continue
+        if not line.startswith("│ ") or panel == "Commands":  # the subcommand list is not an option
+            row = None
+            continue
+        body = line[2:].rstrip(" │")
+        if body[:6].strip():  # the name column
+            row = [body.split()[1] if body.startswith("*") else body.split()[0], 0, 0]
+            rows.append(row)
+        if row is None:
+            continue
+        help_part = re.split(r"\s{2,}", body.strip())[-1]
+        if row[2] or TAG.match(help_part) and (body.startswith(" ") or help_part != body.strip()):
+            row[2] += 1  # the default, or its wrapped rest
+        else:
+            row[1] += 1
+    return [tuple(r) for r in rows]
+
+
+def test_option_rows_are_read_as_a_user_reads_them():
+    """The row reader on a help with one option of each kind: wrapped help, a default on its own line, a
+    default beside a short help, a plain flag."""
+    shown = ("╭─ Options ─────────────────╮\n"
+             "│ --model  -m  MODEL  a name or a path,     │\n"
+             "│                     else $KVPOT_MODEL     │\n"
+             "│                     [default: the best]   │\n"
+             "│ --chunk      N      tokens [default: 512] │\n"
+             "│ --quiet  -q         nothing but errors    │\n"
+             "╰───────────────────────────╯\n")
+    assert option_rows(shown) == [("--model", 2, 1), ("--chunk", 1, 0), ("--quiet", 1, 0)]
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_every_option_help_fits_two_lines_at_80_columns(path, cmd):
+    shown = help_text(path, columns=80)
+    rows = option_rows(shown)
+    assert rows or not [p for p in cmd.params if not getattr(p, "hidden", False)], shown
+    too_long = [(name, lines, tag) for name, lines, tag in rows if lines > 2 or tag > 1]
+    assert not too_long, shown
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=IDS)
+def test_nothing_is_cut_at_80_columns(path, cmd):
+    """rich ends a word too long for its column with "…": a metavar or a help word lost mid-word."""
+    assert "…" not in help_text(path, columns=80)
+
+
+@pytest.mark.parametrize("command", ["ask", "chat"])
+def test_ask_and_chat_help_fit_one_screen(command):
+    res = run_cli(command, "-h", env={"COLUMNS": "80", "LINES": "24"})
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.rstrip("\n").splitlines()
+    assert len(lines) <= 80, res.stdout
+    assert max(len(line) for line in lines) <= 80, res.stdout  # drawn for the width asked
+    # everyday options first: the Advanced panel follows the one that holds --model
+    assert res.stdout.index("--model") < res.stdout.index("Advanced") < res.stdout.index("--chunk")
