@@ -53,7 +53,7 @@ BENCH_TEXTS ?= $(or $(TMPDIR),/tmp)/kvpot-bench-texts
 comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
-	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
+	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-stock bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
 	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
@@ -412,6 +412,18 @@ bench-speed-qwen15: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/speed
 	$(foreach p,streaming locret infllm edgeinfinite infinipot,$(call speed,qwen2.5-coder-1.5b,$(p),$(p),--tokens 8192) &&) true
+
+# the headline ratios against stock as users run it: unpatched llama.cpp of the same commit at its defaults
+# (flash attention auto, mmap), kvpot's runtime with no pot beside it, and the 0.5B's default policy at
+# 2,048 cells, 8K and 32K, one command each (docs/benchmarks.md, "Reading speed and memory against stock
+# llama.cpp"); the 32K one is about half an hour on a quiet 2-core machine
+bench-stock: install stock-upstream
+	$(KVPOT) pull qwen2.5-coder-0.5b
+	mkdir -p $(BENCH_DIR)/speed
+	$(KVPOT) bench throughput -m qwen2.5-coder-0.5b -P infinipot --budget 2048 --tokens 8192 -t 2 \
+		--json $(BENCH_DIR)/speed/upstream-qwen2.5-coder-0.5b-infinipot-8k.json --resume
+	$(KVPOT) bench throughput -m qwen2.5-coder-0.5b -P infinipot --budget 2048 --tokens 32768 -t 2 \
+		--json $(BENCH_DIR)/speed/upstream-qwen2.5-coder-0.5b-infinipot-32k.json --resume
 
 # interleaved A/Bs: the policies of one table in turn, AB_ROUNDS times, each in fresh processes, so a slow
 # minute of the machine hits every policy alike; each is compared with the StreamingLLM run next to it
