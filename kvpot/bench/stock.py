@@ -1,5 +1,7 @@
-"""What stock llama.cpp does with a document, with no kvpot call: one context holding every token,
-prefilled in n_batch steps. The reference every benchmark's ratio is taken against."""
+"""What stock llama.cpp does with a document, run on kvpot's patched runtime with no kvpot call: one
+context holding every token, prefilled in n_batch steps, flash attention off unless asked. The accuracy
+grids' full-attention reference, and in the speed and memory benchmarks the column shown beside the
+reference, which is unpatched llama.cpp at its own defaults (kvpot.bench.stock_upstream)."""
 
 from __future__ import annotations
 
