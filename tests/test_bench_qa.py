@@ -241,7 +241,7 @@ def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_cut_path, 
 
     out = tmp_path / "qa.json"
     args = ("bench", "qa", "-m", str(smollm2_cut_path), "-P", "full", "--length", "512", "--limit", "1", "--no-multikey",
-            "--json", str(out), "--resume")
+            "--no-closed-book", "--json", str(out), "--resume")
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     first = json.loads(out.read_text())
