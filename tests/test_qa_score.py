@@ -184,3 +184,23 @@ def test_rescore_refuses_a_file_that_is_not_json(tmp_path):
     res = run_cli("bench", "qa-rescore", str(bad))
     assert res.returncode != 0
     assert_one_line_error(res.stderr, "cannot read it as JSON")
+
+
+def test_a_grid_records_each_cases_closed_book_verdict(smollm2_cut_path):
+    """Plan.closed_book asks every question with no document first; each case read of an input then
+    carries the strict verdict of its question's closed-book case, and the cases are scored strictly."""
+    from kvpot.bench.qa import CLOSED, Plan, run
+
+    qs = QUESTIONS[:2]
+    plan = Plan(model=str(smollm2_cut_path), policies=["full"], lengths=[512], group=2, multikey=False,
+                closed_book=True)
+    results = run(plan, qs)
+    assert [r["policy"] for r in results] == [CLOSED, CLOSED, "full", "full"]
+    closed = {r["id"]: r for r in results if r["policy"] == CLOSED}
+    for r in results:
+        q = BY_ID[r["id"]]
+        assert r["correct"] == verdict(r["answer"], q) and r["contains"] == contains(r["answer"], q.refs, q.question)
+        if r["policy"] == "full":
+            assert r["closed_book_correct"] == closed[r["id"]]["correct"]
+        else:
+            assert "closed_book_correct" not in r
