@@ -56,7 +56,7 @@ from ._sampling import (
 from ._session import continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
 
-POLICY_HELP = "what the memory keeps, see docs/methods.md"
+POLICY_HELP = "what the memory keeps (docs/methods.md)"
 
 # the options ask and chat share (Typer reads type and help from these annotations)
 # str, not Path: Path("") would read as "." and an empty path could not be told apart
@@ -70,7 +70,7 @@ ContinueOpt = Annotated[bool, typer.Option(
     "--continue", help="with --context: finish a stopped read first")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", metavar="MODEL", show_default=MODEL_DEFAULT,
                                        help=MODEL_HELP)]
-PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if it fits, else infinipot",
+PolicyOpt = Annotated[str, typer.Option("--policy", "-P", metavar="SPEC", show_default="full if it fits, or infinipot",
                                         help=POLICY_HELP)]
 BudgetOpt = Annotated[str, typer.Option(
     "--budget", "-b", metavar="N|auto", show_default="auto",

@@ -39,7 +39,7 @@ def throughput(
                                  help="also write the results here, rewritten as each part ends"),
     chunk: int = typer.Option(512, "--chunk", min=16, rich_help_panel=ADVANCED,
                               help="tokens per decode step (also stock's n_batch)"),
-    stock_tokens: int = typer.Option(None, "--stock-tokens", min=64, show_default="the longest that fits",
+    stock_tokens: int = typer.Option(None, "--stock-tokens", min=64, show_default="what fits",
                                      rich_help_panel=ADVANCED, help="stock prefill length"),
     threads: int = typer.Option(2, "--threads", "-t", min=1, rich_help_panel=ADVANCED, help="CPU threads"),
     flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", rich_help_panel=ADVANCED,

@@ -11,8 +11,8 @@ from ._common import err, user_errors
 
 @user_errors
 def rpc_server(
-    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface; "
-                             "the protocol has no authentication, use it only on a trusted network)"),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(50052, "--port", "-p", min=1, max=65535, help="TCP port"),
     threads: int = typer.Option(None, "--threads", "-t", min=1, show_default="every core",
                                 help="CPU threads"),
@@ -21,8 +21,7 @@ def rpc_server(
 ) -> None:
     """Serve this machine's GPU or CPU to kvpot (or llama.cpp) clients over llama.cpp's RPC protocol.
 
-    Runs until Ctrl-C. Clients pass --rpc HOST:PORT; layers of the model and their part of the pot
-    then live here. Client and server must run the same kvpot build.
+    Runs until Ctrl-C. Clients pass --rpc HOST:PORT; layers of the model and their part of the pot then live here. Client and server must run the same kvpot build. The protocol has no authentication: listen beyond loopback only on a trusted network (docs/backends.md).
     """
     from kvpot.runtime.rpc import serve
 

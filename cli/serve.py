@@ -82,8 +82,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(
     documents: Annotated[list[str], typer.Option(
         "--document", "-d", metavar="NAME=PATH", show_default="none",
-        help="a file or folder to read once at start-up and serve as the model id kvpot:NAME; repeatable. Its "
-             "read is saved under $KVPOT_HOME/serve, so a restart reopens it instead of reading it again")] = None,
+        help="a file or folder to serve as the model kvpot:NAME; repeatable")] = None,
     model: ModelOpt = None,
     policy: PolicyOpt = None,
     budget: BudgetOpt = None,
@@ -93,19 +92,18 @@ def serve(
     max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
     host: Annotated[str, typer.Option("--host", metavar="ADDR",
-                                      help="address to listen on; one other than loopback needs --api-key")] = "127.0.0.1",
+                                      help="address to listen on; beyond loopback, with --api-key")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="N", help="TCP port")] = DEFAULT_PORT,
     api_key: Annotated[str, typer.Option(
         "--api-key", metavar="KEY", envvar=API_KEY_ENV, show_default=f"${API_KEY_ENV}, else none",
-        help="require Authorization: Bearer KEY on every request")] = None,
+        help="require Authorization: Bearer KEY")] = None,
     allow_origin: Annotated[list[str], typer.Option(
         "--allow-origin", metavar="ORIGIN", show_default="none",
-        help="a web page origin allowed to call the API from a browser (CORS), e.g. http://localhost:3000; "
-             "repeatable")] = None,
+        help="a web page origin let call it (CORS); repeatable")] = None,
 ) -> None:
     """Serve documents of any length over OpenAI's chat completions API (docs/serve.md).
 
-    Each --document is read once (as `kvpot chat` reads it) and answers as the model kvpot:NAME: every request's conversation goes after the document, whose read state is restored before each request. The model's own name answers without a document. Requests queue and are answered one at a time, in the memory of one pot.
+    Each --document is read once (as `kvpot chat` reads it) and answers as the model kvpot:NAME: every request's conversation goes after the document, whose read state is restored before each request. The read is saved under $KVPOT_HOME/serve, so a restart reopens it instead of reading it again. The model's own name answers without a document. Requests queue and are answered one at a time, in the memory of one pot. --allow-origin names a web page origin (http://localhost:3000) whose scripts may call the API from a browser.
     """
     set_verbosity(verbose=True)  # a server's log keeps the reading's details (budget, context, prompt format)
     _require_stack()

@@ -27,11 +27,10 @@ def _progress() -> Progress:
 @app.command("locret", cls=KvpotCommand)
 @user_errors
 def locret(
-    model: str = typer.Option(..., "--model", "-m", help="a known model name or a path to a .gguf file"),
+    model: str = typer.Option(..., "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
     out: Path = typer.Option(..., "--output", "-o", help="the adapter GGUF to write"),
-    data: list[Path] = typer.Option(None, "--data", "-d",
-                                    show_default="this Python's standard library and /usr/share/doc",
-                                    help="text files or directories to train on (repeatable)"),
+    data: list[Path] = typer.Option(None, "--data", "-d", show_default="Python's library, /usr/share/doc",
+                                    help="text files or folders to train on; repeatable"),
     samples: int = typer.Option(48, "--samples", min=1, help="training samples (prompt + answer)"),
     length: int = typer.Option(768, "--length", min=128, max=32768, help="tokens per sample"),
     steps: int = typer.Option(240, "--steps", min=1, help="optimiser steps (one sample each)"),
@@ -41,13 +40,12 @@ def locret(
     heldout: int = typer.Option(4, "--heldout", min=0, help="held-out samples for the rank correlation"),
     threads: int = typer.Option(2, "--threads", "-t", help="CPU threads (1 to the machine's cores)"),
     dtype: str = typer.Option("f16", "--dtype", help="f16 or f32 weights in the adapter"),
-    cache: Path = typer.Option(None, "--cache", show_default="not kept", help="keep each sample's captured features and labels here "
-                                                     "(about 40 MB a sample for SmolLM2): a rerun reads them back"),
+    cache: Path = typer.Option(None, "--cache", show_default="not kept",
+                               help="keep the samples' features and labels here, for a rerun"),
 ) -> None:
     """Train Locret's retaining heads for MODEL and write them as an adapter GGUF.
 
-    Features ([Q; K; V] before RoPE) and labels (the answer's largest pre-softmax score on each
-    prompt token) come from the patched llama.cpp reading the samples; the fit uses torch.
+    Features ([Q; K; V] before RoPE) and labels (the answer's largest pre-softmax score on each prompt token) come from the patched llama.cpp reading the samples; the fit uses torch. --data defaults to this Python's standard library and /usr/share/doc. --cache keeps about 40 MB a sample for SmolLM2, and a rerun reads them back (docs/locret.md).
     """
     from kvpot.converters.adapter import check_adapter_output
     from kvpot.train.locret import prepare_cache, train_locret
@@ -92,33 +90,32 @@ def locret(
 @app.command("edgeinfinite", cls=KvpotCommand)
 @user_errors
 def edgeinfinite(
-    model: str = typer.Option(..., "--model", "-m", help="the base model: a known name or a .gguf path"),
+    model: str = typer.Option(..., "--model", "-m", metavar="MODEL", help="the base model: a name or a .gguf path"),
     out: Path = typer.Option(..., "--output", "-o", help="the memory-gate adapter GGUF to write"),
     steps: int = typer.Option(150, "--steps", help="optimizer steps (one document window each)"),
     seed: int = typer.Option(0, "--seed", help="seed of the data windows and torch"),
     l_sink: int = typer.Option(32, "--l-sink", help="sink tokens of a training window"),
     l_seg: int = typer.Option(128, "--l-seg", help="segment length of a training window"),
-    n_seg: int = typer.Option(3, "--n-seg", help="segments per window (the last one is trained on, unless --l-chunk)"),
-    l_window: int = typer.Option(0, "--l-window", help="with --l-chunk: tokens never folded (the policy's L_window)"),
-    l_chunk: int = typer.Option(
-        0, "--l-chunk", help="train as a text is read: fold all n-seg segments, then train a chunk of this many tokens "
-        "that also sees L_window + a random leftover of unfolded tokens (0: train the last segment)"),
-    budget: int = typer.Option(
-        0, "--budget", help="with --l-chunk: train as `kvpot bench ppl --budget N --chunk L_CHUNK` reads, chunk by "
-        "chunk with the policy's folds; the lengths come from the policy at that budget (--l-sink, --l-seg, "
-        "--n-seg and --l-window are not used); the shipped gates were trained this way"),
-    n_chunks: int = typer.Option(0, "--n-chunks", help="with --budget: chunks read before the trained one "
-                                 "(0: 2 x budget / l-chunk, so the trained chunk reads after at least two folds)"),
-    lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (the paper's 0.005 is for a 3B model over 100K "
-                             "samples; shipped gates: 0.001 for SmolLM2, 0.0001 with --lr-g 0.02 for Gemma-3, "
-                             "docs/edgeinfinite.md)"),
-    lr_g: float = typer.Option(0.0, "--lr-g", help="the gate logits g's own Adam rate (0: --lr); Adam moves g by "
-                               "about the rate a step, so at 0.001 the initial g = -4 barely opens"),
-    data: str = typer.Option("code", "--data", help="code: the Python standard library's long sources; mixed: "
-                             "those and Debian's licence texts (/usr/share/common-licenses) in turn"),
-    threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads (1 to the machine's cores)"),
+    n_seg: int = typer.Option(3, "--n-seg", help="segments per window (the last is trained on)"),
+    l_window: int = typer.Option(0, "--l-window", help="with --l-chunk: tokens never folded (L_window)"),
+    l_chunk: int = typer.Option(0, "--l-chunk", help="train as a text is read, a chunk this long (see above)"),
+    budget: int = typer.Option(0, "--budget", help="with --l-chunk: train as the policy reads at this budget"),
+    n_chunks: int = typer.Option(0, "--n-chunks", help="with --budget: chunks read before the trained one"),
+    lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate"),
+    lr_g: float = typer.Option(0.0, "--lr-g", help="the gate logits g's own Adam rate (0: --lr)"),
+    data: str = typer.Option("code", "--data", help="code or mixed (see above)"),
+    threads: int = typer.Option(2, "--threads", "-t", help="torch CPU threads"),
 ) -> None:
-    """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text)."""
+    """Train EdgeInfinite's memory-gating module for MODEL (frozen backbone; LM loss on long offline text).
+
+    --l-chunk N trains as a text is read: fold all n-seg segments, then train a chunk of N tokens that also sees L_window + a random leftover of unfolded tokens (0: train the last segment).
+
+    --budget N (with --l-chunk) trains as `kvpot bench ppl --budget N --chunk L_CHUNK` reads, chunk by chunk with the policy's folds; the lengths come from the policy at that budget (--l-sink, --l-seg, --n-seg and --l-window are not used). The shipped gates were trained this way. --n-chunks 0 reads 2 x budget / l-chunk chunks before the trained one, so the trained chunk reads after at least two folds.
+
+    --lr: the paper's 0.005 is for a 3B model over 100K samples; the shipped gates used 0.001 for SmolLM2 and 0.0001 with --lr-g 0.02 for Gemma-3 (docs/edgeinfinite.md). Adam moves g by about its rate a step, so at 0.001 the initial g = -4 barely opens.
+
+    --data code: the Python standard library's long sources; mixed: those and Debian's licence texts (/usr/share/common-licenses) in turn.
+    """
     from kvpot.converters.adapter import check_adapter_output
     from kvpot.train.edgeinfinite import TrainConfig, train
 
