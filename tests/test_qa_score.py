@@ -13,7 +13,7 @@ import pytest
 
 from kvpot.bench.haystack import draw_needles
 from kvpot.bench.qa_questions import Question, load_set
-from kvpot.bench.qa_score import contains, declines, judge, numbers, question_facts, shape, strict
+from kvpot.bench.qa_score import contains, declines, judge, normalize, numbers, question_facts, shape, strict
 from kvpot.bench.qa_sources import read_source
 
 QUESTIONS = load_set().questions
@@ -27,7 +27,7 @@ def verdict(answer: str, q: Question) -> bool:
 def rivals(q: Question) -> list[str]:
     """The question's candidates; else the other numbers of its reference's shape in its source."""
     if getattr(q, "candidates", ()):
-        return [c for c in q.candidates if c.lower() not in q.question.lower()]
+        return [c for c in q.candidates if f" {normalize(c)} " not in f" {normalize(q.question)} "]
     ref_numbers = [n for r in q.refs for n in numbers(r)]
     shapes = {shape(n) for n in ref_numbers}
     own = set(ref_numbers) | set(numbers(q.question))
@@ -108,7 +108,8 @@ def test_absent_declined_is_right_with_a_candidate_or_invented_wrong(q, facts):
     for decline in ("The document does not mention it.", "There is no information about that in the text.",
                     "The text doesn't say.", "It is not specified in the document."):
         assert declines(decline) and strict(decline, refs, q.question, **facts), decline
-    cand = facts["candidates"][0] if facts["candidates"] else None
+    q_words = f" {normalize(q.question)} "
+    cand = next((c for c in facts["candidates"] if f" {normalize(c)} " not in q_words), None)
     if cand:
         assert not strict(f"The document does not say, but it is probably {cand}.", refs, q.question, **facts)
         assert not strict(f"It is {cand}.", refs, q.question, **facts)  # invented

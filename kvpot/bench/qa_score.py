@@ -126,8 +126,9 @@ def judge(answer: str, refs: list[str], question: str = "", candidates=(), passa
 def question_facts(q) -> dict:
     """judge's keyword arguments for a question of the set (kvpot.bench.qa_questions.Question): its
     candidates, its passages and whether its answer is absent from the input, where the set gives them."""
+    passages = getattr(q, "passages", ()) or (getattr(q, "passage", "") or "",)
     return {"candidates": tuple(getattr(q, "candidates", ()) or ()),
-            "passages": tuple(getattr(q, "passages", ()) or (q.passage,)),
+            "passages": tuple(p for p in passages if p),
             "absent": getattr(q, "kind", "") == "absent" or not q.answer}
 
 
