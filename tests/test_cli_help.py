@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer
-from conftest import run_cli
+from conftest import assert_one_line_error, run_cli
 from typer.core import TyperArgument, TyperOption
 from typer.testing import CliRunner
 
@@ -283,3 +283,38 @@ def test_ask_and_chat_help_fit_one_screen(command):
     assert max(len(line) for line in lines) <= 80, res.stdout  # drawn for the width asked
     # everyday options first: the Advanced panel follows the one that holds --model
     assert res.stdout.index("--model") < res.stdout.index("Advanced") < res.stdout.index("--chunk")
+
+
+# -- kvpot models ------------------------------------------------------------------------------------------------
+
+def test_models_lists_one_line_per_model(tmp_path):
+    """`kvpot models` at 80 columns: a header, then one line per registry model, most capable first, each
+    within the width; nothing downloaded in a fresh home, so each says no."""
+    from kvpot.models.choose import by_capability
+
+    res = run_cli("models", env={"COLUMNS": "80", "KVPOT_HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    header, *lines = res.stdout.rstrip("\n").splitlines()
+    assert header.split() == ["name", "size", "cached", "what", "to", "expect"]
+    ranked = by_capability()
+    assert [line.split()[0] for line in lines] == [m.name for m in ranked], res.stdout
+    assert all(len(line) <= 80 and line.split()[3] == "no" for line in lines), res.stdout
+    assert "kvpot models NAME" in res.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "smollm2-135m"])
+def test_models_name_says_it_in_full(name, tmp_path):
+    from kvpot.models.registry import KNOWN
+
+    res = run_cli("models", name, env={"COLUMNS": "80", "KVPOT_HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    said = " ".join(res.stdout.split())
+    m = KNOWN[name]
+    for text in (m.description, m.expect, f"kvpot pull {name}"):
+        assert " ".join(text.split()) in said, (text, said)
+
+
+def test_models_unknown_name_is_one_line(tmp_path):
+    res = run_cli("models", "no-such-model", env={"KVPOT_HOME": str(tmp_path)})
+    assert res.returncode == 1
+    assert_one_line_error(res.stderr, "unknown model 'no-such-model'")
