@@ -3,25 +3,20 @@
 beyond_window_pot_focused when, as well, `kvpot ask`'s focused read will answer), not the largest the device holds.
 
 With no policy named, `--budget auto` reads an input that does not fit the device's context or the model's
-trained context with InfiniPot. On real-document questions past the window (docs/benchmarks.md, "Beyond the
-window"), Qwen2.5-Coder-1.5B read as `kvpot chat` reads (the question unknown while reading) answered best
-with a 2,048-cell pot: a larger one kept more of what did not answer, read slower and held more memory. Read
-as `kvpot ask` reads (the question known first: InfiniPot distills with it as the catalyst, CaP-Q) it answered
-best with 16,384 cells (7/8: every question 8,192 cells answered, and one more), more than with 8,192 (6/8) or
-2,048 (3/8) and more than it knows with no document (3/8), at 0.7x 8,192 cells' speed, about stock llama.cpp's
-prefill speed at 8K and twice its speed at 32K. Where `ask` reads files, the pot does not answer: it locates the
-passages its answer draws on, which are read again with full attention (kvpot.session.focus, "The focused read"
-in docs/benchmarks.md). Locating survives a small pot far better than the facts do: the 1.5B's 2,048-cell pot,
-question first, led the focused read to 8 of the 9 48K answers (the multi-key code among them), where answered
-from that pot 3 of 9 and from 16,384 cells 7 of 9 were right, and it reads about twice as fast as 16,384 cells.
-So a focused `ask` takes the small pot; a pipe (which cannot be read again) or `--no-focus` keeps the larger one.
-The 0.5B, question first,
-answered more with 8,192 cells (6/8) than with its largest pot (4/8) or 2,048 (3/8), faster than the largest and
-in under half its memory; read as chat reads it answered more with its largest pot (2/8 against 1/8 at 2,048 cells), so it
-keeps the largest there. For the test models the
-accuracy-versus-budget curves found no smaller pot better, so they keep the largest, as does any model not
-measured there. A policy named with `--policy` keeps
+trained context with InfiniPot. Past the window a larger pot is not always better: it can keep more of what does
+not answer, read slower and hold more memory. So a model measured on real-document questions there takes the
+size that answered best the way it is asked:
+  - the question unknown while reading (`kvpot chat`);
+  - the question known first and the pot answering (`kvpot ask` on a pipe or with `--no-focus`: InfiniPot
+    distills toward the question, CaP-Q);
+  - the question known first and the focused read answering (`kvpot ask` on files: the pot only locates the
+    passages, which are read again with full attention, kvpot.session.focus; locating survives a small pot
+    better than the facts do).
+A model not measured there keeps the largest pot the device holds, as the test models do (on their
+accuracy-versus-budget curves no smaller pot answered better). A policy named with `--policy` keeps
 `--budget auto`'s meaning for it: the largest pot the device holds.
+
+The measurements: docs/benchmarks.md, "Beyond the window" and "The focused read".
 """
 
 from __future__ import annotations
