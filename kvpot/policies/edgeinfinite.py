@@ -42,12 +42,10 @@ class EdgeInfinite(Policy):
     L_window 846, L_seg 1; on Gemma-3 (257 cells) 90 / 676 / 1. Why one cell: a fold leaves sink + window
     + r cells, r in [0, L_seg) fixed by the stream's arithmetic, and the window is what the budget leaves
     after sink and segment, so every cell of segment costs a cell of KV: with segments of one every chunk
-    reads with budget - memory - 1 cells, what StreamingLLM at the same KV budget keeps less one (gate
-    shut, Gemma-3's 8K reads: 2.079 on the logbook and 9.746 on the diffutils manual with segments of
-    one, 2.081 and 9.804 with segments of 16, 2.109 on the logbook with segments of 128; StreamingLLM at
-    the same KV 2.079 and 9.736). Folds add (M is a sum over tokens), so the segment length changes only
-    how many cells stay, not what the memory holds, and kvpot folds at chunk boundaries whatever it is,
-    so shorter segments cost no speed. (Scaling all three in the paper's ratio, 112 / 75 / 772, would
+    reads with budget - memory - 1 cells, what StreamingLLM at the same KV budget keeps less one (the
+    perplexities by segment length: docs/edgeinfinite.md, "Budget"). Folds add (M is a sum over tokens),
+    so the segment length changes only how many cells stay, not what the memory holds, and kvpot folds at
+    chunk boundaries whatever it is, so shorter segments cost no speed. (Scaling all three in the paper's ratio, 112 / 75 / 772, would
     leave up to 187 cells after each fold; docs/edgeinfinite.md "Budget".)
 
     Routing (section 3.2.2): while the text fits the budget nothing is folded and the memory is None, so

@@ -112,10 +112,9 @@ def default_split(budget: int, chunk: int) -> dict[str, int]:
     64, block_size 64, topk 8, n_local 1472, exc_block_size 256.
 
     Why an eighth: the public configuration's 512 queries per lookup are an eighth of its 4096-token
-    window. With distance="chunk" (row i of a chunk sees the memory n_local + i back), 8K passkeys on
-    Gemma-3-270M at 2048 cells answered 16/20 with execution blocks of 512 (a third of n_local) and
-    19/20 with 256. With the memory at one distance (distance="constant") 512 answers the cases it
-    missed as 256 does; the grids were measured with 256, so it stays (docs/benchmarks.md, InfLLM)."""
+    window. With distance="chunk" (row i of a chunk sees the memory n_local + i back) longer execution
+    blocks spread the memory's distance over more of the window; the passkey grids were measured with an
+    eighth, so it stays (docs/benchmarks.md, InfLLM)."""
     n_init = max(4, min(128, budget // 32))
     block_size = 128 if budget >= 4096 else 64
     topk = max(1, (budget // 4) // block_size)
