@@ -19,6 +19,9 @@ from kvpot.runtime.owned import Owned
 # more than any model has: llama.cpp offloads min(this, n_layer + 1) layers
 N_GPU_LAYERS_ALL = 999
 
+# rows a decode of n tokens marks as outputs, by its `logits` argument
+OUTPUT_ROWS = {"last": lambda n: 1, "all": lambda n: n, "none": lambda n: 0}
+
 # llama.h: enum ggml_type values accepted for the KV cache
 CACHE_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}
 
@@ -32,6 +35,10 @@ class ContextParams:
     type_k: str = "f16"
     type_v: str = "f16"
     seed: int = 0
+    # rows of logits one decode may mark as outputs, and the rows the compute buffer reserves for the
+    # output head (llama_context_params.n_outputs_max); 0: every row of a step, llama.cpp's default.
+    # kvpot.runtime.outputs says what a kvpot context needs
+    n_outputs_max: int = 0
 
 
 class LlamaModel(Owned):
@@ -172,6 +179,9 @@ class LlamaContext(Owned):
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_batch
         cp.n_seq_max = 1
+        if p.n_outputs_max < 0:
+            raise KvpotError(f"internal: n_outputs_max {p.n_outputs_max} is negative")
+        cp.n_outputs_max = p.n_outputs_max
         cp.n_threads = p.n_threads
         cp.n_threads_batch = p.n_threads
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if p.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -191,6 +201,8 @@ class LlamaContext(Owned):
         self.n_batch = min(p.n_batch, L.llama_n_batch(self.ptr))
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._batch_cap = self.n_batch
+        # llama.cpp asserts (aborts) on a decode that marks more rows than this: checked in decode first
+        self.n_outputs_max = min(p.n_outputs_max, self.n_batch) if p.n_outputs_max else self.n_batch
 
     def decode(self, tokens: list[int] | np.ndarray, pos0: int, logits: str = "last", abortable: bool = False) -> None:
         """Decode tokens at positions pos0.. in sequence 0; logits: 'last', 'all' or 'none'.
@@ -202,6 +214,12 @@ class LlamaContext(Owned):
             return
         if n > self._batch_cap:  # never reaches llama.cpp's assertion
             raise KvpotError(f"internal: a batch of {n} tokens exceeds llama.cpp's n_batch {self._batch_cap}")
+        if logits not in OUTPUT_ROWS:
+            raise KvpotError(f"internal: logits {logits!r} is not one of {', '.join(OUTPUT_ROWS)}")
+        marked = OUTPUT_ROWS[logits](n)
+        if marked > self.n_outputs_max:  # never reaches llama.cpp's assertion (output_reserve)
+            raise KvpotError(f"internal: a decode of {n} tokens asks for the logits of {marked} rows; this context "
+                             f"holds at most {self.n_outputs_max} (its n_outputs_max)")
         b = self._batch
         b.n_tokens = n
         for i in range(n):
