@@ -18,6 +18,7 @@ from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, 
 from kvpot.recall_cells import RecallCells
 from kvpot.runtime import abort
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.outputs import outputs_max
 from kvpot.runtime.pot import Pot, PotStats
 from kvpot.session.engine_state import EngineState, SeqInFile, decode_tree, encode_tree
 
@@ -78,9 +79,13 @@ class Engine:
             # window + chunk it has no room for a chunk once the stream passes the window (a small pot)
             n_ctx = max(n_ctx, facts.sliding_window + config.chunk)
         self.model = LlamaModel(model_path)
+        # the compute buffer holds the output head for the rows the engine uses: the last row of a step,
+        # and NuC's block of rows where the policy (or measure_nll) asks for every row's log-prob
+        logprobs = config.measure_nll or policy.wants_logprobs()
         self.ctx = LlamaContext(self.model, ContextParams(
             n_ctx=n_ctx, n_batch=config.chunk, n_threads=config.n_threads,
-            flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v))
+            flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
+            n_outputs_max=outputs_max(config.chunk, logprobs)))
         self.pot = Pot(self.ctx)
         self.pot.reset()
         # trained graph pieces the policy brings (Locret's retaining heads), checked against the model
