@@ -194,7 +194,10 @@ def child(job: dict) -> dict:
            "params": {"n_ctx": L.llama_n_ctx(ctx), "n_batch": L.llama_n_batch(ctx), "n_ubatch": L.llama_n_ubatch(ctx),
                       "n_threads": job["threads"], "flash_attn_type": defaults["flash_attn_type"]},
            "defaults": defaults,
-           "log": [ln.strip() for ln in log if any(w in ln.lower() for w in ("flash", "mmap", "load_mode", "repack"))],
+           # what llama.cpp chose: flash attention (auto resolved), the load mode, weights repacked or not
+           "log": [ln.strip() for ln in log if any(w in ln.lower() for w in ("flash", "load_mode", "repack"))
+                   and "used by node" not in ln],
+           "flash_attn_enabled": any("flash attention enabled" in ln.lower() for ln in log),
            "libraries": _mapped_libraries(), "bindings": str(bindings.parent)}
     lib_dir = Path(job["lib_dir"]).resolve()
     stray = [p for p in res["libraries"] if not Path(p).is_relative_to(lib_dir)]
