@@ -75,11 +75,8 @@ class _Piece:
     target: float = 0.0
 
 
-def excerpt(q: Question, side: int) -> tuple[str, int]:
-    """The passage with up to `side` characters of its source on each side, cut at line ends, under
-    the source's header; returns (text, characters before the passage)."""
-    text = read_source(q.source)
-    start, end = find_passage(text, q.passage)
+def _span(text: str, start: int, end: int, side: int) -> tuple[int, int]:
+    """Up to `side` characters of the text on each side of [start, end), cut at line ends."""
     lo = max(0, start - side)
     if lo > 0:
         nl = text.find("\n", lo, start)
@@ -87,8 +84,35 @@ def excerpt(q: Question, side: int) -> tuple[str, int]:
     hi = min(len(text), end + side)
     nl = text.rfind("\n", end, hi)
     hi = nl if nl >= 0 and hi < len(text) else hi
+    return lo, hi
+
+
+def excerpt(q: Question, side: int) -> tuple[str, int]:
+    """The question's passages, each with up to `side` characters of its source on each side, cut at line
+    ends, under the source's header; returns (text, characters before the first passage). Passages whose
+    excerpts meet share one; apart, they are joined in the source's order by a line "[...]", so a
+    two-passage question's input holds both."""
+    text = read_source(q.source)
+    found = [find_passage(text, p) for p in q.passages]
+    spans = sorted(_span(text, s, e, side) for s, e in found)
+    merged = [list(spans[0])]
+    for lo, hi in spans[1:]:
+        if lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
     head = f"===== {display_name(q.source)} =====\n\n"
-    return head + text[lo:hi].strip("\n"), len(head) + start - lo - (len(text[lo:hi]) - len(text[lo:hi].lstrip("\n")))
+    out, before = head, 0
+    first = found[0][0]
+    for k, (lo, hi) in enumerate(merged):
+        piece = text[lo:hi]
+        strip = len(piece) - len(piece.lstrip("\n"))
+        if k:
+            out += "\n[...]\n"
+        if lo <= first < hi:
+            before = len(out) + first - lo - strip
+        out += piece.strip("\n")
+    return out, before
 
 
 def distractor_chunks(sources: list[str], rng: random.Random) -> list[str]:
@@ -113,9 +137,12 @@ def distractor_chunks(sources: list[str], rng: random.Random) -> list[str]:
 
 def build_inputs(questions: list[Question], count_tokens: Callable[[str], int], length: int, seed: int,
                  group: int | None = None, multikey: bool = True) -> list[JoinedInput]:
-    """Inputs of about doc_tokens(length) tokens asking every question once, `group` per input."""
+    """Inputs of about doc_tokens(length) tokens asking every question once, `group` per input. Questions
+    about a whole document are left out: whole_inputs builds theirs."""
     rng = random.Random(f"qa-{seed}-{length}")
-    order = list(questions)
+    order = [q for q in questions if not q.whole_input]
+    if not order:
+        return []
     rng.shuffle(order)
     n_inputs = -(-len(order) // (group or per_input(length)))
     # dealt out by source, so questions on one file go to different inputs where there are enough of
@@ -155,8 +182,9 @@ def _join(group: list[Question], count: Callable[[str], int], target: int, pool:
     for text in distractor_chunks([s for s in pool if s not in used], rng):
         if room <= 0:
             break
-        if any(find_passage(text, q.passage) for q in group):  # another file saying the same (GPL-2's address
-            continue                                            # is LGPL-2.1's): only the excerpt answers
+        # another file saying the same (GPL-2's address is LGPL-2.1's): only the excerpt answers
+        if any(find_passage(text, p) for q in group for p in q.passages):
+            continue
         n = tok(text)
         if n > room:  # the last piece: cut to fit (at a line end) so the input stays near its length
             text = text[: max(1, int(len(text) * room / n))].rsplit("\n", 1)[0]
@@ -173,6 +201,22 @@ def _join(group: list[Question], count: Callable[[str], int], target: int, pool:
                             round((at + p.anchor) / max(1, total), 4), a.distractors))
         at += p.tokens
     return JoinedInput(index, SEP.join(p.text for p in pieces) + "\n", total, tuple(asks))
+
+
+def whole_inputs(questions: list[Question], count_tokens: Callable[[str], int]) -> list[JoinedInput]:
+    """The inputs of the questions about a whole document: each such source alone and whole, under its
+    header, asked all of its whole-document questions (no distractors, no multi-key needle; its length is
+    the document's own, whatever length the grid reads). Depth 0: the question is about all of it."""
+    by_source: dict[str, list[Question]] = {}
+    for q in questions:
+        if q.whole_input:
+            by_source.setdefault(q.source, []).append(q)
+    out = []
+    for i, (src, qs) in enumerate(by_source.items()):
+        text = f"===== {display_name(src)} =====\n\n{read_source(src).strip(chr(10))}\n"
+        out.append(JoinedInput(i, text, count_tokens(text), tuple(
+            Ask(q.id, "qa", q.question, tuple(q.refs), q.heldout, 0.0, 0.0) for q in qs)))
+    return out
 
 
 def _place(filler: list[_Piece], inserts: list[_Piece], total: int) -> list[_Piece]:
