@@ -33,6 +33,19 @@ class _Readable:
         for param in self.params:
             _readable(param)
 
+    def format_help(self, ctx: Context, formatter) -> None:
+        """The help with no range beside a label: typers before 0.29 print a range type's bounds there
+        ("N [x>=16]"), widening the label column until each help is a narrow strip. The bounds are said
+        when a value breaks them; the types are put back at once, so parsing checks them as ever."""
+        ranged = [(p, p.type) for p in self.params if _is_range(getattr(p, "type", None))]
+        for p, kind in ranged:
+            p.type = next(c for c in type(kind).__mro__ if c.__name__ in ("IntParamType", "FloatParamType"))()
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for p, kind in ranged:
+                p.type = kind
+
     def get_help_option(self, ctx: Context):
         option = super().get_help_option(ctx)
         if option is not None:
@@ -88,6 +101,11 @@ class KvpotGroup(_Readable, TyperGroup):
     """A command group (kvpot, kvpot bench, ...) with the same readable labels as its commands."""
 
 
+def _is_range(kind) -> bool:
+    """click's IntRange or FloatRange, from whichever click the typer in use parses with."""
+    return any(c.__name__ == "_NumberRangeBase" for c in type(kind).__mro__)
+
+
 def _readable(param) -> None:
     if isinstance(param, TyperArgument):
         # the metavar says it all ("[FILE]... QUESTION"); typer would add <list[str]> (0.29 on: from
@@ -104,6 +122,8 @@ def _readable(param) -> None:
             param.show_default = param.opts[-1] if param.default else param.secondary_opts[-1]
         else:
             param.show_default = "on" if param.default else False
+    if isinstance(param, TyperOption) and param.required:
+        param.show_default = False  # "[required]" says it; typers before 0.29 would add "[default: None]"
     if isinstance(param.show_default, str):
         # said as written: typer would wrap it in parentheses ("[default: (auto)]")
         text = param.show_default
