@@ -16,9 +16,11 @@ What a context of n cells costs, besides the weights (llama.cpp):
              the cells, chunk x n x 2 bytes (f16): the scores never exist whole. Without it the chunk's
              scores and their softmax, 2 x heads x chunk x n x 4 bytes (f32), one layer at a time (the
              graph allocator reuses them across layers), which outgrows the KV itself
-  logits:    rows x vocabulary x 4 bytes in the graph, plus one row copied out to llama.cpp;
-             every row of a chunk when a policy needs each token's log-probability (NuC), which
-             adds one soft-max block of ceil(rows / 16) rows (ggml_ext/kvpot-logprobs.cpp)
+  logits:    the rows the compute buffer reserves for the output head (the context's n_outputs_max:
+             the step's last row, plus one soft-max block of max(64, ceil(rows / 16)) rows where a
+             policy needs each token's log-probability, NuC; kvpot.runtime.outputs), x vocabulary x
+             4 bytes, plus the row copied out to llama.cpp. llama.cpp's default, a step's every row,
+             would hold chunk x vocabulary x 4 bytes (512 MiB for a 262K vocabulary at 512 a step)
   activations: chunk x (4 x embedding + 2 x feed-forward) x 4 bytes
   a kept copy: a session that can go back to the state right after reading (chat's /reset) holds a
              copy of every cell read, as large as the KV itself; `kvpot ask` keeps none
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
+from kvpot.runtime.outputs import MARKED_ROWS, outputs_max
 
 if TYPE_CHECKING:
     from kvpot.session.beyond_window import MeasuredPot
@@ -103,18 +106,14 @@ class ContextCost:
         return self.kv + self.compute
 
 
-# NuC's log-probs run the output head on blocks of at least this many rows, in at most this many
-# blocks per step (ggml_ext/kvpot-logprobs.cpp LP_BLOCK_ROWS, LP_MAX_BLOCKS)
-LOGPROB_BLOCK_ROWS = 64
-LOGPROB_BLOCKS = 16
-
-
-def logit_rows_held(logit_rows: int) -> int:
-    """Rows of vocabulary-wide floats alive at once: the graph's logits of the row the step marks and
-    llama.cpp's copy of it, and when every row is scored (NuC) one block of rows through the output
-    head (soft-maxed in place, freed before the next), not the whole step."""
-    block = min(logit_rows, max(LOGPROB_BLOCK_ROWS, -(-logit_rows // LOGPROB_BLOCKS))) if logit_rows > 1 else 0
-    return block + 2
+def logit_rows_held(logit_rows: int, reserved: int | None = None) -> int:
+    """Rows of vocabulary-wide floats a context holds: the rows its compute buffer reserves for the
+    output head, `reserved` (its n_outputs_max; default what the engine asks for: the marked row, plus
+    NuC's block of rows when every one of the step's `logit_rows` rows is scored), and llama.cpp's copy
+    of the marked row."""
+    if reserved is None:
+        reserved = outputs_max(logit_rows, logprobs=logit_rows > 1)
+    return reserved + MARKED_ROWS
 
 
 def scores_bytes_per_cell(facts: ModelFacts, chunk: int, flash_attn: bool) -> int:
@@ -123,16 +122,21 @@ def scores_bytes_per_cell(facts: ModelFacts, chunk: int, flash_attn: bool) -> in
     return chunk * F16 if flash_attn else 2 * facts.n_head * chunk * F32
 
 
-def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False) -> ContextCost:
+def context_cost(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False,
+                 reserved_rows: int | None = None) -> ContextCost:
+    """`logit_rows`: 1, or the chunk where every row's log-prob is scored (NuC); `reserved_rows`: the
+    context's n_outputs_max where it is not the engine's (kvpot.runtime.outputs), e.g. llama.cpp's
+    default of the whole chunk."""
     return ContextCost(kv=kv_bytes(facts, cells, chunk),
                        scores=scores_bytes_per_cell(facts, chunk, flash_attn) * cells,
-                       logits=logit_rows_held(logit_rows) * facts.n_vocab * F32,
+                       logits=logit_rows_held(logit_rows, reserved_rows) * facts.n_vocab * F32,
                        activations=chunk * (4 * facts.n_embd + 2 * facts.n_ff) * F32)
 
 
-def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False) -> int:
+def compute_bytes(facts: ModelFacts, cells: int, chunk: int, logit_rows: int, flash_attn: bool = False,
+                  reserved_rows: int | None = None) -> int:
     """The chunk's compute buffer and logits for a context of `cells` cells."""
-    return context_cost(facts, cells, chunk, logit_rows, flash_attn).compute
+    return context_cost(facts, cells, chunk, logit_rows, flash_attn, reserved_rows).compute
 
 
 def margin_bytes(free: int) -> int:
@@ -140,15 +144,16 @@ def margin_bytes(free: int) -> int:
 
 
 def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int,
-               keeps_copy: bool = False, flash_attn: bool = False) -> DevicePlan:
+               keeps_copy: bool = False, flash_attn: bool = False, reserved_rows: int | None = None) -> DevicePlan:
     """Cells of the largest context that fits: free memory less the margin, the weights (where
     they share the device), the fixed costs (sliding-window caches, logits, activations), divided
     by what each cell costs (global-layer KV + the chunk's attention scores over it); capped at
     the model's trained context, the longest span its positions were trained for. `keeps_copy`: the
     session keeps a copy of the cells read (chat's /reset), which costs their KV once more;
-    `flash_attn`: the context runs flash attention, whose step holds no scores over the cells."""
+    `flash_attn`: the context runs flash attention, whose step holds no scores over the cells;
+    `reserved_rows`: the context's n_outputs_max, where it is not the engine's (context_cost)."""
     copies = 2 if keeps_copy else 1
-    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows, flash_attn)
+    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows, flash_attn, reserved_rows)
     weights = facts.file_bytes if mem.holds_weights else 0
     margin = margin_bytes(mem.free_bytes)
     per_cell = copies * global_kv_bytes_per_cell(facts) + scores_bytes_per_cell(facts, chunk, flash_attn)

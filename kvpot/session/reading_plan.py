@@ -139,7 +139,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     full = reads_in_full(settings.policy)
     chunk = settings.chunk
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
-    wants_logprobs = steps is not None and steps.before_chunk(chunk).logprobs
+    wants_logprobs = steps is not None and steps.wants_logprobs()
     flash_note, mem = None, memory
     asked_auto = settings.flash_attn == "auto"
     if settings.flash_attn == "auto" or settings.budget == AUTO:
