@@ -1,6 +1,6 @@
 """The long texts the perplexity tables read (docs/benchmarks.md: IMDC, EdgeInfinite), written by `make bench-texts`.
 
-    python -m kvpot.bench.texts KIND OUT      KIND: code-12, code-8k, code-32k, logbook, manual or library-1m
+    python -m kvpot.bench.texts KIND OUT      KIND: code-12, code-8k, code-32k, logbook, manual, library-1m or library-32k
 
 code-N: Python standard-library sources, sorted by name, each headed by "# file: NAME"; code-12 is the first 12
 modules (IMDC), code-8k and code-32k the first 40 and 136 of those under 40 KB (EdgeInfinite: no gate trained on a
@@ -10,6 +10,7 @@ library-1m: the phone profile's 1M-token read (docs/benchmarks.md, "Inside a pho
 library whose path holds no "/test", in byte order of its path, the first 4,000,000 bytes (~1.07M tokens for the
 Qwen models), with one line to find inserted at 47 %. The same bytes as this shell line, the line then inserted:
 `(cd /usr/lib/python3.11 && find . -name '*.py' -not -path '*/test*' | LC_ALL=C sort | xargs cat) | head -c 4000000`.
+library-32k: the same, the first 140,000 bytes (the enforced-memory read, `make bench-memory-limit`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def stdlib_code(n_files: int, max_bytes: int | None = None, folder: Path = STDLI
 
 
 LIBRARY_BYTES = 4_000_000
+LIBRARY_32K_BYTES = 140_000  # 33,048 tokens for the Qwen models: past the 0.5B's 32,768-token window
 STRONGBOX = "# the code of the strongbox is 52445\n"  # asked as "What is the code of the strongbox?"
 
 
@@ -70,6 +72,7 @@ KINDS = {
     "logbook": logbook_text,
     "manual": manual_text,
     "library-1m": library_text,
+    "library-32k": lambda: library_text(n_bytes=LIBRARY_32K_BYTES),
 }
 
 
