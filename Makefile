@@ -54,7 +54,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-stock bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -109,6 +109,23 @@ bench-phone-1m: install
 	KVPOT_DEVICE_MEMORY=1.5GiB /usr/bin/time -v timeout -s TERM $(PHONE_1M_SECONDS) $(KVPOT) ask $$from \
 		"What is the code of the strongbox?" -t 2 --save-context $(PHONE_1M_DIR)/read.kvpot; \
 	status=$$?; [ $$status -eq 0 ] || [ $$status -eq 124 ]
+
+# Memory as a device enforces it (docs/benchmarks.md, "Inside an enforced memory limit"): the 0.5B reads the
+# library's first 33K tokens with its default budget in a memory cgroup limited to MEMORY_LIMIT, made for the run
+# (kvpot/bench/memory_limit.py: a cgroup charges what is resident, anonymous memory and the page cache the run
+# brings in, and the kernel kills the run past it; an address-space rlimit is no memory limit with mmap'd weights,
+# it counts the whole mapped file). kvpot plans with the same figure (KVPOT_DEVICE_MEMORY: it reads free RAM, not a
+# cgroup's limit). Peak RSS, the cgroup's peak charge and whether the kernel killed the read go to the JSON; a kill
+# is a result (exit 3), recorded like a read that held. About 15 minutes on 2 cores
+MEMORY_LIMIT ?= 1.5GiB
+bench-memory-limit: install
+	$(KVPOT) pull qwen2.5-coder-0.5b
+	mkdir -p $(BENCH_TEXTS) $(BENCH_DIR)/rss
+	test -f $(BENCH_TEXTS)/library-32k.txt || $(BENCH_PY) -m kvpot.bench.texts library-32k $(BENCH_TEXTS)/library-32k.txt
+	KVPOT_DEVICE_MEMORY=$(MEMORY_LIMIT) $(BENCH_PY) -m kvpot.bench.memory_limit --limit $(MEMORY_LIMIT) \
+		--json $(BENCH_DIR)/rss/limit-qwen2.5-coder-0.5b-33k-$(MEMORY_LIMIT).json --note "library-32k, default budget" -- \
+		$(KVPOT) ask $(BENCH_TEXTS)/library-32k.txt "What is the code of the strongbox?" -m qwen2.5-coder-0.5b -t 2 --json; \
+	status=$$?; [ $$status -eq 0 ] || [ $$status -eq 3 ]
 
 # the perplexity tables' texts (kvpot/bench/texts.py): stdlib code, the generated logbook, the diffutils manual
 bench-texts: install
