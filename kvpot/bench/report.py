@@ -16,15 +16,27 @@ def throughput_table(result: dict, model_name: str) -> Table:
     disk = any(r.get("disk_bytes") for r in result["pot"])
     decode = any("decode_tokens" in r for r in [stock, *result["pot"]])
     shortest = next((r["decode_shortest_tokens"] for r in result["pot"] if r.get("decode_shortest_tokens")), None)
-    cols = (("run", "tokens", "tok/s", "vs stock", "peak RSS MiB", "KV bytes held") + (("on disk",) if disk else ())
+    # unpatched llama.cpp at its defaults (kvpot.bench.stock_upstream), the reference, where the run has it
+    up = result.get("upstream")
+    cols = (("run", "tokens", "tok/s") + (("vs unpatched", "RSS vs unpatched") if up else ())
+            + ("vs stock", "peak RSS MiB", "KV bytes held") + (("on disk",) if disk else ())
             + (("decode tok/s", f"decode vs {_short(shortest)}" if shortest else "decode vs shortest") if decode else ()))
     for col in cols:
         table.add_column(col, justify="right" if col != "run" else "left")
-    table.add_row("stock llama.cpp", str(stock["tokens"]), f"{stock['tok_s']:.1f}", "1.00", f"{stock['peak_rss_mb']:.0f}", "-",
+
+    def vs_up(r: dict) -> tuple[str, ...]:
+        return ((f"{r['ratio_vs_upstream']:.2f}", f"{r['rss_vs_upstream']:.2f}" if r.get("rss_vs_upstream") else "-")
+                if up else ())
+    if up:
+        table.add_row("stock llama.cpp, unpatched, its defaults", str(up["tokens"]), f"{up['tok_s']:.1f}", "1.00", "1.00",
+                      "-", f"{up['peak_rss_mb']:.0f}", "-", *(("-",) if disk else ()),
+                      *((f"{up['decode_tok_s']:.1f}" if up.get("decode_tok_s") else "-", "-") if decode else ()))
+    table.add_row("stock llama.cpp" + (": kvpot's runtime, no pot" if up else ""), str(stock["tokens"]),
+                  f"{stock['tok_s']:.1f}", *vs_up(stock), "1.00", f"{stock['peak_rss_mb']:.0f}", "-",
                   *(("-",) if disk else ()), *((_decode_cell(stock), "-") if decode else ()))
     for r in result["pot"]:
         ratio = r.get("decode_ratio_vs_shortest")
-        table.add_row(f"kvpot {plan['policy']}", str(r["tokens"]), f"{r['tok_s']:.1f}", f"{r['ratio_vs_stock']:.2f}",
+        table.add_row(f"kvpot {plan['policy']}", str(r["tokens"]), f"{r['tok_s']:.1f}", *vs_up(r), f"{r['ratio_vs_stock']:.2f}",
                       f"{r['peak_rss_mb']:.0f}", f"{r['kv_bytes'] / 2**20:.1f} MiB",
                       *((f"{r.get('disk_bytes', 0) / 2**20:.1f} MiB",) if disk else ()),
                       *((_decode_cell(r), f"{ratio:.2f}" if ratio is not None else "-") if decode else ()))
