@@ -52,7 +52,7 @@ class Home:
 
 @dataclass
 class LimitedRun:
-    command: list[str]
+    measured_command: list[str]
     limit_bytes: int
     enforced_by: str
     returncode: int
@@ -226,29 +226,31 @@ def run_limited(command: list[str], limit: int, env: dict | None = None, home: H
         except ValueError:
             result = None
     rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return LimitedRun(command=command, limit_bytes=limit, enforced_by=how, returncode=proc.returncode,
+    return LimitedRun(measured_command=command, limit_bytes=limit, enforced_by=how, returncode=proc.returncode,
                       killed=proc.returncode == -signal.SIGKILL and oom > 0, oom_kills=oom, peak_rss_bytes=rss,
                       peak_charged_bytes=int(peak) if peak and peak.strip().isdigit() else None, seconds=seconds,
                       stdout_tail=lines[-TAIL_LINES:], result=result if isinstance(result, dict) else None)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvpot.bench.memory_limit",
+                                description="Run COMMAND in a memory cgroup limited to SIZE and record what it took.")
+    p.add_argument("--limit", required=True, help="the memory limit: 1.5GiB, 800MiB, bytes")
+    p.add_argument("--json", help="where to write the record (docs/bench/rss/...)")
+    p.add_argument("--note", default="", help="what the run reads, for the record")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     from kvpot.session.auto_budget import parse_size
 
     args = sys.argv[1:] if argv is None else argv
-    if "--" not in args:
-        print("usage: python -m kvpot.bench.memory_limit --limit SIZE [--json OUT] -- COMMAND ARGS...", file=sys.stderr)
-        return NO_LIMIT
-    cut = args.index("--")
-    parser = argparse.ArgumentParser(prog="python -m kvpot.bench.memory_limit")
-    parser.add_argument("--limit", required=True, help="the memory limit: 1.5GiB, 800MiB, bytes")
-    parser.add_argument("--json", help="where to write the record (docs/bench/rss/...)")
-    parser.add_argument("--note", default="", help="what the run reads, for the record")
-    ns = parser.parse_args(args[:cut])
-    command = args[cut + 1:]
+    ns = parser().parse_args(args)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     try:
         if not command:
-            raise KvpotError("no command after --")
+            raise KvpotError("no command to run: give it after --")
         limit = parse_size(ns.limit, "--limit")
         run = run_limited(command, limit)
         if ns.json:

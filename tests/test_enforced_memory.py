@@ -1,0 +1,68 @@
+"""The enforced-memory runner (kvpot.bench.memory_limit, `make bench-memory-limit`) on the smallest model:
+a limit far below what loading it takes must be exceeded (the kernel kills the read, the runner says so in
+one line and records it), and a generous one must hold (the read answers, its peak charge stays under the
+limit). Skipped, with the reason, only where the machine offers no memory cgroup to make a child in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvpot.bench.memory_limit import KILLED, find_home
+
+HOME = find_home()
+pytestmark = pytest.mark.skipif(isinstance(HOME, str), reason=f"no enforceable memory limit here: {HOME}")
+
+MiB = 1 << 20
+FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "completion", "--threads", "1"]
+TEXT = "The strongbox code is 4417. The lighthouse keeper wrote it down on a Tuesday.\n" * 20
+
+
+def limited(limit: str, tmp_path, smollm2_path) -> tuple[subprocess.CompletedProcess, dict]:
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    out = tmp_path / "limit.json"
+    kvpot = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
+    res = subprocess.run([sys.executable, "-m", "kvpot.bench.memory_limit", "--limit", limit, "--json", str(out), "--",
+                          *kvpot, "ask", str(doc), "Again: the strongbox code is", "-m", str(smollm2_path), *FAST,
+                          "--json"], capture_output=True, text=True, timeout=600)
+    return res, json.loads(out.read_text())
+
+
+def runner_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "within the memory limit" in ln or "by the memory limit" in ln]
+
+
+def test_a_limit_below_the_model_is_exceeded_and_said_in_one_line(tmp_path, smollm2_path):
+    # 48 MiB: the interpreter and kvpot's imports fit, the model's weights (~100 MiB, copied out of the
+    # mapping for this CPU) cannot
+    res, rec = limited("48MiB", tmp_path, smollm2_path)
+    assert res.returncode == KILLED, res.stderr
+    lines = runner_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("killed by the memory limit of 48 MiB"), res.stderr
+    assert res.stderr.rstrip().splitlines()[-1] == lines[0]
+    assert rec["killed"] and rec["oom_kills"] >= 1 and rec["returncode"] == -9
+    assert rec["limit_bytes"] == 48 * MiB and rec["result"] is None
+    assert rec["peak_charged_bytes"] is None or rec["peak_charged_bytes"] <= 48 * MiB
+    assert rec["commit"] and rec["cpu"] and "memory_limit --limit 48MiB" in rec["command"]
+
+
+def test_a_generous_limit_holds_and_the_read_answers(tmp_path, smollm2_path):
+    res, rec = limited("2GiB", tmp_path, smollm2_path)
+    assert res.returncode == 0, res.stderr
+    lines = runner_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("held within the memory limit of 2,048 MiB"), res.stderr
+    assert not rec["killed"] and rec["oom_kills"] == 0 and rec["returncode"] == 0
+    assert isinstance(rec["result"], dict) and rec["result"].get("answer") is not None, rec["stdout_tail"]
+    # the read took memory, all of it charged inside the limit
+    assert rec["peak_rss_bytes"] > 48 * MiB
+    assert rec["peak_charged_bytes"] is None or 48 * MiB < rec["peak_charged_bytes"] <= 2048 * MiB
+
+
+def test_no_command_is_one_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "kvpot.bench.memory_limit", "--limit", "1GiB", "--"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip() == "error: no command to run: give it after --"
