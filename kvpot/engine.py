@@ -120,8 +120,9 @@ class Engine:
         self.stop_kind = ""
         self.answer_tokens = 0    # tokens the last answer generated (the end-of-generation token not counted)
         # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
-        # layers, KV heads and rows (kvpot.session.sources); None when not tracking
-        self.answer_mass: dict[int, float] | None = None
+        # layers, KV heads and rows (kvpot.session.sources, read through `answer_mass`); None when not tracking
+        self._answer_mass: dict[int, float] | None = None
+        self._answer_taps = False  # the runtime is summing answer rows' attention per cell, not yet read back
         # recalled cells the runtime treats apart until the next compaction (Recall.fetch, Recall.distance)
         self.recall_cells = RecallCells(self.pot, self.policy)
 
@@ -423,27 +424,46 @@ class Engine:
     def track_answer_attention(self, on: bool) -> None:
         """From the next prompt on, score-tap the question's last row and every answer row and add up
         the attention each stream position received (`answer_mass`); the cells' stream positions
-        (`positions`) already follow every compaction and recall, so the sum is by position."""
-        self.answer_mass = {} if on else None
+        (`positions`) already follow every compaction and recall, so the sum is by position. Off (or on
+        again) forgets what an earlier answer gathered."""
+        if self._answer_taps:
+            self._answer_taps = False
+            self.pot.tap_clear()
+        self._answer_mass = {} if on else None
 
-    def _tap_answer_row(self, pos: int) -> None:
-        if self.answer_mass is not None:
-            self.pot.tap_request([pos])
+    @property
+    def answer_mass(self) -> dict[int, float] | None:
+        """Stream position -> attention the tracked rows gave it so far (None: not tracking). Read in the
+        middle of an answer, it holds the rows decoded until then."""
+        self._tally_answer_rows()
+        return self._answer_mass
 
-    def _tally_answer_row(self) -> None:
-        """Add the tapped row's attention (cells already booked by _append_cells) to answer_mass."""
-        if self.answer_mass is None:
+    def _tap_answer_rows(self, pos: int) -> None:
+        """Tap the row at llama position `pos` and every row after it: the runtime adds each tapped row's
+        attention to a per-cell sum as it decodes (kvpot_tap_request keeps one accumulator per pot layer
+        and KV head until the next request), so an answer costs one read-back, not one per token. An
+        answer never runs past the context's free cells, which bounds the positions asked for."""
+        if self._answer_mass is None:
+            return
+        self._tally_answer_rows(go_on=False)  # rows tapped before these are read first
+        self.pot.tap_request(np.arange(pos, pos + self.ctx.n_ctx - self.n_cells + 1))
+        self._answer_taps = True
+
+    def _tally_answer_rows(self, go_on: bool = True) -> None:
+        """Read the runtime's per-cell sums of the rows tapped since the last tally into answer_mass, by
+        the cells' stream positions (every tapped row's cell is already booked by _append_cells), and
+        start the sums again from zero for the rows still to come (`go_on`; else the taps end)."""
+        if not self._answer_taps:
             return
         try:
             scores = self.pot.tap_get(self.n_cells)
         finally:
+            self._answer_taps = False
             self.pot.tap_clear()
-        pos = self.positions
-        live = pos >= 0  # catalyst and dead cells hold no token
-        where, inv = np.unique(pos[live], return_inverse=True)
-        mass = np.bincount(inv, weights=scores[live].astype(np.float64), minlength=where.size)
-        for p, m in zip(where.tolist(), mass.tolist()):
-            self.answer_mass[p] = self.answer_mass.get(p, 0.0) + m
+        if self.pot.n_layers and self.n_cells:
+            add_by_position(self._answer_mass, scores, self.positions)
+        if go_on:
+            self._tap_answer_rows(self.pos_next)
 
     def next_logits(self, text: str) -> np.ndarray:
         """Feed text (no eviction past the reserve) and return the logits for the token after it."""
@@ -465,10 +485,9 @@ class Engine:
             self.feed_stream([toks[:-1]], on_chunk=on_chunk)
             toks = toks[-1:]
         self._lookup_for_prompt(toks)
-        self._tap_answer_row(self.pos_next + len(toks) - 1)  # the row that chooses the answer's first token
+        self._tap_answer_rows(self.pos_next + len(toks) - 1)  # from the row that chooses the answer's first token
         self._decode(toks, self.pos_next, "last")
         self._append_cells(len(toks))
-        self._tally_answer_row()
         return self.ctx.logits_last()
 
     def make_room(self, n_tokens: int, n_sink: int = 4) -> int:
@@ -507,7 +526,17 @@ class Engine:
         """An answer from the given logits, streamed as text pieces (UTF-8 safe). `pick(logits, tokens so
         far)` chooses each token (kvpot.session.sampling); greedy without it. Every token yielded except
         the last is in the cache; it stops at end-of-generation, at max_tokens, or when the cache must
-        keep room for the next turn."""
+        keep room for the next turn. The answer's rows stop being tapped when it ends, however it ends."""
+        try:
+            yield from self._generate(logits, max_tokens, pick)
+        finally:
+            if getattr(self.ctx, "ptr", None):
+                self._tally_answer_rows(go_on=False)
+            else:  # closed under an unfinished answer: nothing is left to read
+                self._answer_taps = False
+
+    def _generate(self, logits: np.ndarray, max_tokens: int,
+                  pick: Callable[[np.ndarray, list[int]], int] | None) -> Iterator[str]:
         pending = b""
         chosen: list[int] = []
         self.stop_reason, self.stop_kind = f"the {max_tokens}-token limit", "max-tokens"
@@ -531,11 +560,11 @@ class Engine:
             if self.n_cells + 1 > self.ctx.n_ctx - self._turn_room():
                 self.stop_reason, self.stop_kind = "the room left in the context", "context-full"
                 break
-            self._tap_answer_row(self.pos_next)
             self.ctx.decode([tok], self.pos_next, logits="last")
             self.recall_cells.book(self.positions)
             self._append_cells(1)
-            self._tally_answer_row()
+            if self.recall_cells.fetch_n:  # the lookup may put other blocks in its cells at the next decode
+                self._tally_answer_rows()
             logits = self.ctx.logits_last()
         if pending:
             yield pending.decode("utf-8", errors="replace")
@@ -579,3 +608,14 @@ class Engine:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))
         self.recall_cells.restore(state.values)
+
+
+def add_by_position(mass: dict[int, float], scores: np.ndarray, positions: np.ndarray) -> None:
+    """Add per-cell attention `scores` [L, H, N] into `mass` by the cells' stream positions [L, H, N]
+    (a position held in several layers and KV heads gets each one's; catalyst and dead cells, < 0,
+    hold no token)."""
+    live = positions >= 0
+    where, inv = np.unique(positions[live], return_inverse=True)
+    got = np.bincount(inv, weights=scores[live].astype(np.float64), minlength=where.size)
+    for p, m in zip(where.tolist(), got.tolist()):
+        mass[p] = mass.get(p, 0.0) + m
