@@ -27,6 +27,7 @@ from kvpot.bench import (
     curve,
     locret_hidden,
     locret_trace,
+    memory_limit,
     needle_trace,
     nuc_head,
     nuc_shortlist,
@@ -47,6 +48,7 @@ PY_RECIPES = {"kvpot.bench.curve": curve, "kvpot.bench.needle_trace": needle_tra
               "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost,
               "kvpot.bench.nuc_head": nuc_head, "kvpot.bench.locret_trace": locret_trace,
               "kvpot.bench.qa_budget": qa_budget,
+              "kvpot.bench.memory_limit": memory_limit,
               "kvpot.bench.nuc_shortlist": nuc_shortlist, "kvpot.bench.attn_speed": attn_speed}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
