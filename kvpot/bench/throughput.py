@@ -68,6 +68,9 @@ def run_plan(plan: ThroughputPlan, say=lambda msg: None, done: dict | None = Non
     upstream = (done or {}).get("upstream") if stock is not None else None
     if plan.upstream and upstream is None:
         upstream = measure_upstream(plan, say) | {"cpu": host}
+        if on_progress:  # said as it ends: the results file is written once kvpot's stock part is there too
+            on_progress(f"unpatched llama.cpp at its defaults: {upstream['tokens']} tokens at {upstream['tok_s']:.1f} "
+                        f"tok/s, peak RSS {upstream['peak_rss_mb']:.0f} MiB")
     if stock is None:
         say(f"kvpot's runtime with no pot: prefill of {plan.stock_tokens} tokens")
         stock = run_worker(["stock-prefill", plan.model, str(plan.stock_tokens), *common]) | {"cpu": host}
