@@ -17,7 +17,8 @@ made by systemd, where systemd runs.
 Recorded: whether the kernel killed the command for the limit (SIGKILL with the cgroup's oom_kill count
 up), the command's peak resident memory (ru_maxrss of the process and the children it waited for), the
 cgroup's peak charge, the exit status and time, and the command's own --json output where it printed
-one. Exit status: 0 when the command held and succeeded, 3 when the limit killed it, the command's own
+one. --seconds N bounds a long run: SIGTERM past N seconds, recorded with how far it got (its stderr's
+last lines: kvpot's progress). Exit status: 0 when the command held and succeeded (or held until the bound), 3 when the limit killed it, the command's own
 status when it failed otherwise, 2 where this machine offers no limit to enforce (one line says why).
 """
 
@@ -30,7 +31,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -62,7 +65,9 @@ class LimitedRun:
     peak_charged_bytes: int | None  # the cgroup's peak charge (anon + page cache + kernel), where the kernel says
     seconds: float
     stdout_tail: list[str]
+    stderr_tail: list[str]    # its last lines on stderr (kvpot's progress: how far a read got)
     result: dict | None       # the command's own JSON (its last stdout line), where it printed one
+    stopped_after: float | None = None  # the time bound that stopped it (SIGTERM), where one did
 
     def line(self) -> str:
         mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
@@ -72,6 +77,9 @@ class LimitedRun:
         if self.killed:
             return (f"killed by the memory limit of {mib(self.limit_bytes)} after {self.seconds:,.0f} s "
                     f"({peak}; {self.enforced_by})")
+        if self.stopped_after is not None:
+            return (f"held within the memory limit of {mib(self.limit_bytes)} until stopped at the "
+                    f"{self.stopped_after:,.0f}-second bound ({peak})")
         status = "held" if self.returncode == 0 else f"failed with exit status {self.returncode}"
         return f"{status} within the memory limit of {mib(self.limit_bytes)} in {self.seconds:,.0f} s ({peak})"
 
@@ -189,9 +197,19 @@ def _remove(group: Path) -> None:
             time.sleep(0.1)
 
 
-def run_limited(command: list[str], limit: int, env: dict | None = None, home: Home | None = None) -> LimitedRun:
+def _pass_through(stream, tail: deque) -> None:
+    """The command's stderr to ours as it comes, its last lines kept."""
+    for raw in stream:
+        sys.stderr.buffer.write(raw)
+        sys.stderr.buffer.flush()
+        tail.append(raw.decode("utf-8", "replace").rstrip("\r\n").rsplit("\r", 1)[-1])
+
+
+def run_limited(command: list[str], limit: int, env: dict | None = None, home: Home | None = None,
+                seconds: float | None = None) -> LimitedRun:
     """Run `command` in a memory cgroup of `limit` bytes made for it, wait for it, and say what it took.
-    Its stderr passes through; its stdout is kept (the tail, and its JSON when the last line is one)."""
+    Its stderr passes through (the tail kept); its stdout is kept (the tail, and its JSON when the last line
+    is one). `seconds`: a time bound, past which the command gets SIGTERM (a long read measured in part)."""
     found = home or find_home()
     if isinstance(found, str):
         raise KvpotError(f"no enforceable memory limit on this machine: {found}")
@@ -199,15 +217,27 @@ def run_limited(command: list[str], limit: int, env: dict | None = None, home: H
     t0 = time.monotonic()
     try:
         with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen(command, stdout=out, env=env, preexec_fn=partial(_join, group / "cgroup.procs"))
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, env=env,
+                                    preexec_fn=partial(_join, group / "cgroup.procs"))
+            errs: deque = deque(maxlen=TAIL_LINES)
+            reader = threading.Thread(target=_pass_through, args=(proc.stderr, errs), daemon=True)
+            reader.start()
+            fired = threading.Event()
+            bound = threading.Timer(seconds, lambda: (fired.set(), proc.terminate())) if seconds else None
+            if bound:
+                bound.start()
             try:
                 _, status, usage = os.wait4(proc.pid, 0)
             except BaseException:  # Ctrl-C: the command does not run on without its runner
                 proc.kill()
                 os.wait4(proc.pid, 0)
                 raise
+            finally:
+                if bound:
+                    bound.cancel()
+            reader.join(timeout=10)
             proc.returncode = os.waitstatus_to_exitcode(status)
-            seconds = time.monotonic() - t0
+            elapsed = time.monotonic() - t0
             out.seek(0)
             text = out.read().decode("utf-8", "replace")
         if found.version == 1:
@@ -228,8 +258,10 @@ def run_limited(command: list[str], limit: int, env: dict | None = None, home: H
     rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     return LimitedRun(measured_command=command, limit_bytes=limit, enforced_by=how, returncode=proc.returncode,
                       killed=proc.returncode == -signal.SIGKILL and oom > 0, oom_kills=oom, peak_rss_bytes=rss,
-                      peak_charged_bytes=int(peak) if peak and peak.strip().isdigit() else None, seconds=seconds,
-                      stdout_tail=lines[-TAIL_LINES:], result=result if isinstance(result, dict) else None)
+                      peak_charged_bytes=int(peak) if peak and peak.strip().isdigit() else None, seconds=elapsed,
+                      stdout_tail=lines[-TAIL_LINES:], stderr_tail=list(errs),
+                      result=result if isinstance(result, dict) else None,
+                      stopped_after=seconds if fired.is_set() and not oom else None)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -238,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", required=True, help="the memory limit: 1.5GiB, 800MiB, bytes")
     p.add_argument("--json", help="where to write the record (docs/bench/rss/...)")
     p.add_argument("--note", default="", help="what the run reads, for the record")
+    p.add_argument("--seconds", type=float, help="a time bound: SIGTERM to the command past it (recorded)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     return p
 
@@ -252,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             raise KvpotError("no command to run: give it after --")
         limit = parse_size(ns.limit, "--limit")
-        run = run_limited(command, limit)
+        run = run_limited(command, limit, seconds=ns.seconds)
         if ns.json:
             _record(ns, run, args)
     except KvpotError as e:
@@ -261,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     print(run.line(), file=sys.stderr)
     if run.killed:
         return KILLED
+    if run.stopped_after is not None:
+        return 0
     return run.returncode if run.returncode > 0 else (0 if run.returncode == 0 else 1)
 
 
