@@ -116,13 +116,16 @@ bench-phone-1m: install
 # brings in, and the kernel kills the run past it; an address-space rlimit is no memory limit with mmap'd weights,
 # it counts the whole mapped file). kvpot plans with the same figure (KVPOT_DEVICE_MEMORY: it reads free RAM, not a
 # cgroup's limit). Peak RSS, the cgroup's peak charge and whether the kernel killed the read go to the JSON; a kill
-# is a result (exit 3), recorded like a read that held. About 15 minutes on 2 cores
+# is a result (exit 3), recorded like a read that held. About an hour on 2 cores; MEMORY_LIMIT_SECONDS bounds it
+# (SIGTERM past it, recorded with how far the read got)
 MEMORY_LIMIT ?= 1.5GiB
+MEMORY_LIMIT_SECONDS ?=
 bench-memory-limit: install
 	$(KVPOT) pull qwen2.5-coder-0.5b
 	mkdir -p $(BENCH_TEXTS) $(BENCH_DIR)/rss
 	test -f $(BENCH_TEXTS)/library-32k.txt || $(BENCH_PY) -m kvpot.bench.texts library-32k $(BENCH_TEXTS)/library-32k.txt
 	KVPOT_DEVICE_MEMORY=$(MEMORY_LIMIT) $(BENCH_PY) -m kvpot.bench.memory_limit --limit $(MEMORY_LIMIT) \
+		$(if $(MEMORY_LIMIT_SECONDS),--seconds $(MEMORY_LIMIT_SECONDS)) \
 		--json $(BENCH_DIR)/rss/limit-qwen2.5-coder-0.5b-33k-$(MEMORY_LIMIT).json --note "library-32k, default budget" -- \
 		$(KVPOT) ask $(BENCH_TEXTS)/library-32k.txt "What is the code of the strongbox?" -m qwen2.5-coder-0.5b -t 2 --json; \
 	status=$$?; [ $$status -eq 0 ] || [ $$status -eq 3 ]
