@@ -57,9 +57,23 @@ def test_a_generous_limit_holds_and_the_read_answers(tmp_path, smollm2_path):
     assert len(lines) == 1 and lines[0].startswith("held within the memory limit of 2,048 MiB"), res.stderr
     assert not rec["killed"] and rec["oom_kills"] == 0 and rec["returncode"] == 0
     assert isinstance(rec["result"], dict) and rec["result"].get("answer") is not None, rec["stdout_tail"]
+    assert any("tokens" in ln for ln in rec["stderr_tail"]), rec["stderr_tail"]  # kvpot's progress, kept
     # the read took memory, all of it charged inside the limit
     assert rec["peak_rss_bytes"] > 48 * MiB
     assert rec["peak_charged_bytes"] is None or 48 * MiB < rec["peak_charged_bytes"] <= 2048 * MiB
+
+
+def test_a_time_bound_stops_the_command_and_is_recorded(tmp_path):
+    out = tmp_path / "bound.json"
+    res = subprocess.run([sys.executable, "-m", "kvpot.bench.memory_limit", "--limit", "256MiB", "--seconds", "1",
+                          "--json", str(out), "--", sys.executable, "-c",
+                          "import sys, time\nprint('started', file=sys.stderr, flush=True)\ntime.sleep(60)"],
+                         capture_output=True, text=True, timeout=60)
+    rec = json.loads(out.read_text())
+    assert res.returncode == 0, res.stderr
+    assert rec["stopped_after"] == 1 and rec["returncode"] == -15 and not rec["killed"]
+    assert rec["stderr_tail"] == ["started"] and rec["seconds"] < 30
+    assert runner_lines(res.stderr) == [res.stderr.strip().splitlines()[-1]]
 
 
 def test_no_command_is_one_line(tmp_path):
