@@ -10,6 +10,7 @@ from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, locate, why_not
 from kvpot.session.session import Session
+from kvpot.session.sources import top_passages
 
 from ._common import err
 from ._interrupt import Interrupts
@@ -23,14 +24,17 @@ class Focus:
     """What the pot's reading found for the focused read: its input and settings, and the pot reading's figures
     for --json."""
 
-    def __init__(self, text: FocusText, settings, located: Located, pot: dict):
+    def __init__(self, text: FocusText, settings, located: Located, pot: dict, passages: list[dict] | None = None):
         self.text, self.settings, self.located, self.pot = text, settings, located, pot
+        # the passages the pot's answer drew on, best first, as `--sources` names them (kvpot.session.sources.
+        # top_passages: the same ranking, lines and offsets); the windows read again are these, widened
+        self.passages = passages or []
 
     def places(self) -> str:
-        """"notes.txt line 40, line 1,210; log.txt line 3": where each passage starts, by file."""
+        """"notes.txt line 40, line 1,210; log.txt line 3": where each passage starts, by file, best first."""
         by: dict[str, list[str]] = {}
-        for w in self.text.windows:
-            by.setdefault(w.source, []).append(w.where or "?")
+        for p in self.passages or [{"source": w.source, "where": w.where} for w in self.text.windows]:
+            by.setdefault(p["source"], []).append(p["where"] or "?")
         return "; ".join(f"{src} {', '.join(wheres)}".strip() for src, wheres in by.items())
 
 
@@ -51,17 +55,19 @@ def find_passages(session: Session, question: str) -> Focus | None:
     except KvpotError as e:
         err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(printable(str(e)))}", soft_wrap=True)
         return None
+    # named as --sources names them; read now, while the pot's session can map its stream positions
+    passages = [p.as_dict() for p in top_passages(session, text.ranked, mass=located.mass)]
     st = session.engine.stats()
     pot = {"policy": session.policy_spec, "budget": session.settings.budget, "tokens_read": session.doc_tokens,
            "cells": st.n_cells_used, "compactions": st.n_compactions, "read_seconds": round(session.read_seconds, 3),
            "inputs": [s["name"] for s in session.sources],
            "question_before": session.settings.question_before == "on"}
-    return Focus(text, settings, located, pot)
+    return Focus(text, settings, located, pot, passages)
 
 
 def focused_session(focus: Focus, facts, model_name: str) -> Session:
     """The session that reads the passages with full attention (the pot's session already closed)."""
-    n = len(focus.text.windows)
+    n = len(focus.passages) or len(focus.text.windows)
     err.print(f"[bold]focus:[/bold] the pot's own answer drew most on {n} passage{'s' if n != 1 else ''}, read again "
               f"with full attention: {escape(focus.places())}", soft_wrap=True)
     with err.status(f"loading {facts.name}"):
@@ -75,5 +81,7 @@ def focus_report(focus: Focus, session: Session) -> dict:
             "compactions": p["compactions"], "question_before": p["question_before"],
             "focus": {"passages": [{"source": w.source, "where": w.where, "start": w.start, "end": w.end}
                                    for w in focus.text.windows],
+                      # the passages the pot's answer drew on most, best first, named as --sources names them
+                      "located": focus.passages,
                       "tokens_read": session.doc_tokens, "read_seconds": round(session.read_seconds, 3),
                       "pot_answer": focus.located.answer}}

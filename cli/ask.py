@@ -22,6 +22,7 @@ from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
+from kvpot.session.sources import top_passages
 
 from ._chat_input import ChatInput, history_path
 from ._common import (
@@ -302,9 +303,21 @@ class _Chat:
     def __init__(self, session: Session, show_sources: bool = False, reread: Reread | None = None):
         self.session = session
         self.show_sources = show_sources
-        self.track = show_sources       # taps every answer token: on with --sources, or after a /sources
         self.last: list[dict] | None = None
+        # the attention the last answer paid to each stream position (every answer is tracked: the runtime sums
+        # it per cell as the answer decodes, docs/benchmarks.md), ranked into passages when /sources asks
+        self.mass: dict[int, float] | None = None
         self.reread = reread
+
+    def sources(self) -> list[dict] | None:
+        """The last answer's passages (None: no answer yet); ranked and quoted once, when first asked for."""
+        if self.last is None and self.mass is not None:
+            self.last = [p.as_dict() for p in top_passages(self.session, mass=self.mass)]
+        return self.last
+
+    def forget(self) -> None:
+        """The last answer is gone from the conversation (/reset, /ask): nothing to list."""
+        self.last = self.mass = None
 
 
 def _ask_again(state: _Chat, question: str) -> str | None:
@@ -324,7 +337,7 @@ def _ask_again(state: _Chat, question: str) -> str | None:
     except KvpotError as e:  # not read again: the chat goes on as it was
         err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]", soft_wrap=True)
         return None
-    state.last = None
+    state.forget()
     return question
 
 
@@ -339,18 +352,15 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     elif cmd == "/stats":
         err.print(_stats_table(session))
     elif cmd == "/sources":
-        if state.last is not None:
-            write_out(sources_text(state.last))  # where --sources prints them: after the answers, on stdout
-        elif state.track:
-            err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
+        found = state.sources()
+        if found is not None:
+            write_out(sources_text(found))  # where --sources prints them: after the answers, on stdout
         else:
-            state.track = True
-            err.print("[yellow]the last answer's sources were not recorded (chat --sources records every "
-                      "answer's); from the next answer on, /sources lists them[/yellow]")
+            err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
     elif cmd == "/reset":
         try:
             session.reset_conversation()
-            state.last = None
+            state.forget()
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
             err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]")
@@ -458,11 +468,16 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
                 break
             continue
         try:
-            said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
-            if found is not None:
-                state.last = found
-                if state.show_sources and not said.stopped:
-                    write_out(sources_text(found))
+            state.forget()
+            eng = state.session.engine
+            eng.track_answer_attention(True)
+            try:
+                said, _, _ = answer_tracked(state.session, line, sampler, stop, True, False)
+                state.mass = eng.answer_mass
+            finally:
+                eng.track_answer_attention(False)
+            if state.show_sources and not said.stopped:
+                write_out(sources_text(state.sources()))
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
-from kvpot.session.sources import LONG_LINE, DigestCheck, SourceMap, line_place, rank, reread
+from kvpot.session.sources import LONG_LINE, DigestCheck, SourceMap, line_place, passages_in, reread
 
 PASSAGES = 8            # passages the locating answer drew on most
 REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
@@ -52,14 +52,10 @@ class Window:
 def ranked_spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
                  reach: int = REACH_CHARS) -> list[tuple[int, int, float]]:
     """Character spans [start, end) of the joined text around the `passages` passages with the most mass,
-    best first, each widened by `reach` characters each side, with its share of the mass."""
-    out: list[tuple[int, int, float]] = []
-    for p0, p1, share in rank(mass, smap, passages, sinks):
-        a = smap.offset(p0)
-        b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
-        if a is not None and b is not None:
-            out.append((max(0, a - reach), min(smap.end_char, b + reach), share))
-    return out
+    best first (the passages `--sources` would name: kvpot.session.sources.passages_in), each widened by
+    `reach` characters each side, with its share of the mass."""
+    return [(max(0, p.start - reach), min(smap.end_char, p.end + reach), p.share)
+            for p in passages_in(mass, smap, sinks, passages)]
 
 
 def spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
@@ -165,6 +161,7 @@ class FocusText(SourceSet):
     (so `--sources` of the focused answer names the inputs' places), and read again the same way for
     quotes."""
     windows: list[Window] = field(default_factory=list)
+    ranked: int = 0  # the passages of the ranking whose spans the windows hold (focus_for: fewer where they did not fit)
 
     @classmethod
     def of(cls, wins: list[Window], names: list[str]) -> FocusText:
@@ -176,7 +173,8 @@ class FocusText(SourceSet):
         return True
 
     def counter(self) -> FocusText:
-        return FocusText(sources=list(self.sources), warn=self.warn, warnings=self.warnings, windows=self.windows)
+        return FocusText(sources=list(self.sources), warn=self.warn, warnings=self.warnings, windows=self.windows,
+                         ranked=self.ranked)
 
     def in_heading(self, offset: int) -> bool:
         """Whether `offset` of this text falls in a passage's heading (a place, not the inputs' text)."""
@@ -187,6 +185,16 @@ class FocusText(SourceSet):
                 return offset >= at
             at += len(head) + len(w.text)
         return False
+
+    def stretches(self) -> list[tuple[int, int]]:
+        """Characters [start, end) of this text that each passage's text takes (between the headings): each is
+        a stretch of one input, apart from the others (kvpot.session.sources.file_chars)."""
+        out, at = [], 0
+        for i, w in enumerate(self.windows):
+            at += len(_head(self.windows, i))
+            out.append((at, at + len(w.text)))
+            at += len(w.text)
+        return out
 
     def input_offset(self, offset: int) -> int:
         """The character of the inputs' joined text at `offset` of this text (a heading: its passage's start)."""
@@ -273,6 +281,7 @@ def focus_for(session, located: Located, passages: int = PASSAGES):
         if again is None:
             raise KvpotError(READ_ONCE)
         text = FocusText.of(windows(again, session.source_map, wanted), [s["name"] for s in session.sources])
+        text.ranked = k
         try:
             return text, focus_settings(session.settings, facts, text, located.question_tokens)
         except KvpotError as e:

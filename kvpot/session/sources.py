@@ -31,12 +31,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.ingest.sources import STDIN, Mark, SourceSet
+from kvpot.ingest.sources import STDIN, Mark, SourceSet, header
 
 GROUP = 64             # tokens per offset entry: the map's resolution is exact at every GROUP-th token
 PASSAGE_TOKENS = 24    # a passage: about one sentence
 TOP = 3                # passages shown
 SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a source (see rank)
+# a token counts at most this many times the median of the passage around it (see rank): a lone token that takes
+# far more than its neighbours is a sink (the context's first full stop, a delimiter), whatever the question
+SPIKE = 4.0
 QUOTE_CHARS = 160      # longest quote
 WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
 LONG_LINE = 400        # characters into its line past which a place also says its column
@@ -174,29 +177,94 @@ CHANGED = "changed since it was read"
 UNCHECKED = "not checked"
 
 
-def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
+def position_at(smap: SourceMap, char: int) -> int:
+    """The first stream position of the map whose token starts at or after character `char` (the map's end
+    when none does): the inverse of `SourceMap.offset`, at its resolution."""
+    lo, hi = smap.pos[0], smap.end_pos
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if smap.offset(mid) < char:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def file_chars(smap: SourceMap, stretches: list[tuple[int, int]] | None = None) -> list[tuple[int, int, str]]:
+    """Character ranges [start, end) of the joined text that belong to one input each, with its name, in order.
+    Several inputs are joined with a heading line before each (kvpot.ingest.sources.header: the first's
+    heading before its first mark, the others' between the previous input's text and their first mark), and
+    a heading belongs to no input. `stretches`: the ranges where the text says itself what they are (a
+    focused read's passages, each of its own place: FocusText.stretches)."""
+    if stretches is not None:
+        return [(a, b, (smap.where(a).source if smap.where(a) else "")) for a, b in stretches]
+    if not smap.marks:
+        return [(0, smap.end_char, "")]
+    firsts = [m for i, m in enumerate(smap.marks) if i == 0 or m.source != smap.marks[i - 1].source]
+    if len(firsts) == 1:
+        return [(0, smap.end_char, firsts[0].source)]
+    ends = [max(m.offset - len(header(m.source)), 0) for m in firsts[1:]] + [smap.end_char]
+    return [(m.offset, max(end, m.offset), m.source) for m, end in zip(firsts, ends)]
+
+
+def file_positions(smap: SourceMap, stretches: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """Stream positions [first, end) of each input's own text (`file_chars`), the inputs' headings left out."""
+    if not smap.pos:
+        return []
+    out = []
+    for a, b, _ in file_chars(smap, stretches):
+        p0, p1 = position_at(smap, a), position_at(smap, b)
+        if p0 < p1:
+            out.append((p0, p1))
+    return out
+
+
+def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = SINK_TOKENS,
+         stretches: list[tuple[int, int]] | None = None) -> list[tuple[int, int, float]]:
     """(first position, last position + 1, share) of the `top` passages with the most mass, best first:
     runs of PASSAGE_TOKENS centred where the most mass gathers (a sentence is not split at a fixed
     boundary), each taking its mass from the ones after it. Only document tokens count (not the
-    prompt's, the question's or the answer's), and not the stream's first `sinks`: the attention sinks
-    every head dumps mass on (StreamingLLM; at least SINK_TOKENS, more where the policy keeps more,
-    Policy.sink_tokens), which would otherwise top every list."""
-    return rank_between(mass, smap.pos[0], smap.end_pos, top, sinks) if smap.pos else []
+    prompt's, the question's or the answer's, nor the headings that join several inputs), a passage
+    never runs from one input into the next (`file_positions`), and not the stream's first `sinks`: the
+    attention sinks every head dumps mass on (StreamingLLM; at least SINK_TOKENS, more where the policy
+    keeps more, Policy.sink_tokens), which would otherwise top every list. Sinks form past the first tokens
+    too, on a lone token the model parks attention on whatever the question (Qwen2.5 on a document's first
+    full stop: 2 % of the answer's attention on one token, 20 times its neighbours'), so a token counts at
+    most SPIKE times the median of the passage around it: a passage the answer reads has many tokens it
+    attends to, a sink one."""
+    return rank_in(mass, file_positions(smap, stretches), top, sinks) if smap.pos else []
 
 
 def rank_between(mass: dict[int, float], first: int, end: int, top: int = TOP,
                  sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
     """`rank` over the document tokens at stream positions [first, end), without a SourceMap
     (`kvpot bench niah --sources` knows where its haystack lies in the stream)."""
-    lo, hi = max(first, sinks, SINK_TOKENS), end
-    pos = np.array(sorted(p for p in mass if lo <= p < hi), dtype=np.int64)
+    return rank_in(mass, [(first, end)], top, sinks)
+
+
+def rank_in(mass: dict[int, float], parts: list[tuple[int, int]], top: int = TOP,
+            sinks: int = SINK_TOKENS) -> list[tuple[int, int, float]]:
+    """`rank` over the stream positions of `parts` ([first, end) each, in order, disjoint): a passage lies in
+    one part, the mass outside them does not count."""
+    floor = max(sinks, SINK_TOKENS)
+    parts = [(max(a, floor), b) for a, b in parts if b > max(a, floor)]
+    if not parts:
+        return []
+    lo_of = np.array([a for a, _ in parts], dtype=np.int64)
+    hi_of = np.array([b for _, b in parts], dtype=np.int64)
+    pos = np.array(sorted(mass), dtype=np.int64)
+    part = np.searchsorted(lo_of, pos, side="right") - 1
+    inside = (part >= 0) & (pos < hi_of[np.maximum(part, 0)])
+    pos, part = pos[inside], part[inside]
     if not pos.size:
         return []
     m = np.array([mass[p] for p in pos.tolist()], dtype=np.float64)
+    m = np.minimum(m, SPIKE * _local_median(m))
     total = float(m.sum())
+    lo, hi = lo_of[part], hi_of[part]
     half = PASSAGE_TOKENS // 2
-    first = np.searchsorted(pos, pos - half)          # the run centred on each position: [first, last)
-    last = np.searchsorted(pos, pos + PASSAGE_TOKENS - half)
+    first = np.searchsorted(pos, np.maximum(pos - half, lo))          # the run centred on each position: [first, last)
+    last = np.searchsorted(pos, np.minimum(pos + PASSAGE_TOKENS - half, hi))
     out = []
     for _ in range(top):
         cum = np.concatenate([[0.0], np.cumsum(m)])
@@ -204,31 +272,61 @@ def rank_between(mass: dict[int, float], first: int, end: int, top: int = TOP,
         k = int(np.argmax(got))
         if got[k] <= 0:
             break
-        p0 = max(int(pos[k]) - half, lo)
-        out.append((p0, min(p0 + PASSAGE_TOKENS, hi), float(got[k]) / total))
+        p0 = max(int(pos[k]) - half, int(lo[k]))
+        out.append((p0, min(p0 + PASSAGE_TOKENS, int(hi[k])), float(got[k]) / total))
         m[first[k]:last[k]] = 0.0  # the next passage is another one
     return out
 
 
-def top_passages(session, top: int = TOP) -> list[Passage]:
-    """The passages the last answer drew on most, with quotes where the inputs can be read again."""
-    smap: SourceMap = session.source_map
-    out = []
-    eng = session.engine
-    # twice as many ranked as shown: a passage before the first mark is the heading of the first source, and one
-    # in a focused read's headings (kvpot.session.focus) names a place, neither is text of the input
-    mass = eng.answer_mass or {}
-    heading = getattr(session.source_set, "in_heading", None)
+def _local_median(m: np.ndarray) -> np.ndarray:
+    """Each token's neighbourhood level: the median of the PASSAGE_TOKENS tokens centred on it."""
+    half = PASSAGE_TOKENS // 2
+    padded = np.pad(m, (half, PASSAGE_TOKENS - half - 1), mode="edge")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, PASSAGE_TOKENS), axis=1)
+
+
+def ranked_passages(mass: dict[int, float], session, top: int = TOP) -> list[Passage]:
+    """The `top` passages `mass` (stream position -> attention) drew on most in the session's input, best first,
+    unquoted (`passages_in`). Offsets and places are the joined text's of the session's own input (a focused
+    read's text, not yet the original inputs')."""
+    src = session.source_set
+    return passages_in(mass, session.source_map, session.engine.policy.sink_tokens(), top,
+                       getattr(src, "in_heading", None), src.stretches() if hasattr(src, "stretches") else None)
+
+
+def passages_in(mass: dict[int, float], smap: SourceMap, sinks: int, top: int = TOP, heading=None,
+                stretches: list[tuple[int, int]] | None = None) -> list[Passage]:
+    """The ranking `--sources` shows and a focused read reads again (kvpot.session.focus), one for both: the `top`
+    passages with the most mass (`rank`), best first, as characters [start, end) of the joined text inside the
+    input that holds them, with that input's name and recorded place. `heading(offset)`: whether a character
+    is in a heading that names a place rather than text of the input (a focused read's: FocusText.in_heading);
+    `stretches`: FocusText.stretches."""
+    files = file_chars(smap, stretches)
     if heading is not None:
         mass = {p: m for p, m in mass.items() if not heading(smap.offset(p) or 0)}
-    for p0, p1, share in rank(mass, smap, 2 * top, eng.policy.sink_tokens()):
+    out = []
+    # twice as many ranked as shown: a passage before the first mark is the heading of the first source, and one
+    # in a focused read's headings names a place, neither is text of the input
+    for p0, p1, share in rank(mass, smap, 2 * top, sinks, stretches):
         a = smap.offset(p0)
         b = smap.end_char if p1 >= smap.end_pos else smap.offset(p1)
+        if a is None or b is None:
+            continue
+        # the passage's characters inside the input that holds its first token (the map's offsets between
+        # its exact entries are interpolated: a passage's end may reach a few characters past its input's)
+        a, b = next(((max(a, lo), min(b, hi)) for lo, hi, _ in files if lo <= a < hi), (a, b))
         mark = smap.where(a)
         if mark is None and smap.marks:
             continue
-        out.append(Passage(mark.source if mark else "", mark.where if mark else "", a, b, share))
-    found = quote(out[:top], reread(session), smap)
+        out.append(Passage(mark.source if mark else "", mark.where if mark else "", a, max(a, b), share))
+    return out[:top]
+
+
+def top_passages(session, top: int = TOP, mass: dict[int, float] | None = None) -> list[Passage]:
+    """The passages the last answer drew on most (`mass`: another answer's attention, e.g. a focused read's
+    locating answer), with quotes and lines where the inputs can be read again."""
+    found = quote(ranked_passages((session.engine.answer_mass or {}) if mass is None else mass, session, top),
+                  reread(session), session.source_map)
     # a focused read's text is passages of the inputs (kvpot.session.focus): offsets of the inputs' own text
     to_input = getattr(session.source_set, "input_offset", None)
     if to_input is None:
