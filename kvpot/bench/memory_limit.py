@@ -285,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             raise KvpotError("no command to run: give it after --")
         limit = parse_size(ns.limit, "--limit")
+        from kvpot.bench.throughput import run_meta
+
+        meta = run_meta()  # the commit and load average as the run starts
         run = run_limited(command, limit, seconds=ns.seconds)
         if ns.json:
-            _record(ns, run, args)
+            _record(ns, run, args, meta)
     except KvpotError as e:
         print(f"error: {e}", file=sys.stderr)
         return NO_LIMIT
@@ -299,11 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     return run.returncode if run.returncode > 0 else (0 if run.returncode == 0 else 1)
 
 
-def _record(ns, run: LimitedRun, args: list[str]) -> None:
-    from kvpot.bench.throughput import run_meta
+def _record(ns, run: LimitedRun, args: list[str], meta: dict) -> None:
     from kvpot.safe_write import write_text_file
 
-    meta = run_meta() | {"command": " ".join(["python -m kvpot.bench.memory_limit", *args])}
+    meta = meta | {"command": " ".join(["python -m kvpot.bench.memory_limit", *args])}
     env = {k: os.environ[k] for k in ("KVPOT_DEVICE_MEMORY", "OMP_WAIT_POLICY") if k in os.environ}
     record = meta | {"note": ns.note, "env": env} | asdict(run) | {"limit": ns.limit, "loadavg_end": os.getloadavg()}
     write_text_file(Path(ns.json), json.dumps(record, indent=1) + "\n", "the memory-limit record")
