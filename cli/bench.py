@@ -107,6 +107,7 @@ def _load_throughput(path: Path | None, plan: ThroughputPlan) -> dict | None:
     # the model by its file's name: the registry's file in another kvpot home is the same model
     want = plan.__dict__ | {"pot_tokens": None, "model": Path(plan.model).name}
     had = data["plan"] | {"pot_tokens": None, "model": Path(str(data["plan"].get("model"))).name}
+    had.setdefault("upstream", True)  # a file from before the unpatched part: resumed, that part is measured
     differs = [k for k in want if had.get(k) != want[k]]
     if differs:
         k = differs[0]
@@ -221,7 +222,7 @@ def qa(
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_read_save import QaReadStopped, QaSaves
-    from kvpot.bench.qa_report import qa_table
+    from kvpot.bench.qa_report import kinds_table, qa_table
 
     from ._interrupt import Interrupts
 
@@ -278,6 +279,8 @@ def qa(
             interrupts.end_if_terminated()
             raise KeyboardInterrupt from None
     err.print(qa_table(results))
+    if (by_kind := kinds_table(results)) is not None:
+        err.print(by_kind)
     if json_out:
         _write_json(json_out, results)
         err.print(f"results written to {json_out}")

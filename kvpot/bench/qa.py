@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpot.bench.qa_inputs import JoinedInput, build_inputs
+from kvpot.bench.qa_inputs import JoinedInput, build_inputs, doc_tokens, whole_inputs
 from kvpot.bench.qa_questions import Question
 from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar, this_part
 from kvpot.bench.qa_score import contains, exact, judge, normalize, question_facts
@@ -92,12 +92,32 @@ def reading_key(r: dict) -> tuple:
 
 
 def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
-    """The whole set, or a seeded sample of it (the same sample for every model and policy)."""
+    """The whole set, or a seeded sample of the questions asked inside a haystack (the same sample for
+    every model and policy). A sample leaves the whole-document questions out: their inputs are their own
+    files (whole_for), so a sample of `n` asks `n` questions of inputs of this length."""
     n = plan.sample if length > SAMPLE_ABOVE else plan.limit
-    if n is None or n >= len(questions):
+    inside = [q for q in questions if not q.whole_input]
+    if n is None:
         return list(questions)
-    picked = set(q.id for q in random.Random(f"qa-sample-{plan.seed}-{length}").sample(questions, n))
+    if n >= len(inside):
+        return inside
+    picked = set(q.id for q in random.Random(f"qa-sample-{plan.seed}-{length}").sample(inside, n))
     return [q for q in questions if q.id in picked]
+
+
+def whole_for(questions: list[Question], lengths: tuple[int, ...], count_tokens: Callable[[str], int],
+              first_index: dict[int, int]) -> dict[int, list[JoinedInput]]:
+    """The whole-document questions' inputs (each source alone and whole, a few thousand tokens) by the grid
+    length they are asked at: the smallest that holds the document, so each is asked once per policy and
+    its case sits beside that length's others. A document longer than every length is left out. Their
+    indices follow `first_index[length]` (that length's haystack inputs), so input files never collide."""
+    out: dict[int, list[JoinedInput]] = {n: [] for n in lengths}
+    for w in whole_inputs(questions, count_tokens):
+        fits = [n for n in sorted(lengths) if w.tokens <= doc_tokens(n)]
+        if fits:
+            n = fits[0]
+            out[n].append(replace(w, index=first_index[n] + len(out[n])))
+    return out
 
 
 def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: Callable[[dict], None] = lambda r: None,
@@ -116,8 +136,13 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
     vocab = LlamaModel(str(facts.path))
     try:
         frame = question_frame(choose_format(vocab, _settings_prompt(known)))
-        inputs = {n: build_inputs(questions_for(questions, n, plan), lambda t: len(vocab.tokenize(t)), n, plan.seed,
+        count = lambda t: len(vocab.tokenize(t))  # noqa: E731
+        inputs = {n: build_inputs(questions_for(questions, n, plan), count, n, plan.seed,
                                   group=plan.group, multikey=plan.multikey) for n in plan.lengths}
+        whole = whole_for(questions_for(questions, min(plan.lengths), plan), tuple(plan.lengths), count,
+                          {n: len(inputs[n]) for n in plan.lengths})
+        for n in plan.lengths:
+            inputs[n] += whole[n]
     finally:
         vocab.close()
     asked = {a.id for n in plan.lengths for joined in inputs[n] for a in joined.asks}
@@ -445,4 +470,4 @@ def _focused(facts, name: str, settings, text, a, t0: float, facts_of: dict[str,
 
 def _ask_fields(a) -> dict:
     return {"id": a.id, "task": a.task, "heldout": a.heldout, "target_depth": a.target_depth, "depth": a.depth,
-            "question": a.question, "reference": a.refs[0]}
+            "question": a.question, "reference": a.refs[0] if a.refs else "", "kind": a.kind}

@@ -56,6 +56,7 @@ class Ask:
     target_depth: float
     depth: float               # where the passage (or needle) starts, as a share of the input's tokens
     distractors: tuple[str, ...] = ()  # multikey: the other needles' keys
+    kind: str = "multikey"     # a question's kind in the set (qa_questions: lexical, paraphrase, ...)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _join(group: list[Question], count: Callable[[str], int], target: int, pool:
         text, before = excerpt(q, side)
         d = round((slot + rng.uniform(0.05, 0.95)) / len(group), 3)
         inserts.append(_Piece(text, tok(text), count(text[:before]), target=d,
-                              ask=Ask(q.id, "qa", q.question, tuple(q.refs), q.heldout, d, 0.0)))
+                              ask=Ask(q.id, "qa", q.question, tuple(q.refs), q.heldout, d, 0.0, kind=q.kind)))
     if multikey:
         d = round(rng.uniform(0.05, 0.95), 3)
         needles = draw_needles(seed * 100_003 + length + index, d, 4)
@@ -198,7 +199,7 @@ def _join(group: list[Question], count: Callable[[str], int], target: int, pool:
         if p.ask is not None:
             a = p.ask
             asks.append(Ask(a.id, a.task, a.question, a.refs, a.heldout, a.target_depth,
-                            round((at + p.anchor) / max(1, total), 4), a.distractors))
+                            round((at + p.anchor) / max(1, total), 4), a.distractors, a.kind))
         at += p.tokens
     return JoinedInput(index, SEP.join(p.text for p in pieces) + "\n", total, tuple(asks))
 
@@ -215,7 +216,7 @@ def whole_inputs(questions: list[Question], count_tokens: Callable[[str], int]) 
     for i, (src, qs) in enumerate(by_source.items()):
         text = f"===== {display_name(src)} =====\n\n{read_source(src).strip(chr(10))}\n"
         out.append(JoinedInput(i, text, count_tokens(text), tuple(
-            Ask(q.id, "qa", q.question, tuple(q.refs), q.heldout, 0.0, 0.0) for q in qs)))
+            Ask(q.id, "qa", q.question, tuple(q.refs), q.heldout, 0.0, 0.0, kind=q.kind) for q in qs)))
     return out
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from kvpot.bench.qa import CLOSED
 
+KINDS = ("lexical", "paraphrase", "two-passage", "whole", "absent")  # the set's kinds (kvpot.bench.qa_questions)
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
@@ -72,6 +73,7 @@ def summary(results: list[dict]) -> list[dict]:
                     "resolved": sorted({r["resolved_policy"].split(":")[0] for r in ran}),
                     "tuning": [r for r in qa if not r["heldout"]], "heldout": [r for r in qa if r["heldout"]],
                     "multikey": [r for r in ran if r["task"] == "multikey"],
+                    "kinds": {kind: [r for r in qa if r.get("kind") == kind] for kind in KINDS},
                     "tok_s": sum(r["tokens"] for r in reads) / secs if secs else None,
                     # the largest of its readings' peaks (recorded since bench qa measures each reading)
                     "peak_rss_mib": max((r["peak_rss_mib"] for r in ran if r.get("peak_rss_mib")), default=None),
@@ -96,4 +98,19 @@ def qa_table(results: list[dict]) -> Table:
                   closed_book(qa) if s["policy"] != CLOSED else "-", _share(qa, "exact"), _share(s["multikey"]),
                   f"{s['tok_s']:.0f}" if s["tok_s"] else "-",
                   f"{s['peak_rss_mib']:,.0f}" if s["peak_rss_mib"] else "-")
+    return t
+
+
+def kinds_table(results: list[dict]) -> Table | None:
+    """Accuracy per kind of question (lexical, paraphrase, two-passage, whole, absent), each with its n and
+    interval: a locator that wins where the question repeats the passage's words may lose where it
+    paraphrases them. None when no case records its kind (JSON written before kinds existed)."""
+    rows = summary(results)
+    if not any(s["kinds"][k] for s in rows for k in KINDS):
+        return None
+    t = Table(title="by kind of question (strict, n and 95 % interval)")
+    for col in ("model", "policy", "length", *KINDS):
+        t.add_column(col, justify="left" if col in ("model", "policy") else "right")
+    for s in rows:
+        t.add_row(s["model"], s["policy"], f"{s['length']:,}", *(_share(s["kinds"][k]) for k in KINDS))
     return t
