@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.ingest.sources import Mark
-from kvpot.session.sources import GROUP, PASSAGE_TOKENS, SINK_TOKENS, SourceMap, rank
+from kvpot.session.sources import GROUP, PASSAGE_TOKENS, SINK_TOKENS, SPIKE, SourceMap, rank
 
 runner = CliRunner()
 QUESTION = "What is the code of the strongbox?"
@@ -166,3 +166,22 @@ def test_json_errors_are_json_with_the_exit_code_unchanged(tmp_path):
     err = json.loads(res.stderr)
     assert err["exit_code"] == res.exit_code and "missing.txt" in err["error"]
     assert res.stdout == ""
+
+
+def test_a_lone_sink_token_near_the_start_does_not_outrank_the_passage_read():
+    """Qwen2.5 parks attention on the document's first full stop whatever the question (measured: 2 % of an
+    answer's attention on that one token, 20 times its neighbours'). A lone token that heavy outweighs a
+    passage deep in the document whose many tokens the answer read; the passage is ranked first, the sink's
+    neighbourhood counts as its neighbours do."""
+    smap = SourceMap()
+    smap.add(3, 0, 4000, list(range(4000)), lambda t: b"x")
+    mass = {p: 0.001 for p in range(3, 4003)}
+    mass[17] = 0.30                              # the sink: one token, past the stream's first SINK_TOKENS
+    deep = range(3000, 3012)
+    for p in deep:
+        mass[p] = 0.02                           # the passage the answer read: 0.24 over 12 tokens
+    (p0, p1, share), *_ = rank(mass, smap)
+    assert p0 <= deep[0] and deep[-1] < p1, (p0, p1)
+    # its share: of the document's mass with the sink counted at SPIKE times its neighbours' level
+    doc = sum(m for p, m in mass.items() if p >= SINK_TOKENS) - mass[17] + SPIKE * 0.001
+    assert share == pytest.approx(sum(mass[p] for p in range(p0, p1)) / doc)

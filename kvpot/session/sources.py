@@ -37,9 +37,10 @@ GROUP = 64             # tokens per offset entry: the map's resolution is exact 
 PASSAGE_TOKENS = 24    # a passage: about one sentence
 TOP = 3                # passages shown
 SINK_TOKENS = 4        # the stream's first tokens: attention sinks, never a source (see rank)
-# a token counts at most this many times the median of the passage around it (see rank): a lone token that takes
+# a token counts at most SPIKE times the most its NEIGHBOURS on either side hold (see rank): a lone token that takes
 # far more than its neighbours is a sink (the context's first full stop, a delimiter), whatever the question
 SPIKE = 4.0
+NEIGHBOURS = 2
 QUOTE_CHARS = 160      # longest quote
 WORD_REACH = 24        # characters a quote is widened by, each side, to the words its ends cut
 LONG_LINE = 400        # characters into its line past which a place also says its column
@@ -230,8 +231,8 @@ def rank(mass: dict[int, float], smap: SourceMap, top: int = TOP, sinks: int = S
     keeps more, Policy.sink_tokens), which would otherwise top every list. Sinks form past the first tokens
     too, on a lone token the model parks attention on whatever the question (Qwen2.5 on a document's first
     full stop: 2 % of the answer's attention on one token, 20 times its neighbours'), so a token counts at
-    most SPIKE times the median of the passage around it: a passage the answer reads has many tokens it
-    attends to, a sink one."""
+    most SPIKE times the most its NEIGHBOURS on either side hold: the words of a passage the answer reads
+    are attended to together, a sink alone."""
     return rank_in(mass, file_positions(smap, stretches), top, sinks) if smap.pos else []
 
 
@@ -259,7 +260,7 @@ def rank_in(mass: dict[int, float], parts: list[tuple[int, int]], top: int = TOP
     if not pos.size:
         return []
     m = np.array([mass[p] for p in pos.tolist()], dtype=np.float64)
-    m = np.minimum(m, SPIKE * _local_median(m))
+    m = np.minimum(m, SPIKE * _neighbours(m))
     total = float(m.sum())
     lo, hi = lo_of[part], hi_of[part]
     half = PASSAGE_TOKENS // 2
@@ -278,11 +279,12 @@ def rank_in(mass: dict[int, float], parts: list[tuple[int, int]], top: int = TOP
     return out
 
 
-def _local_median(m: np.ndarray) -> np.ndarray:
-    """Each token's neighbourhood level: the median of the PASSAGE_TOKENS tokens centred on it."""
-    half = PASSAGE_TOKENS // 2
-    padded = np.pad(m, (half, PASSAGE_TOKENS - half - 1), mode="edge")
-    return np.median(np.lib.stride_tricks.sliding_window_view(padded, PASSAGE_TOKENS), axis=1)
+def _neighbours(m: np.ndarray, reach: int = NEIGHBOURS) -> np.ndarray:
+    """Each token's neighbourhood level: the most any of the `reach` tokens on either side of it holds."""
+    padded = np.pad(m, reach)
+    near = np.lib.stride_tricks.sliding_window_view(padded, 2 * reach + 1).copy()
+    near[:, reach] = 0.0  # not the token itself
+    return near.max(axis=1)
 
 
 def ranked_passages(mass: dict[int, float], session, top: int = TOP) -> list[Passage]:
