@@ -125,7 +125,7 @@ def test_cli_ctrl_c_saves_the_reading_and_resume_goes_on(smollm2_cut_path, tmp_p
     env = dict(os.environ, KVPOT_HOME=str(home), COLUMNS="200")
     # long enough that the interrupt lands mid-read even when this process is slow to send it
     args = ["bench", "qa", "-m", str(smollm2_cut_path), "-P", "infinipot", "--budget", "1024", "--per-question",
-            "--length", "16384", "--limit", "1", "--no-multikey", "--json", str(out)]
+            "--length", "16384", "--limit", "1", "--no-multikey", "--no-closed-book", "--json", str(out)]
     stopped = interrupt_once_saved([*args, "--save-every", "0"], env, home / "bench-reads", "qa-*.kvpot")
     assert stopped.returncode == 130, stopped.stderr
     assert "Traceback" not in stopped.stderr
