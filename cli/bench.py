@@ -50,6 +50,8 @@ def throughput(
                                 help="keep --json's parts, go on from a save"),
     save_every: float = typer.Option(600.0, "--save-every", min=0.0, metavar="SECONDS", rich_help_panel=ADVANCED,
                                      help="save reads this often (0: each chunk)"),
+    upstream: bool = typer.Option(True, "--upstream/--no-upstream", rich_help_panel=ADVANCED,
+                                  help="read unpatched llama.cpp too (the ratios' reference)"),
 ) -> None:
     """Ingest N tokens of generated text with a policy; report tokens/s, peak RSS and pot bytes beside stock prefill, then the answer tokens/s after each read (--decode) and its ratio to the shortest input's.
 
@@ -67,7 +69,7 @@ def throughput(
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
     plan = ThroughputPlan(model=str(facts.path), policy=policy, budget=budget, chunk=chunk, threads=threads,
                           flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits,
-                          decode=decode)
+                          decode=decode, upstream=upstream)
     done = _load_throughput(json_out, plan) if resume else None
     saves = bench_reads_dir() if json_out else None
     if saves is not None and not resume:  # a fresh run reads from token 0

@@ -145,7 +145,8 @@ def test_a_run_stopped_with_ctrl_c_goes_on_with_resume(smollm2_cut_path, tmp_pat
 
     out = tmp_path / "tp.json"
     env = dict(os.environ, KVPOT_HOME=str(tmp_path / "home"), COLUMNS="200")
-    args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "512", "--stock-tokens", "256",
+    # its own kvpot home, so no unpatched build (test_stock_upstream covers that part, in the shared home)
+    args = ["bench", "throughput", "-m", str(smollm2_cut_path), "--no-upstream", "--tokens", "512", "--stock-tokens", "256",
             "--budget", "128", "--chunk", "64", "--decode", "0", "--json", str(out)]
     first = subprocess.run([sys.executable, "-c", "from kvpot.cli.main import main; main()", *args],
                            env=env, capture_output=True, text=True, timeout=600)
@@ -176,7 +177,7 @@ def test_resume_refuses_a_file_of_another_plan(smollm2_cut_path, tmp_path):
     from conftest import assert_one_line_error, run_cli
 
     out = tmp_path / "tp.json"
-    common = ["bench", "throughput", "-m", str(smollm2_cut_path), "--tokens", "256", "--stock-tokens", "256",
+    common = ["bench", "throughput", "-m", str(smollm2_cut_path), "--no-upstream", "--tokens", "256", "--stock-tokens", "256",
               "--chunk", "64", "--decode", "0", "--json", str(out)]
     env = {"KVPOT_HOME": str(tmp_path / "home")}
     assert run_cli(*common, "--budget", "128", env=env).returncode == 0

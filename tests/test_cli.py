@@ -365,7 +365,7 @@ def test_bench_throughput_reports_the_store_on_disk_and_leaves_none(smollm2_cut_
     import json
 
     out = tmp_path / "tp.json"
-    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "-P", "infllm", "--tokens", "2048",
+    res = run_cli("bench", "throughput", "-m", str(smollm2_cut_path), "--no-upstream", "-P", "infllm", "--tokens", "2048",
                   "--stock-tokens", "256", "--budget", "512", "--chunk", "128", "--json", str(out),
                   env={"COLUMNS": "200", "KVPOT_HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
