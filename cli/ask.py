@@ -22,7 +22,6 @@ from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
-from kvpot.session.sources import top_passages
 
 from ._chat_input import ChatInput, history_path
 from ._common import (
@@ -303,21 +302,11 @@ class _Chat:
     def __init__(self, session: Session, show_sources: bool = False, reread: Reread | None = None):
         self.session = session
         self.show_sources = show_sources
+        # taps every answer token: on with --sources, or after a /sources (tracking costs the decode: the
+        # score tap is an extra attention over every cell per token, measured in docs/benchmarks.md)
+        self.track = show_sources
         self.last: list[dict] | None = None
-        # the attention the last answer paid to each stream position (every answer is tracked: the runtime sums
-        # it per cell as the answer decodes, docs/benchmarks.md), ranked into passages when /sources asks
-        self.mass: dict[int, float] | None = None
         self.reread = reread
-
-    def sources(self) -> list[dict] | None:
-        """The last answer's passages (None: no answer yet); ranked and quoted once, when first asked for."""
-        if self.last is None and self.mass is not None:
-            self.last = [p.as_dict() for p in top_passages(self.session, mass=self.mass)]
-        return self.last
-
-    def forget(self) -> None:
-        """The last answer is gone from the conversation (/reset, /ask): nothing to list."""
-        self.last = self.mass = None
 
 
 def _ask_again(state: _Chat, question: str) -> str | None:
@@ -337,7 +326,7 @@ def _ask_again(state: _Chat, question: str) -> str | None:
     except KvpotError as e:  # not read again: the chat goes on as it was
         err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]", soft_wrap=True)
         return None
-    state.forget()
+    state.last = None
     return question
 
 
@@ -352,15 +341,18 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     elif cmd == "/stats":
         err.print(_stats_table(session))
     elif cmd == "/sources":
-        found = state.sources()
-        if found is not None:
-            write_out(sources_text(found))  # where --sources prints them: after the answers, on stdout
-        else:
+        if state.last is not None:
+            write_out(sources_text(state.last))  # where --sources prints them: after the answers, on stdout
+        elif state.track:
             err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
+        else:
+            state.track = True
+            err.print("[yellow]the last answer's sources were not recorded (chat --sources records every "
+                      "answer's); from the next answer on, /sources lists them[/yellow]")
     elif cmd == "/reset":
         try:
             session.reset_conversation()
-            state.forget()
+            state.last = None
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
             err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]")
@@ -468,16 +460,11 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
                 break
             continue
         try:
-            state.forget()
-            eng = state.session.engine
-            eng.track_answer_attention(True)
-            try:
-                said, _, _ = answer_tracked(state.session, line, sampler, stop, True, False)
-                state.mass = eng.answer_mass
-            finally:
-                eng.track_answer_attention(False)
-            if state.show_sources and not said.stopped:
-                write_out(sources_text(state.sources()))
+            said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
+            if found is not None:
+                state.last = found
+                if state.show_sources and not said.stopped:
+                    write_out(sources_text(found))
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:

@@ -141,8 +141,8 @@ def test_the_top_source_is_the_passage_that_holds_the_fact(doc, policy, budget, 
 
 def test_chat_sources_after_each_answer_and_on_request(doc):
     """chat --sources prints the sources after each answer, as ask does; /sources prints the last
-    answer's again. Without --sources every answer is tracked all the same: /sources after it lists the
-    passages --sources printed for the same answer."""
+    answer's again. Without --sources, /sources says they were not recorded and records them from the
+    next answer on, printing them only when asked (tracking slows the decode: docs/benchmarks.md)."""
     path, code, start, end, line = doc
     opts = [str(path), "-P", "full", "--budget", "4096", *FAST]
     res = runner.invoke(app, ["chat", *opts, "--sources"], input=f"/sources\n{QUESTION}\n/sources\n/quit\n")
@@ -152,11 +152,10 @@ def test_chat_sources_after_each_answer_and_on_request(doc):
     assert len(listed) == 3, res.stdout  # after the answer, and /sources: the same list
     assert listed[1] == listed[2] and f"1. {path} line {line} (" in listed[1], res.stdout
 
-    res = runner.invoke(app, ["chat", *opts], input=f"{QUESTION}\n/sources\n/quit\n")
+    res = runner.invoke(app, ["chat", *opts], input=f"{QUESTION}\n/sources\n{QUESTION}\n/sources\n/quit\n")
     assert res.exit_code == 0, res.output
-    asked = res.stdout.split("\nsources:\n")
-    assert len(asked) == 2 and "not recorded" not in res.stderr, (res.stdout, res.stderr)
-    assert asked[1] == listed[2], (asked[1], listed[2])
+    assert "not recorded" in res.stderr and res.stdout.count("\nsources:\n") == 1, (res.stdout, res.stderr)
+    assert f"1. {path} line " in res.stdout.split("\nsources:\n")[1]
 
 
 def test_json_errors_are_json_with_the_exit_code_unchanged(tmp_path):

@@ -27,7 +27,7 @@ from kvpot.safe_write import write_text_file
 
 DOCUMENT = "/usr/share/common-licenses/GPL-3"
 QUESTION = "Explain, section by section, what this document says."
-ARMS = ("off", "on", "per-token")
+ARMS = ("off", "on", "per-token")  # --arms picks some
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=8000, help="tokens of the document read")
     p.add_argument("--answer", type=int, default=200, help="answer tokens decoded per run")
     p.add_argument("--repeats", type=int, default=3, help="rounds of the three arms, alternating")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="which ways to answer (off first)")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     return p
@@ -116,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             pick = _NoEnd(s.engine.model)
             _one(s, "off", 16, pick)  # warm up
             for r in range(ns.repeats):
-                order = ARMS if r % 2 == 0 else ARMS[::-1]
+                order = ns.arms if r % 2 == 0 else ns.arms[::-1]
                 for arm in order:
                     got = _one(s, arm, ns.answer, pick) | {"round": r}
                     runs.append(got)
-                    print(json.dumps(got), file=sys.stderr)
+                    print(json.dumps(got), file=sys.stderr, flush=True)
             doc_tokens = s.doc_tokens
-    rate = {arm: statistics.median(x["tok_s"] for x in runs if x["arm"] == arm) for arm in ARMS}
+    rate = {arm: statistics.median(x["tok_s"] for x in runs if x["arm"] == arm) for arm in ns.arms}
     ratio = {arm: [round(b["tok_s"] / a["tok_s"], 4) for a, b in zip([x for x in runs if x["arm"] == "off"],
                                                                        [x for x in runs if x["arm"] == arm])]
-             for arm in ARMS[1:]}
+             for arm in ns.arms if arm != "off"}
     out = {"command": "python -m kvpot.bench.answer_taps_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
            "commit": _commit(), "cpu": describe_host(), "model": name, "document_tokens": doc_tokens,
            "answer_tokens": ns.answer, "repeats": ns.repeats, "threads": ns.threads,
