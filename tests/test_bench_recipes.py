@@ -23,6 +23,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvpot.bench import (
+    answer_taps_speed,
     attn_speed,
     curve,
     locret_hidden,
@@ -32,6 +33,7 @@ from kvpot.bench import (
     nuc_head,
     nuc_shortlist,
     qa_budget,
+    qa_source_at1,
     store_cost,
     texts,
 )
@@ -48,7 +50,8 @@ PY_RECIPES = {"kvpot.bench.curve": curve, "kvpot.bench.needle_trace": needle_tra
               "kvpot.bench.locret_hidden": locret_hidden, "kvpot.bench.store_cost": store_cost,
               "kvpot.bench.nuc_head": nuc_head, "kvpot.bench.locret_trace": locret_trace,
               "kvpot.bench.qa_budget": qa_budget,
-              "kvpot.bench.memory_limit": memory_limit,
+              "kvpot.bench.memory_limit": memory_limit, "kvpot.bench.qa_source_at1": qa_source_at1,
+              "kvpot.bench.answer_taps_speed": answer_taps_speed,
               "kvpot.bench.nuc_shortlist": nuc_shortlist, "kvpot.bench.attn_speed": attn_speed}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
