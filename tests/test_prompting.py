@@ -5,10 +5,15 @@ stock llama.cpp chat uses), so the segments must add up to exactly that text."""
 
 import pytest
 
-from kvpot.session.prompting import ChatFormat, CompletionFormat, choose_format
+from kvpot.session.prompting import GROUNDING, ChatFormat, CompletionFormat, choose_format
 
 DOC = "int main(void) {\n    return 0;\n"   # ends mid-file, as a cut document does
 Q1, A1, Q2 = "  Who wrote cmp?  ", "Paul Eggert.", "And diff?"
+
+
+def _asked(question: str) -> str:
+    """A question as the user would type it after the instruction to answer from the document."""
+    return GROUNDING + "\nQuestion: " + question.strip()
 
 
 def _text(segments) -> str:
@@ -25,7 +30,7 @@ def chat(request):
 def test_the_first_turn_is_the_template_rendering_of_the_document_and_a_labelled_question(chat):
     fmt, model, template = chat
     got = _text(fmt.document_open()) + DOC + _text(fmt.first_question(Q1))
-    want = model.apply_template(template, [("user", DOC + "\n\nQuestion: " + Q1.strip())], True)
+    want = model.apply_template(template, [("user", DOC + "\n\n" + _asked(Q1))], True)
     assert got == want
 
 
@@ -34,7 +39,7 @@ def test_the_question_before_the_document_is_inside_the_same_user_turn(chat):
     the template renders that one message; the question is text, never parsed for control tokens."""
     fmt, model, template = chat
     got = _text(fmt.document_open(Q1)) + DOC + _text(fmt.first_question(Q1))
-    message = "Question: " + Q1.strip() + "\n\nDocument:\n" + DOC + "\n\nQuestion: " + Q1.strip()
+    message = "Question: " + Q1.strip() + "\n\nDocument:\n" + DOC + "\n\n" + _asked(Q1)
     assert got == model.apply_template(template, [("user", message)], True)
     assert [s.special for s in fmt.document_open(Q1)] == [True, False]
     assert fmt.document_open(None) == fmt.document_open()
@@ -46,8 +51,8 @@ def test_the_question_before_the_document_is_inside_the_same_user_turn(chat):
 def test_a_follow_up_is_a_new_user_turn_after_the_answer(chat):
     fmt, model, template = chat
     got = (_text(fmt.document_open()) + DOC + _text(fmt.first_question(Q1)) + A1 + _text(fmt.follow_up(Q2)))
-    want = model.apply_template(template, [("user", DOC + "\n\nQuestion: " + Q1.strip()), ("assistant", A1),
-                                           ("user", Q2)], True)
+    want = model.apply_template(template, [("user", DOC + "\n\n" + _asked(Q1)), ("assistant", A1),
+                                           ("user", _asked(Q2))], True)
     assert got == want
 
 
