@@ -208,6 +208,9 @@ def qa(
                                      help="also ask every question with no document first"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
                                    rich_help_panel=ADVANCED, help="ask only these questions (ids as in the JSON)"),
+    kinds: list[str] = typer.Option(None, "--kind", metavar="KIND", show_default="every kind", rich_help_panel=ADVANCED,
+                                    help="ask only questions of this kind (lexical, paraphrase, two-passage, whole, "
+                                         "absent, multikey); repeatable"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                   help="write every case here, rewritten after each case"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases in --json, run only the missing ones"),
@@ -218,13 +221,13 @@ def qa(
 
     `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none` asks each question with no document (closed book: right answers a reading must beat). --closed-book (on by default) asks every question that way first, and each case records that verdict (closed_book_correct) beside its own.
 
-    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct). --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code); the inputs stay the ones the whole set builds.
+    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct). --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code), --kind the kinds of questions to ask; the inputs stay the ones the whole set builds.
 
     A reading past the window takes an hour or more on 2 cores: with --json it is saved as it goes (every --save-every seconds), and Ctrl-C or SIGTERM stop it after a save, to go on with --resume from its last save."""
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_read_save import QaReadStopped, QaSaves
-    from kvpot.bench.qa_report import kinds_table, qa_table
+    from kvpot.bench.qa_report import KINDS, kinds_table, qa_table
 
     from ._interrupt import Interrupts
 
@@ -232,6 +235,9 @@ def qa(
         raise KvpotError("--question-before needs --per-question (the question must be known before reading)")
     if focus and not per_question:
         raise KvpotError("--focus needs --per-question (the question must be known before reading)")
+    bad = sorted(set(kinds or ()) - {*KINDS, "multikey"})
+    if bad:
+        raise KvpotError(f"--kind: no kind {', '.join(bad)} (kinds: {', '.join(KINDS)}, multikey)")
     for spec in policy:
         if spec not in (DEFAULT, CLOSED):
             try:
@@ -272,7 +278,7 @@ def qa(
             for m in models:
                 plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                             threads=threads, budget=budget, per_question=per_question, multikey=multikey,
-                            only=tuple(only or ()), question_before=question_before, focus=focus,
+                            only=tuple(only or ()), kinds=tuple(kinds or ()), question_before=question_before, focus=focus,
                             closed_book=closed_book)
                 run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
                     on_read=_reading_lines(status), saves=saves, stop=lambda: interrupts.hit)

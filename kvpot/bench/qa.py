@@ -59,6 +59,7 @@ class Plan:
     multikey: bool = True
     group: int | None = None   # questions per input (None: qa_inputs.per_input)
     only: tuple[str, ...] = ()  # ask only these question ids (the inputs are still built from the whole set)
+    kinds: tuple[str, ...] = ()  # ask only questions of these kinds ("multikey" for the needles; inputs as with only)
     question_before: bool = False  # with per_question: the question before the document too (--question-before on)
     focus: bool = False        # with per_question: answer from the focused read, as `kvpot ask` (kvpot.session.focus)
     closed_book: bool = False  # also ask every question closed book (CLOSED) first; each case records that verdict
@@ -176,6 +177,7 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                             results = [r for r in results if id(r) not in stale]
                             have = {case_key(r) for r in results}
                     todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
+                            and (not plan.kinds or a.kind in plan.kinds)
                             and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec),
                                  _focus(plan, spec)) not in have]
                     if not todo:
