@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.locator.keys import BlockKeys
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep, keep_ends
 from kvpot.recall_cells import RecallCells
@@ -42,6 +43,7 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     measure_nll: bool = False   # accumulate -log p of every token read (perplexity benchmarks)
+    locator_block: int = 0      # keep the read-once locator's keys in blocks of this many tokens (0: none)
 
     def cache_size(self, policy: Policy) -> int:
         return self.n_ctx or policy.cache_cells(self.budget, self.chunk) + self.answer_reserve
@@ -125,6 +127,9 @@ class Engine:
         self._answer_taps = False  # the runtime is summing answer rows' attention per cell, not yet read back
         # recalled cells the runtime treats apart until the next compaction (Recall.fetch, Recall.distance)
         self.recall_cells = RecallCells(self.pot, self.policy)
+        # the read-once locator (kvpot.locator.keys): every block read, whatever the pot keeps of it
+        self.block_keys = (BlockKeys(L, H, self.facts.head_dim_k, self.config.locator_block)
+                           if self.config.locator_block else None)
 
     def reset(self) -> None:
         """Forget the document: empty cache, policy state and positions; the model stays loaded."""
@@ -287,6 +292,8 @@ class Engine:
             raise KvpotError("internal: the chunk did not land in the cells after the pot")
         L, H = self.pot.n_layers, self.pot.n_head_kv
         chunk_stream = self._append_cells(n)
+        if self.block_keys is not None:  # before any compaction: the chunk's keys, at RoPE 0
+            self.block_keys.add(self._read_cells(n_old, n, 0)[0], int(chunk_stream[0]))
 
         view = PotView(n_layer=L, n_head_kv=H, n_cells=self.n_cells, positions=self.positions,
                        scores=scores, logprobs=logprobs, chunk_positions=chunk_stream, tokens_seen=self.tokens_seen,
@@ -383,6 +390,29 @@ class Engine:
         if keep is not None:
             self.compact(keep, self.policy.cr_rope)
             self._recall()
+
+    def question_queries(self, toks: list[int], capture: tuple[int, int], angle: int) -> np.ndarray | None:
+        """[L, H, d_k] lookup queries of toks[capture[0]:capture[1]] (summed over those rows and the query heads of
+        each KV group, rotated to RoPE position `angle`: kvpot-lookup's query_sum), read as the next turn after
+        the pot would read them; nothing of them stays in the cache. None when the pot has no room for them."""
+        a, b = capture
+        toks = list(toks[:b])
+        room = self.ctx.n_ctx - self.n_cells - 1
+        if room < 1 or a >= b:
+            return None
+        if len(toks) > room:  # a question longer than the free cells: its own last tokens
+            cut = len(toks) - room
+            toks, a = toks[cut:], max(0, a - cut)
+        pos0 = self.pos_next
+        try:
+            if a:
+                self._decode(toks[:a], pos0, "last")
+            self.pot.query_request(True, angle)
+            self._decode(toks[a:], pos0 + a, "last")
+            return self.pot.query_take(self.facts.head_dim_k)
+        finally:
+            self.pot.query_request(False)
+            self.ctx.remove_from(pos0)
 
     def _append_catalyst(self, text: str, view: PotView) -> PotView:
         """Decode the catalyst after the pot with a tap on its rows, then remove it from every cache;
@@ -584,6 +614,9 @@ class Engine:
         if self.gate is not None:  # EdgeInfinite's M, z (layout: kvpot.h, kvpot_memory_state_get)
             arrays["memory"] = np.frombuffer(self.pot.memory_bytes(), dtype=np.uint8)
         values["policy"] = encode_tree(self.policy.state_dict(), arrays, "policy")
+        if self.block_keys is not None:
+            values["locator"], kept = self.block_keys.state()
+            arrays.update({f"locator_{k}": v for k, v in kept.items()})
         return EngineState(seq=self.ctx.seq_state(), pot=self.pot.state_bytes(), values=values, arrays=arrays)
 
     def import_state(self, state: EngineState) -> None:
@@ -608,6 +641,11 @@ class Engine:
             setattr(self, name, type(getattr(self, name))(state.values[name]))
         self.policy.load_state_dict(decode_tree(state.values["policy"], state.arrays))
         self.recall_cells.restore(state.values)
+        # a context saved without a locator (or by an older kvpot) has none: questions locate by the pot
+        self.block_keys = None
+        if "locator" in state.values:
+            kept = {k[len("locator_"):]: v for k, v in state.arrays.items() if k.startswith("locator_")}
+            self.block_keys = BlockKeys.from_state((L, H, self.facts.head_dim_k), state.values["locator"], kept)
 
 
 def add_by_position(mass: dict[int, float], scores: np.ndarray, positions: np.ndarray) -> None:

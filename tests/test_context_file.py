@@ -22,7 +22,7 @@ def _saved() -> SavedContext:
               "nll_count": 0, "_carry_lp": 0.5, "_bos_done": True, "step": 2, "policy": policy}
     state = EngineState(seq=bytes(rng.integers(0, 256, 999, dtype=np.uint8)), pot=pot, values=values, arrays=arrays)
     settings = {"policy": "imdc:pruner=snapkv", "budget": 16, "chunk": 16, "threads": 1, "prompt": "auto", "max_tokens": 4,
-                "flash_attn": "on", "question_before": "off"}
+                "flash_attn": "on", "question_before": "off", "locator": "keys"}
     header = {"format": "kvpot saved context", "kvpot_version": "0", "runtime": {"abi": 4, "llama_commit": "abc"},
               "model": {"name": "m", "path": "/m.gguf", "sha256": "ab" * 32, "architecture": "llama"},
               "policy": "imdc:pruner=snapkv", "settings": settings, "n_ctx": 256, "prompt_format": "completion", "tokens_read": 42,

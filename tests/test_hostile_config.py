@@ -74,12 +74,13 @@ def test_every_setting_and_known_model_is_accepted(tmp_path):
     cfg = tmp_path / "config.toml"
     models = "".join(f'[models."{name}"]\nchunk = {64 + i}\n' for i, name in enumerate(KNOWN))
     cfg.write_text("[defaults]\npolicy = 'streaming'\nbudget = 'auto'\nchunk = 32\nthreads = 1\n"
-                   f"prompt = 'completion'\nmax_tokens = 9\nflash_attn = 'off'\nquestion_before = 'on'\n{models}")
-    assert set(KEYS) == {"policy", "budget", "chunk", "threads", "prompt", "max_tokens", "flash_attn", "question_before"}
+                   f"prompt = 'completion'\nmax_tokens = 9\nflash_attn = 'off'\nquestion_before = 'on'\nlocator = 'bm25'\n{models}")
+    assert set(KEYS) == {"policy", "budget", "chunk", "threads", "prompt", "max_tokens", "flash_attn", "question_before",
+                         "locator"}
     for i, name in enumerate(KNOWN):
         s = resolve_settings(name, {}, {}, cfg)
-        assert (s.policy, s.budget, s.chunk, s.threads, s.prompt, s.max_tokens, s.flash_attn, s.question_before) == \
-            ("streaming", "auto", 64 + i, 1, "completion", 9, "off", "on")
+        assert (s.policy, s.budget, s.chunk, s.threads, s.prompt, s.max_tokens, s.flash_attn, s.question_before,
+                s.locator) == ("streaming", "auto", 64 + i, 1, "completion", 9, "off", "on", "bm25")
 
 
 @pytest.mark.parametrize("text, needle", [("defaults = 3\n", "[defaults] must be a table of settings, got 3"),

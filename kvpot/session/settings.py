@@ -30,9 +30,11 @@ AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
 MAX_THREADS = 512    # ggml's GGML_MAX_N_THREADS: a thread pool never holds more
 ON_OFF_AUTO = ("auto", "on", "off")
-CHOICES = {"flash_attn": ON_OFF_AUTO, "question_before": ("on", "off"), "prompt": PROMPT_CHOICES}
+LOCATOR_CHOICES = ("keys", "pot", "bm25", "mix")  # kvpot.session.locating
+CHOICES = {"flash_attn": ON_OFF_AUTO, "question_before": ("on", "off"), "prompt": PROMPT_CHOICES,
+           "locator": LOCATOR_CHOICES}
 # settings added after contexts were first saved, with the value those older contexts were read with
-SAVED_BEFORE = {"flash_attn": "off", "question_before": "off"}
+SAVED_BEFORE = {"flash_attn": "off", "question_before": "off", "locator": "pot"}
 
 
 # the command-line option that sets each key where it is not --KEY (llama.cpp's name where it has the same option)
@@ -61,6 +63,8 @@ class RunSettings:
                                 # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
                                 # Middle", query-aware contextualization); off by default: on the 1.5B model's 8K
                                 # multi-key cases it fixed 3 answers and broke 5 (docs/benchmarks.md)
+    locator: str = "keys"       # how a question asked after a read past the pot finds its passages again
+                                # (kvpot.session.locating): keys | pot | bm25 | mix
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
