@@ -37,25 +37,35 @@ def normalize(text: str) -> str:
 
 def _decline_phrases() -> tuple[str, ...]:
     """What an answer says when the input does not give what was asked, normalized as answers are: every
-    negation with every verb of giving or finding, and the phrases that need no verb."""
-    negations = ("does not", "doesn't", "do not", "don't", "did not", "didn't", "cannot", "can't", "could not",
-                 "couldn't", "is not", "isn't", "are not", "aren't", "was not", "wasn't", "not", "never", "unable to")
+    negation with every verb of giving or finding (also passive: "cannot be determined"), and the phrases that
+    need no verb. The prompt asks for "The document does not say." (kvpot.session.prompting.GROUNDING); models
+    say it their own ways too ("is not mentioned", "no information", "not specified", "I couldn't find")."""
+    negations = ("does not", "doesn't", "do not", "don't", "did not", "didn't", "cannot", "can not", "can't",
+                 "could not", "couldn't", "is not", "isn't", "are not", "aren't", "was not", "wasn't", "were not",
+                 "weren't", "has not", "hasn't", "have not", "haven't", "not", "never", "unable to", "not able to")
     verbs = ("mention", "mentioned", "specify", "specified", "state", "stated", "say", "said", "give", "given",
              "provide", "provided", "contain", "contained", "include", "included", "list", "listed", "find", "found",
-             "define", "defined", "determine", "determined", "know", "known", "available", "clear")
+             "define", "defined", "determine", "determined", "know", "known", "available", "clear", "have",
+             "answer", "tell", "identify", "identified", "locate", "located", "see", "seen", "appear", "exist",
+             "show", "shown", "indicate", "indicated", "reference", "referenced", "record", "recorded",
+             "document", "documented", "present", "note", "noted")
     alone = ("does not", "doesn't", "is not in", "isn't in", "not in the", "no information", "no mention",
-             "no such", "no reference to", "no specific", "unknown", "not possible to", "there is no")
-    phrases = {f"{n} {v}" for n in negations for v in verbs} | set(alone)
-    return tuple(sorted({normalize(p) for p in phrases}, key=len, reverse=True))
+             "no such", "no reference to", "no specific", "no record", "no details", "unknown", "not possible to",
+             "there is no", "there's no", "there are no", "there was no", "nowhere")
+    phrases = {f"{n} {v}" for n in negations for v in verbs} | {f"{n} be {v}" for n in negations for v in verbs}
+    return tuple(sorted({normalize(p) for p in phrases | set(alone)}, key=len, reverse=True))
 
 
 DECLINE = _decline_phrases()
+# the first word of an answer that says there is none ("None.", "No version closes it.", "Nobody is named.")
+_NONE_FIRST = frozenset(("none", "no", "nobody", "nothing"))
 
 
 def declines(answer: str) -> bool:
-    """The answer says the input does not give it (any phrase of DECLINE, as whole words)."""
+    """The answer says the input does not give it: any phrase of DECLINE as whole words, or a first word
+    that says there is none."""
     a = f" {normalize(answer)} "
-    return any(f" {p} " in a for p in DECLINE)
+    return any(f" {p} " in a for p in DECLINE) or bool(_NONE_FIRST.intersection(a.split()[:1]))
 
 
 def exact(answer: str, refs: list[str]) -> bool:
