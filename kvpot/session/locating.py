@@ -81,4 +81,10 @@ def locate_with(name: str, session, question: str, stop=lambda: False) -> Locate
     asked = len(session._tokens(session.format.first_question(question)))
     if name == "keys":
         return Located("", block_mass(session, question), asked)
+    if name == "bm25":  # kvpot.locator.lexical
+        from kvpot.locator.lexical import bm25_mass
+        return Located("", bm25_mass(session, question, BLOCKS), asked)
+    if name == "mix":  # kvpot.locator.mix
+        from kvpot.locator.mix import mix_mass
+        return Located("", mix_mass(session, question, BLOCKS), asked)
     raise KvpotError(f"unknown locator {name!r}")
