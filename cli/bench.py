@@ -310,6 +310,38 @@ def qa_rescore(
             write_rescored(f)
 
 
+@app.command(cls=aliased({}))
+@user_errors
+def locate(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    length: int = typer.Option(32768, "--length", min=512, help="tokens of each joined input"),
+    budget: int = typer.Option(2048, "--budget", "-b", min=1, help="cells kept by the policy"),
+    policy: str = typer.Option("infinipot", "--policy", "-P", metavar="SPEC", help="the policy that reads each input"),
+    inputs: int = typer.Option(None, "--inputs", min=1, show_default="all", help="read the first N inputs"),
+    heldout: bool = typer.Option(False, "--heldout/--no-heldout", help="the held-out questions, not the tuning ones"),
+    pot: bool = typer.Option(True, "--pot/--no-pot", help="also the pot's locator (an answer per question: slower)"),
+    bm25_lines: list[int] = typer.Option(None, "--bm25-lines", min=1, rich_help_panel=ADVANCED, show_default="none",
+                                         help="also bm25 and mix over passages of this many lines; repeatable"),
+    seed: int = typer.Option(0, "--seed", help="draws the inputs, as bench qa's --seed"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written", help="write every question here, "
+                                  "rewritten after each input"),
+    resume: bool = typer.Option(False, "--resume", help="keep the inputs --json holds, read only the others"),
+) -> None:
+    """How well each locator (keys, bm25, mix, pot) finds a question's passages after one read: ranks, hit@focus and seconds per kind of question."""
+    from kvpot.bench.locate import LocatePlan
+    from kvpot.bench.locate import main as locate_main
+
+    check_budget(policy, budget, RunSettings().chunk)
+    if resume and json_out is None:
+        raise KvpotError("--resume needs --json PATH (the file holding the inputs already read)")
+    facts, _ = resolve_model(model)
+    _outputs_checked({facts.path: "the model"}, json_out)
+    locate_main(LocatePlan(model=model, length=length, budget=budget, policy=policy, threads=threads, heldout=heldout,
+                           pot=pot, inputs=inputs, seed=seed, bm25_lines=list(bm25_lines or []), resume=resume),
+                json_out)
+
+
 def _say_stopped(e, json_out: Path | None) -> None:
     """Where a stopped `bench qa` is, and how it goes on."""
     if e.saved is not None:
