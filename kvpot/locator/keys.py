@@ -136,23 +136,53 @@ class BlockKeys:
 
     @classmethod
     def from_state(cls, shape: tuple[int, int, int], values: dict, arrays: dict[str, np.ndarray]) -> BlockKeys:
-        """A locator saved by `state`, checked against the model's shape (a saved context of another model or
-        a damaged one is refused, not scored)."""
+        """A locator saved by `state`, checked (`check_state`) against the model's shape: a saved context of
+        another model, or a damaged one, is refused, not scored."""
         try:
-            out = cls(*shape, block=int(values["block"]))
-            reps, first, lens = arrays["reps"], arrays["first"], arrays["len"]
-            open_sum = arrays["open_sum"]
-            ok = (reps.dtype == np.float16 and reps.ndim == 4 and tuple(reps.shape[1:]) == tuple(shape)
-                  and first.shape == lens.shape == (reps.shape[0],) and open_sum.shape == tuple(shape)
-                  and (lens.size == 0 or (lens.min() >= 1 and lens.max() <= out.block)))
-            if not ok:
-                raise ValueError("shapes")
-            out._reps = [reps] if reps.shape[0] else []
-            out._first, out._len = [int(x) for x in first], [int(x) for x in lens]
-            out._open_sum = open_sum.astype(np.float64)
-            out._open_first, out._open_len = int(values["open_first"]), int(values["open_len"])
-            if not 0 <= out._open_len < out.block:
-                raise ValueError("open block")
-        except (KeyError, ValueError, TypeError) as e:
+            check_state(values, arrays, shape=shape)
+        except ValueError as e:
             raise KvpotError(f"the saved context's locator is damaged or made for another model ({e})") from None
+        out = cls(*shape, block=int(values["block"]))
+        reps = arrays["reps"]
+        out._reps = [reps] if reps.shape[0] else []
+        out._first, out._len = [int(x) for x in arrays["first"]], [int(x) for x in arrays["len"]]
+        out._open_sum = arrays["open_sum"].astype(np.float64)
+        out._open_first, out._open_len = int(values["open_first"]), int(values["open_len"])
         return out
+
+
+MAX_BLOCK = 1 << 16
+
+
+def check_state(values, arrays: dict[str, np.ndarray], shape: tuple[int, int, int] | None = None,
+                tokens_seen: int | None = None) -> None:
+    """What `BlockKeys.state` saved, checked without a model (a saved context's header check runs it on the file
+    alone): types, shapes that agree with each other (and with `shape` when the model is known), block lengths
+    within the block size, spans in order and inside the `tokens_seen` tokens read. Raises ValueError."""
+    if not isinstance(values, dict) or set(values) != {"block", "open_first", "open_len"}:
+        raise ValueError("locator fields are not block, open_first, open_len")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values.values()):
+        raise ValueError("locator fields are not integers")
+    block, open_first, open_len = values["block"], values["open_first"], values["open_len"]
+    if not 1 <= block <= MAX_BLOCK or not 0 <= open_len < block or (open_len and open_first < 0):
+        raise ValueError("locator block or open block out of range")
+    names = {"reps", "first", "len", "open_sum"}
+    if not names <= set(arrays):
+        raise ValueError(f"locator arrays {sorted(names - set(arrays))} are missing")
+    reps, first, lens, open_sum = (arrays[k] for k in ("reps", "first", "len", "open_sum"))
+    if reps.dtype != np.float16 or reps.ndim != 4 or open_sum.dtype != np.float64 or open_sum.shape != reps.shape[1:]:
+        raise ValueError("locator keys are not f16 [blocks, layers, KV heads, d_k] with a matching open sum")
+    if shape is not None and tuple(reps.shape[1:]) != tuple(shape):
+        raise ValueError(f"locator keys of shape {tuple(reps.shape[1:])}, not this model's {tuple(shape)}")
+    if first.dtype != np.int64 or lens.dtype != np.int64 or first.shape != lens.shape or first.shape != (reps.shape[0],):
+        raise ValueError("locator block spans do not match its keys")
+    if lens.size and (lens.min() < 1 or lens.max() > block or first.min() < 0):
+        raise ValueError("locator block spans out of range")
+    ends = first + lens
+    if lens.size > 1 and np.any(first[1:] < ends[:-1]):
+        raise ValueError("locator blocks overlap")
+    last = max(int(ends[-1]) if ends.size else 0, open_first + open_len if open_len else 0)
+    if open_len and ends.size and open_first < ends[-1]:
+        raise ValueError("locator's open block overlaps a closed one")
+    if tokens_seen is not None and last > tokens_seen:
+        raise ValueError("locator blocks lie past the tokens read")

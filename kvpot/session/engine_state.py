@@ -14,6 +14,7 @@ import numpy as np
 
 from kvpot import recall_cells
 from kvpot.errors import KvpotError
+from kvpot.locator.keys import check_state as check_locator_state
 
 
 @dataclass(eq=False)
@@ -122,7 +123,7 @@ def _scalar_problem(value, kind: type, lo, hi) -> str | None:
 
 def check_engine_values(values: dict, arrays: dict[str, np.ndarray], n_ctx: int) -> None:
     """The engine's bookkeeping and arrays: types, ranges, and cell ranges inside the context."""
-    unknown = sorted(set(values) - set(ENGINE_SCALARS) - set(ENGINE_OPTIONAL) - {"policy"})
+    unknown = sorted(set(values) - set(ENGINE_SCALARS) - set(ENGINE_OPTIONAL) - {"policy", "locator"})
     if unknown:
         raise ValueError(f"engine state has unknown fields {unknown[:5]}")
     for name, (kind, lo, hi) in (ENGINE_SCALARS | ENGINE_OPTIONAL).items():
@@ -137,6 +138,9 @@ def check_engine_values(values: dict, arrays: dict[str, np.ndarray], n_ctx: int)
     if "policy" not in values:
         raise ValueError("engine state has no policy state")
     check_positions(arrays, values["tokens_seen"], n_ctx)
+    if "locator" in values:  # the read-once locator's keys (kvpot.locator.keys); older contexts have none
+        check_locator_state(values["locator"], {k[len("locator_"):]: v for k, v in arrays.items()
+                                             if k.startswith("locator_")}, tokens_seen=values["tokens_seen"])
     memory = arrays.get("memory")
     if memory is not None and (memory.dtype != np.uint8 or memory.ndim != 1):
         raise ValueError("array 'memory' is not a flat uint8 array")
