@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not full:
                     raise SystemExit(f"input {joined.index} does not fit full attention on this machine")
                 with Session(facts, name, settings, resettable=True) as s:
-                    s.read(collect_sources([str(path)]))
+                    s.read(collect_sources([str(path)]), _reading_line(joined.index))
                     read = {"tokens": s.doc_tokens, "read_seconds": round(s.read_seconds, 2)}
                     for arm, fmt in formats.items():
                         for a in joined.asks:
@@ -197,6 +197,18 @@ def rescore(path: Path, command: str) -> None:
                                                            "command": command}}
     write_text_file(path, json.dumps(out, indent=1) + "\n", "benchmark JSON")
     print(json.dumps(out["summary"], indent=1))
+
+
+def _reading_line(index: int, every: float = 60.0):
+    """A Session.read progress callback: how far input `index` is, on stderr at most once a minute."""
+    last = [-every]
+
+    def line(p) -> None:
+        if time.monotonic() - last[0] >= every:
+            last[0] = time.monotonic()
+            total = f"{p.est_total:,}" if p.est_total else "?"
+            print(f"input {index}: read {p.tokens:,} of ~{total} tokens", file=sys.stderr, flush=True)
+    return line
 
 
 def _asked(s, fmt, a, facts_of: dict[str, dict]) -> dict:
