@@ -8,12 +8,15 @@ from rich.markup import escape
 
 from kvpot.display import printable
 from kvpot.errors import KvpotError
-from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, locate, why_not
+from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, why_not
+from kvpot.session.locating import HOW, locate_with, locator_for
 from kvpot.session.session import Session
 from kvpot.session.sources import top_passages
 
 from ._common import err
 from ._interrupt import Interrupts
+from ._report import answer_tracked
+from .reading import read_with_progress
 
 # said when the input was read through a pot from a pipe: the passages cannot be read again
 FROM_A_PIPE = ("the answer comes from the pot: {why}, so the passages its answer draws on cannot be read again with "
@@ -38,18 +41,26 @@ class Focus:
         return "; ".join(f"{src} {', '.join(wheres)}".strip() for src, wheres in by.items())
 
 
-def find_passages(session: Session, question: str) -> Focus | None:
+def find_passages(session: Session, question: str, extra_tokens: int = 0) -> Focus | None:
     """The focused read's input, or None where the answer comes from the pot (nothing was left out; a pipe;
-    the passages cannot be read again or cannot fit). Raises KeyboardInterrupt when Ctrl-C stops it."""
+    the passages cannot be read again or cannot fit). The passages are located as the session's locator says
+    (kvpot.session.locating). `extra_tokens`: read after the passages besides the question (chat's conversation
+    so far). Raises KeyboardInterrupt when Ctrl-C stops it."""
     why = why_not(session)
     if why is not None:
         if why == READ_ONCE:
             err.print(FROM_A_PIPE.format(why=why), soft_wrap=True)
         return None
-    with Interrupts() as stop, err.status("finding the passages the question needs in what the pot kept"):
-        located = locate(session, question, stop=lambda: stop.hit)
+    name, note = locator_for(session)
+    if note:
+        err.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
+    with Interrupts() as stop, err.status(f"finding the passages the question needs ({HOW[name]})"):
+        located = locate_with(name, session, question, stop=lambda: stop.hit)
     if located.stopped:
         raise KeyboardInterrupt
+    if extra_tokens:
+        located = Located(located.answer, located.mass, located.question_tokens + extra_tokens, located.stopped,
+                          located.locator)
     try:
         text, settings = focus_for(session, located)
     except KvpotError as e:
@@ -68,7 +79,7 @@ def find_passages(session: Session, question: str) -> Focus | None:
 def focused_session(focus: Focus, facts, model_name: str) -> Session:
     """The session that reads the passages with full attention (the pot's session already closed)."""
     n = len(focus.passages) or len(focus.text.windows)
-    err.print(f"[bold]focus:[/bold] the pot's own answer drew most on {n} passage{'s' if n != 1 else ''}, read again "
+    err.print(f"[bold]focus:[/bold] {n} passage{'s' if n != 1 else ''} found ({HOW[focus.located.locator]}), read again "
               f"with full attention: {escape(focus.places())}", soft_wrap=True)
     with err.status(f"loading {facts.name}"):
         return Session(facts, model_name, focus.settings, resettable=False)
@@ -85,3 +96,33 @@ def focus_report(focus: Focus, session: Session) -> dict:
                       "located": focus.passages,
                       "tokens_read": session.doc_tokens, "read_seconds": round(session.read_seconds, 3),
                       "pot_answer": focus.located.answer}}
+
+
+def focused_turn(session: Session, question: str, history: list[tuple[str, str]], sampler, stop_at: tuple[str, ...],
+                 want_sources: bool):
+    """A chat question past what the pot holds: its passages located (the session's locator), the pot's session
+    suspended (its model and cache freed, its state kept), the passages read with full attention in a session of
+    their own with the conversation so far after them, and the question answered there; then the pot's session
+    loaded again with the exchange added, so follow-ups and /save have it. (what was said, the passages the answer
+    drew on or None), or None where the pot answers (nothing left out, inputs that cannot be read again, a
+    locator that needs the pot's own answer)."""
+    if locator_for(session)[0] == "pot":  # the pot's locating answer would stay in the conversation
+        return None
+    extra = sum(len(session._tokens(session.format.follow_up(q))) + len(session.engine.model.tokenize(a))
+                for q, a in history)
+    found = find_passages(session, question, extra_tokens=extra)
+    if found is None:
+        return None
+    facts, name = session.facts, session.model_name
+    session.suspend()
+    try:
+        with focused_session(found, facts, name) as focused:
+            read_with_progress(focused, found.text)
+            for q, a in history:
+                focused.add_exchange(q, a)
+            said, _, passages = answer_tracked(focused, question, sampler, stop_at, True, want_sources)
+    finally:
+        with err.status(f"loading {facts.name} and the pot again"):
+            session.resume()
+    session.add_exchange(question, said.text)
+    return said, passages

@@ -36,7 +36,14 @@ from kvpot.session.checks import (
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
-from kvpot.session.settings import AUTO, RunSettings, resolve_settings_and_policy, set_in_config
+from kvpot.session.settings import (
+    AUTO,
+    RunSettings,
+    reads_in_full,
+    resolve_settings_and_policy,
+    set_in_config,
+    setting_problem,
+)
 from kvpot.wording import plural
 
 from ._common import err, is_verbose, print_error, write_out
@@ -53,8 +60,16 @@ def parse_budget(raw: str | None) -> int | str | None:
         raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
 
 
+def check_locator(value: str) -> str:
+    """--locator on a reopened context (a new reading's is checked with the other settings)."""
+    problem = setting_problem("locator", value)
+    if problem:
+        raise KvpotError(f"--locator {problem}")
+    return value
+
+
 def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
-                 flash_attn=None, question_before=None) -> tuple[RunSettings, Policy]:
+                 flash_attn=None, question_before=None, locator=None) -> tuple[RunSettings, Policy]:
     """The options merged over the config file and the model's registry defaults, checked, with the
     policy they name: built once, here, and the one the session runs. A bad spec is refused before the
     model loads, and so is a budget the policy cannot honour (fitted to it, naming where the budget
@@ -63,7 +78,7 @@ def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
     check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
     known = KNOWN.get(model)
     cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
-           "max_tokens": max_tokens, "flash_attn": flash_attn, "question_before": question_before}
+           "max_tokens": max_tokens, "flash_attn": flash_attn, "question_before": question_before, "locator": locator}
     return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, cli)
 
 
@@ -110,6 +125,10 @@ def protect_session_files(policy: Policy, model_path: Path, save_to: Path | str 
 
 
 # said when chat reads through a pot that keeps what the question would have chosen, had it been known
+# chat past the pot, on files (cli/_focus.focused_turn)
+FOCUS_EACH_QUESTION = (
+    "past what the pot keeps, each question finds its passages in the whole input (by the locator keys kept while "
+    "reading) and reads them again with full attention before answering")
 READ_BEFORE_THE_QUESTION = (
     "this reads before any question is asked, so the pot keeps what a summary of the input needs, not what "
     "your question will need: an answer about one detail may be what the model knows without the document. "
@@ -173,8 +192,11 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
         notice(msg)
     if plan.note and is_verbose():  # the plan's reasons; the line before reading says what it comes to
         err.print(plan.note, soft_wrap=True)
-    if question is None and policy.reads_with_question() and (expected is None or expected > settings.budget):
-        err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
+    if question is None and (expected is None or expected > settings.budget) and not reads_in_full(settings.policy):
+        if settings.locator != "pot" and sources.can_read_again():
+            err.print(FOCUS_EACH_QUESTION, soft_wrap=True)
+        elif policy.reads_with_question():
+            err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
     with err.status(f"loading {facts.name}"):
         session = Session(facts, known.name if known else facts.name, settings, policy=policy,
                           resettable=resettable)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,7 +38,7 @@ from ._common import (
     user_errors,
     write_out,
 )
-from ._focus import find_passages, focus_report, focused_session
+from ._focus import find_passages, focus_report, focused_session, focused_turn
 from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
@@ -53,7 +54,7 @@ from ._sampling import (
     make_sampler,
     stops,
 )
-from ._session import continue_reading, new_session, reopen_session, save
+from ._session import check_locator, continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
 
 POLICY_HELP = "what the memory keeps (docs/methods.md)"
@@ -92,6 +93,9 @@ FlashAttnOpt = Annotated[str, typer.Option(
 FocusOpt = Annotated[bool, typer.Option(
     "--focus/--no-focus", rich_help_panel=ADVANCED,
     help="answer from the passages the pot found, reread in full")]
+LocatorOpt = Annotated[str, typer.Option(
+    "--locator", metavar="HOW", show_default=RunSettings.locator, rich_help_panel=ADVANCED,
+    help="how a question finds its passages: keys, pot, bm25 or mix")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
     "--question-before", metavar="on|off", show_default=RunSettings.question_before, rich_help_panel=ADVANCED,
     help="put the question before the document too")]
@@ -141,6 +145,8 @@ def _open_session(inputs: list[str], question: str | None, context: Path | None,
         connect_rpc(rpc)
         session = reopen_session(context, model, opts["threads"], opts["max_tokens"], save_to=save_context,
                                  resettable=question is None, go_on=go_on)
+        if opts.get("locator") is not None:  # how questions locate is the asker's choice, not the reading's
+            session.settings = dataclasses.replace(session.settings, locator=check_locator(opts["locator"]))
         try:
             if go_on:
                 continue_reading(session, context, question, save_context)
@@ -193,6 +199,7 @@ def ask(
     prompt: PromptFormatOpt = None,
     flash_attn: FlashAttnOpt = None,
     question_before: QuestionBeforeOpt = None,
+    locator: LocatorOpt = None,
     focus: FocusOpt = True,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
@@ -222,7 +229,7 @@ def ask(
     if not question.strip():
         raise KvpotError("the question is empty")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
-                flash_attn=flash_attn, question_before=question_before)
+                flash_attn=flash_attn, question_before=question_before, locator=locator)
     with _open_session(inputs, question, context, save_context, rpc, model, glob,
                        "pass the files to read before the question, or - to read stdin (or --context PATH)",
                        exclude=exclude, verbose=verbose, go_on=go_on, focus=focus, **opts) as session:
@@ -307,6 +314,8 @@ class _Chat:
         self.track = show_sources
         self.last: list[dict] | None = None
         self.reread = reread
+        # the conversation so far, (question, answer): a focused read puts it after its passages
+        self.history: list[tuple[str, str]] = []
 
 
 def _ask_again(state: _Chat, question: str) -> str | None:
@@ -327,6 +336,7 @@ def _ask_again(state: _Chat, question: str) -> str | None:
         err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]", soft_wrap=True)
         return None
     state.last = None
+    state.history = []
     return question
 
 
@@ -353,6 +363,7 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
         try:
             session.reset_conversation()
             state.last = None
+            state.history = []
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
             err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]")
@@ -386,6 +397,7 @@ def chat(
     threads: ThreadsOpt = None,
     prompt: PromptFormatOpt = None,
     flash_attn: FlashAttnOpt = None,
+    locator: LocatorOpt = None,
     rpc: RpcOpt = None,
     temp: TempOpt = DEFAULTS["temp"],
     top_k: TopKOpt = DEFAULTS["top_k"],
@@ -409,7 +421,7 @@ def chat(
     if "-" in inputs:
         raise KvpotError("chat reads your questions from stdin; pass the document as a file (or use kvpot ask)")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
-                flash_attn=flash_attn)
+                flash_attn=flash_attn, locator=locator)
     session = _open_session(inputs, None, context, save_context, rpc, model, glob,
                             "pass the files to read (or --context PATH)", exclude=exclude, verbose=verbose,
                             go_on=go_on, **opts)
@@ -460,7 +472,16 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
                 break
             continue
         try:
-            said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
+            try:
+                turn = focused_turn(state.session, line, state.history, sampler, stop, state.track)
+            except KeyboardInterrupt:  # Ctrl-C while finding or reading the passages: the question is dropped
+                err.print("\n(stopped; the question was not answered)")
+                continue
+            if turn is not None:
+                said, found = turn
+            else:
+                said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
+            state.history.append((line, said.text))
             if found is not None:
                 state.last = found
                 if state.show_sources and not said.stopped:

@@ -153,6 +153,26 @@ class Engine:
         self.ctx.close()
         self.model.close()
 
+    def suspend(self) -> EngineState:
+        """Free llama.cpp's context and model (another session may load the model meanwhile: chat's focused read),
+        keeping everything needed to go on in the returned state; `resume` continues from it. The policy keeps
+        the document (an exported state keeps InfLLM's store)."""
+        state = self.export_state()
+        self.ctx.close()
+        self.model.close()
+        return state
+
+    @classmethod
+    def resume(cls, model_path: str, suspended: Engine, state: EngineState) -> Engine:
+        """The engine `suspend` freed, loaded again with the same policy and settings and its state restored."""
+        eng = cls(model_path, suspended.policy, suspended.config)
+        try:
+            eng.import_state(state)
+        except BaseException:
+            eng.close()
+            raise
+        return eng
+
     def __enter__(self) -> Engine:
         return self
 

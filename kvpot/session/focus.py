@@ -247,6 +247,7 @@ class Located:
     mass: dict[int, float]
     question_tokens: int    # the question as the answering turn puts it (its chat template's tokens too)
     stopped: bool = False   # stop() ended it before its end
+    locator: str = "pot"    # which locator found the mass (kvpot.session.locating)
 
 
 def locate(session, question: str, tokens: int = LOCATING_TOKENS, stop=lambda: False) -> Located:

@@ -19,6 +19,10 @@ from kvpot.locator.keys import ANGLE
 from kvpot.session.focus import PASSAGES, Located, locate
 from kvpot.session.sources import PASSAGE_TOKENS
 
+# how each locator is said on stderr ("finding the passages the question needs (...)")
+HOW = {"keys": "by the locator keys kept while reading", "pot": "by the pot's own answer's attention",
+       "bm25": "by keyword ranking (BM25)", "mix": "by the locator keys and keyword ranking together"}
+
 # blocks given mass: twice the passages a focused read takes, so a block that falls in a heading or past the
 # inputs' text (the ranking skips those) leaves others to take its place
 BLOCKS = 2 * PASSAGES
@@ -74,13 +78,22 @@ def block_mass(session, question: str, weights: np.ndarray | None = None) -> dic
     return mass
 
 
+def locator_for(session) -> tuple[str, str]:
+    """The locator the session's settings name, and a note where it cannot run and another one does: a context
+    saved without locator keys (by an older kvpot) locates by the pot."""
+    name = session.settings.locator
+    if name in ("keys", "mix") and session.engine.block_keys is None:
+        return "pot", "this context holds no locator keys (saved by an older kvpot): the pot's answer locates"
+    return name, ""
+
+
 def locate_with(name: str, session, question: str, stop=lambda: False) -> Located:
     """The passages' mass for `question` by the locator `name` (RunSettings.locator's choices)."""
     if name == "pot":
         return locate(session, question, stop=stop)
     asked = len(session._tokens(session.format.first_question(question)))
     if name == "keys":
-        return Located("", block_mass(session, question), asked)
+        return Located("", block_mass(session, question), asked, locator="keys")
     if name == "bm25":  # kvpot.locator.lexical
         from kvpot.locator.lexical import bm25_mass
         return Located("", bm25_mass(session, question, BLOCKS), asked)

@@ -101,6 +101,7 @@ class Session:
         self.resettable = resettable
         self._after_reading: EngineState | None = None
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
+        self._suspended: EngineState | None = None  # the pot's state while suspended (suspend/resume)
         # where a stopped read goes on (None: read to its end, or stopped where it cannot go on)
         self.read_point: ReadPoint | None = None
         # how much of the input a read that stopped early had read (None: read to its end), kept whether or
@@ -108,6 +109,10 @@ class Session:
         self.read_stopped: ReadStopped | None = None
 
     def close(self) -> None:
+        if self._suspended is not None:  # the model and context are freed already; the policy forgets the document
+            self._suspended = None
+            self.engine.policy.reset()
+            return
         self.engine.close()
 
     def __enter__(self) -> Session:
@@ -304,6 +309,29 @@ class Session:
         if text.stopped is not None:
             self.engine.stop_reason, self.answer_loop = text.stopped, text.loop
             self.engine.stop_kind = text.kind
+
+    def suspend(self) -> None:
+        """Free the model and the pot's cache while another session runs (chat's focused read), the pot's state
+        kept in memory; `resume` loads them again. Between the two the session answers nothing."""
+        if self._suspended is None:
+            self._suspended = self.engine.suspend()
+
+    def resume(self) -> None:
+        if self._suspended is not None:
+            self.engine = Engine.resume(str(self.facts.path), self.engine, self._suspended)
+            self._suspended = None
+
+    def add_exchange(self, question: str, answer: str) -> None:
+        """Put a question and an answer given elsewhere (chat's focused read answered it) into this session's
+        conversation as if it had answered: the turn's tokens and the answer's are decoded after the pot, so a
+        follow-up reads them (the locator's queries too) and a saved context keeps them."""
+        if not question.strip():
+            raise KvpotError("the question is empty")
+        segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
+        said = answer.strip()
+        toks = self._tokens(segs + ([Segment(" " + said if self.format.name == "completion" else said)] if said else []))
+        self.engine.prompt(toks)
+        self.turns += 1
 
     def reset_conversation(self) -> None:
         """Back to the moment the document was read (the conversation is forgotten)."""
