@@ -16,7 +16,7 @@ from kvpot.paths import bench_reads_dir
 from kvpot.policies import make_policy
 from kvpot.safe_write import atomic_write, protect, resolve_target
 from kvpot.session.checks import check_adapters, check_budget
-from kvpot.session.settings import RunSettings
+from kvpot.session.settings import RunSettings, setting_problem
 
 from ._common import at_most_every, err, steps, user_errors
 from ._options import ADVANCED, KvpotGroup, aliased
@@ -204,6 +204,9 @@ def qa(
                                          help="the question before the document too"),
     focus: bool = typer.Option(False, "--focus", rich_help_panel=ADVANCED,
                                help="answer from a focused read, as `kvpot ask`"),
+    locator: str = typer.Option(None, "--locator", metavar="HOW", rich_help_panel=ADVANCED,
+                                show_default="with --focus: the pot's answer, per question",
+                                help="one read, then each question's focused read located so (as `kvpot chat`)"),
     closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book", rich_help_panel=ADVANCED,
                                      help="also ask every question with no document first"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
@@ -221,7 +224,7 @@ def qa(
 
     `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none` asks each question with no document (closed book: right answers a reading must beat). --closed-book (on by default) asks every question that way first, and each case records that verdict (closed_book_correct) beside its own.
 
-    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct). --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code), --kind the kinds of questions to ask; the inputs stay the ones the whole set builds.
+    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct); --locator HOW reads each input once and answers each question from a focused read of the passages HOW locates, as `kvpot chat` past the pot. --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code), --kind the kinds of questions to ask; the inputs stay the ones the whole set builds.
 
     A reading past the window takes an hour or more on 2 cores: with --json it is saved as it goes (every --save-every seconds), and Ctrl-C or SIGTERM stop it after a save, to go on with --resume from its last save."""
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
@@ -233,8 +236,15 @@ def qa(
 
     if question_before and not per_question:
         raise KvpotError("--question-before needs --per-question (the question must be known before reading)")
-    if focus and not per_question:
-        raise KvpotError("--focus needs --per-question (the question must be known before reading)")
+    if locator is not None:
+        problem = setting_problem("locator", locator)
+        if problem:
+            raise KvpotError(f"--locator {problem}")
+        if per_question:
+            raise KvpotError("--locator answers every question from one read (as kvpot chat); leave out --per-question")
+        focus = True
+    if focus and not per_question and locator is None:
+        raise KvpotError("--focus needs --per-question (the question must be known before reading), or --locator")
     bad = sorted(set(kinds or ()) - {*KINDS, "multikey"})
     if bad:
         raise KvpotError(f"--kind: no kind {', '.join(bad)} (kinds: {', '.join(KINDS)}, multikey)")
@@ -279,6 +289,7 @@ def qa(
                 plan = Plan(model=m, policies=policy, lengths=lengths, seed=seed, sample=sample, limit=limit,
                             threads=threads, budget=budget, per_question=per_question, multikey=multikey,
                             only=tuple(only or ()), kinds=tuple(kinds or ()), question_before=question_before, focus=focus,
+                            locator=locator,
                             closed_book=closed_book)
                 run(plan, qset.questions, done=[r for r in results], on_case=on_case, say=status.update,
                     on_read=_reading_lines(status), saves=saves, stop=lambda: interrupts.hit)

@@ -367,3 +367,23 @@ def test_reading_lines_in_a_log_come_at_most_once_a_minute(monkeypatch):
         now[0] = t
         update(f"at {t}")
     assert said == ["at 1000.0", "at 1060.0", "at 1125.0"]
+
+
+def test_locator_reads_once_and_answers_each_question_from_its_own_focused_read(smollm2_cut_path):
+    """`--locator keys` (as `kvpot chat` past the pot): one read of each input, then per question the passages the
+    locator found, read again with full attention; the windows read are the ones the locator's mass ranks into
+    (recomputed here from the same session), and nothing of an earlier question stays for the next."""
+    from kvpot.bench.qa import Plan, run
+
+    qs = load_set().questions[:3]
+    plan = Plan(model=str(smollm2_cut_path), policies=["infinipot"], lengths=[2048], group=3, multikey=False,
+                budget=256, focus=True, locator="keys")
+    out = run(plan, qs)
+    assert {r["id"] for r in out} == {q.id for q in qs}
+    assert len({r["read_seconds"] for r in out}) == 1  # one read asked every question
+    for r in out:
+        assert r["locator"] == "keys" and r["focus"] is True and r["compactions"] > 0, r
+        assert r["focus_spans"] and r["focus_tokens"] > 0 and r["locate_seconds"] >= 0, r
+        assert all(0 <= a < b <= 1 for a, b in r["focus_spans"]), r
+    # a different question ranks the passages differently: the locator is not one fixed ranking
+    assert len({tuple(tuple(p["at"]) for p in r["focus_ranked"]) for r in out}) > 1, [r["focus_ranked"] for r in out]

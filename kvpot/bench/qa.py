@@ -29,6 +29,7 @@ from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
 from kvpot.session.beyond_window import Asking
 from kvpot.session.focus import focus_for, locate, ranked_spans, why_not, windows
+from kvpot.session.locating import locate_with
 from kvpot.session.prompting import choose_format, question_frame
 from kvpot.session.sources import reread
 
@@ -62,12 +63,14 @@ class Plan:
     kinds: tuple[str, ...] = ()  # ask only questions of these kinds ("multikey" for the needles; inputs as with only)
     question_before: bool = False  # with per_question: the question before the document too (--question-before on)
     focus: bool = False        # with per_question: answer from the focused read, as `kvpot ask` (kvpot.session.focus)
+    locator: str | None = None  # with focus and one read asked every question, as `kvpot chat` past the pot: each
+                               # question's passages located this way (kvpot.session.locating) and read again
     closed_book: bool = False  # also ask every question closed book (CLOSED) first; each case records that verdict
 
 
 def case_key(r: dict) -> tuple:
     return (r["model"], r["policy"], r["length"], r["seed"], r["id"], bool(r.get("per_question", False)),
-            bool(r.get("question_before", False)), bool(r.get("focus", False)))
+            bool(r.get("question_before", False)), bool(r.get("focus", False)), r.get("locator"))
 
 
 def closed_key(r: dict) -> tuple[str, str]:
@@ -89,7 +92,8 @@ def reading_key(r: dict) -> tuple:
     the same policy and budget for the same input (`-P default` is full attention wherever the input
     fits, as `-P full` is) read and answer identically (greedy), so the second one's cases are copies."""
     return (r["model"], r["length"], r["seed"], r["input"], bool(r.get("per_question", False)),
-            bool(r.get("question_before", False)), bool(r.get("focus", False)), r["resolved_policy"], r["budget"])
+            bool(r.get("question_before", False)), bool(r.get("focus", False)), r["resolved_policy"], r["budget"],
+            r.get("locator"))
 
 
 def questions_for(questions: list[Question], length: int, plan: Plan) -> list[Question]:
@@ -222,8 +226,9 @@ def _before(plan: Plan, spec: str) -> bool:
 
 
 def _focus(plan: Plan, spec: str) -> bool:
-    """Whether this spec's cases answer from a focused read where one applies (closed book reads nothing)."""
-    return plan.focus and plan.per_question and spec != CLOSED
+    """Whether this spec's cases answer from a focused read where one applies (closed book reads nothing): a read
+    per question (as `kvpot ask`), or one read and a locator (as `kvpot chat`)."""
+    return plan.focus and (plan.per_question or plan.locator is not None) and spec != CLOSED
 
 
 def _asking(plan: Plan, spec: str) -> Asking:
@@ -266,6 +271,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
             "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
     if _focus(plan, spec):
         base["focus"] = True
+        if plan.locator is not None:
+            base["locator"] = plan.locator
     closed = spec == CLOSED
     if closed:  # the same questions and frame, no input: one tiny read per input (a few tokens)
         path = path.with_name("no-document.txt")
@@ -307,6 +314,9 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     "peak_rss_mib": _rounded(peak)}
             if part.parts > 1:  # a reading in parts: the processes and CPUs that read it
                 read |= {"read_parts": part.parts, "read_cpus": part.cpus}
+            if _focus(plan, spec) and plan.locator is not None and not plan.per_question:
+                yield from _located_answers(s, asks, plan.locator, base, read, facts, name, facts_of)
+                asks = []
             focusing = _focus(plan, spec) and len(asks) == 1 and why_not(s) is None
             for i, a in enumerate(asks if not focusing else []):
                 if i:
@@ -468,6 +478,35 @@ def _focused(facts, name: str, settings, text, a, t0: float, facts_of: dict[str,
         got = {"focus_passages": len(text.windows), "focus_tokens": f.doc_tokens,
                "focus_read_seconds": round(f.read_seconds, 2)}
     return {**_scored(answer, a, facts_of), **got, "focus_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _located_answers(s, asks, locator: str, base: dict, read: dict, facts, name: str, facts_of: dict[str, dict]):
+    """One read asked every question as `kvpot chat` past the pot asks them (cli/_focus.focused_turn): each
+    question's passages located by `locator` in what the read kept, read again with full attention in a session
+    of their own, and answered there; where nothing was left out (or the passages cannot be read again) the pot
+    answers, as chat's would. Each case records where the passages lay and the locating's own seconds."""
+    for i, a in enumerate(asks):
+        if i:
+            s.reset_conversation()
+        t0 = time.perf_counter()
+        if why_not(s) is not None:
+            answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
+            yield {**base, **_ask_fields(a), **read, **_scored(answer, a, facts_of), "focus_refused": why_not(s),
+                   "answer_seconds": round(time.perf_counter() - t0, 2)}
+            continue
+        located = locate_with(locator, s, a.question)
+        locate_seconds = time.perf_counter() - t0
+        try:
+            text, focused = focus_for(s, located)
+        except KvpotError as e:
+            answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()
+            yield {**base, **_ask_fields(a), **read, **_scored(answer, a, facts_of), "focus_refused": str(e),
+                   "answer_seconds": round(time.perf_counter() - t0, 2)}
+            continue
+        whole = max(s.source_map.end_char, 1)
+        where = {"focus_spans": [[round(w.start / whole, 4), round(w.end / whole, 4)] for w in text.windows],
+                 "focus_ranked": _ranked(s, located, a), "locate_seconds": round(locate_seconds, 2)}
+        yield {**base, **_ask_fields(a), **read, **where, **_focused(facts, name, focused, text, a, t0, facts_of)}
 
 
 def _ask_fields(a) -> dict:
