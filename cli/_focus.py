@@ -41,17 +41,17 @@ class Focus:
         return "; ".join(f"{src} {', '.join(wheres)}".strip() for src, wheres in by.items())
 
 
-def find_passages(session: Session, question: str, extra_tokens: int = 0) -> Focus | None:
+def find_passages(session: Session, question: str, extra_tokens: int = 0, locator: str | None = None) -> Focus | None:
     """The focused read's input, or None where the answer comes from the pot (nothing was left out; a pipe;
     the passages cannot be read again or cannot fit). The passages are located as the session's locator says
     (kvpot.session.locating). `extra_tokens`: read after the passages besides the question (chat's conversation
-    so far). Raises KeyboardInterrupt when Ctrl-C stops it."""
+    so far); `locator`: this one rather than the session's. Raises KeyboardInterrupt when Ctrl-C stops it."""
     why = why_not(session)
     if why is not None:
         if why == READ_ONCE:
             err.print(FROM_A_PIPE.format(why=why), soft_wrap=True)
         return None
-    name, note = locator_for(session)
+    name, note = locator_for(session) if locator is None else (locator, "")
     if note:
         err.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     with Interrupts() as stop, err.status(f"finding the passages the question needs ({HOW[name]})"):
