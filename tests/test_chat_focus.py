@@ -97,3 +97,20 @@ def test_an_exchange_added_is_the_turn_and_answer_tokens(read_session):
     assert "".join(s.ask("And the ship's name?")).strip() != "" or s.engine.stop_kind
     s.close()
     np.testing.assert_equal(s.turns, 3)
+
+
+def test_a_file_changed_since_the_read_is_said_and_the_pot_answers(smollm2_path, logbook_doc, tmp_path, capsys):
+    """The passages are read again from the files: a file rewritten since is said in one line, and none of its
+    text is read as if it were what the model read."""
+    from cli._focus import find_passages
+
+    doc = tmp_path / "log.txt"
+    doc.write_text(logbook_doc.read_text())
+    s = Session(read_model_facts(smollm2_path), "smollm2-135m", SMALL.check(), resettable=False)
+    s.read(collect_sources([str(doc)]))
+    assert find_passages(s, Q2) is not None
+    doc.write_text(logbook_doc.read_text().replace("a", "o"))
+    assert find_passages(s, Q2) is None
+    err = _squash(capsys.readouterr().err)
+    assert "the answer comes from the pot:" in err and "changed since it was read" in err, err
+    s.close()
