@@ -33,6 +33,7 @@ from kvpot.session.checks import (
     check_threads,
     threads_for_machine,
 )
+from kvpot.session.locating import HOW
 from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
@@ -127,8 +128,8 @@ def protect_session_files(policy: Policy, model_path: Path, save_to: Path | str 
 # said when chat reads through a pot that keeps what the question would have chosen, had it been known
 # chat past the pot, on files (cli/_focus.focused_turn)
 FOCUS_EACH_QUESTION = (
-    "past what the pot keeps, each question finds its passages in the whole input (by the locator keys kept while "
-    "reading) and reads them again with full attention before answering")
+    "past what the pot keeps, each question finds its passages in the whole input ({how}) and reads them again "
+    "with full attention before answering")
 READ_BEFORE_THE_QUESTION = (
     "this reads before any question is asked, so the pot keeps what a summary of the input needs, not what "
     "your question will need: an answer about one detail may be what the model knows without the document. "
@@ -194,7 +195,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
         err.print(plan.note, soft_wrap=True)
     if question is None and (expected is None or expected > settings.budget) and not reads_in_full(settings.policy):
         if settings.locator != "pot" and sources.can_read_again():
-            err.print(FOCUS_EACH_QUESTION, soft_wrap=True)
+            err.print(FOCUS_EACH_QUESTION.format(how=HOW[settings.locator]), soft_wrap=True)
         elif policy.reads_with_question():
             err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
     with err.status(f"loading {facts.name}"):

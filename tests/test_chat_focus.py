@@ -1,5 +1,5 @@
 """`kvpot chat` past what the pot keeps, on files: each question finds its passages in the whole input (the
-locator keys kept while reading), reads them again with full attention in a session of its own with the
+session's locator: BM25 by default, the keys kept while reading with --locator keys), reads them again with full attention in a session of its own with the
 conversation so far, and answers there; the pot's session is suspended meanwhile and gets the exchange after.
 
 References are computed in the same run: a session never suspended, the tokens a turn is made of."""
@@ -15,6 +15,7 @@ from kvpot.cli.main import app
 from kvpot.ingest.sources import collect_sources
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.session.context_file import read_context
+from kvpot.session.locating import HOW
 from kvpot.session.prompting import Segment
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
@@ -36,14 +37,20 @@ def _chat(args: list[str], smollm2_path, lines: str):
 
 def test_chat_answers_each_question_from_a_focused_read_and_keeps_the_conversation(logbook_doc, smollm2_path, tmp_path):
     saved = tmp_path / "c.kvctx"
-    out, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256"], smollm2_path,
+    out, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256", "--locator", "keys"], smollm2_path,
                      f"{Q1}\n{Q2}\n/save {saved}\n/quit\n")
-    assert _squash(FOCUS_EACH_QUESTION) in err and _squash(READ_BEFORE_THE_QUESTION)[:60] not in err, err
-    assert err.count("focus: ") == 2 and "found (by the locator keys kept while reading)" in err, err
+    assert _squash(FOCUS_EACH_QUESTION.format(how=HOW["keys"])) in err, err
+    assert _squash(READ_BEFORE_THE_QUESTION)[:60] not in err, err
+    assert err.count("focus: ") == 2 and f"found ({HOW['keys']})" in err, err
     assert err.count("reading it whole") == 2, err  # each focused read is full attention over its passages
     assert out.strip(), out
     h = read_context(saved).header
     assert h["turns"] == 2 and h["settings"]["locator"] == "keys"
+
+
+def test_chat_locates_by_keywords_by_default(logbook_doc, smollm2_path):
+    _, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256"], smollm2_path, f"{Q2}\n/quit\n")
+    assert _squash(FOCUS_EACH_QUESTION.format(how=HOW["bm25"])) in err and f"found ({HOW['bm25']})" in err, err
 
 
 def test_chat_with_the_pot_locator_answers_from_the_pot(logbook_doc, smollm2_path):

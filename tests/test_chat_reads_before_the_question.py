@@ -14,7 +14,7 @@ from cli._session import FOCUS_EACH_QUESTION, READ_BEFORE_THE_QUESTION
 from kvpot.cli.main import app
 
 HINT = READ_BEFORE_THE_QUESTION[:60]
-FOCUS = FOCUS_EACH_QUESTION[:60]
+FOCUS = FOCUS_EACH_QUESTION[:40]
 
 
 @pytest.fixture

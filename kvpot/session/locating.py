@@ -96,8 +96,8 @@ def locate_with(name: str, session, question: str, stop=lambda: False) -> Locate
         return Located("", block_mass(session, question), asked, locator="keys")
     if name == "bm25":  # kvpot.locator.lexical
         from kvpot.locator.lexical import bm25_mass
-        return Located("", bm25_mass(session, question, BLOCKS), asked)
+        return Located("", bm25_mass(session, question, BLOCKS), asked, locator="bm25")
     if name == "mix":  # kvpot.locator.mix
         from kvpot.locator.mix import mix_mass
-        return Located("", mix_mass(session, question, BLOCKS), asked)
+        return Located("", mix_mass(session, question, BLOCKS), asked, locator="mix")
     raise KvpotError(f"unknown locator {name!r}")

@@ -63,8 +63,9 @@ class RunSettings:
                                 # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
                                 # Middle", query-aware contextualization); off by default: on the 1.5B model's 8K
                                 # multi-key cases it fixed 3 answers and broke 5 (docs/benchmarks.md)
-    locator: str = "keys"       # how a question asked after a read past the pot finds its passages again
-                                # (kvpot.session.locating): keys | pot | bm25 | mix
+    locator: str = "bm25"       # how a question asked after a read past the pot finds its passages again
+                                # (kvpot.session.locating): keys | pot | bm25 | mix; bm25 found every question's
+                                # passage where the keys found a third (docs/benchmarks.md, "Locating")
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
