@@ -149,7 +149,7 @@ bench-imdc: pull-test-models bench-texts
 		--json $(BENCH_DIR)/ppl-imdc-smollm2-code-32k.json
 
 # accuracy against budget: InfiniPot at 1024-8192 cells beside full attention, one JSON per model, task,
-# length and budget (MODEL-TASK-LENGTH-BUDGET.json), then the table and plot (kvpot/bench/curve.py).
+# length and budget (MODEL-TASK-LENGTH-BUDGET.json), then the table and plot (studies/curve.py).
 # "8K" is 7,900 tokens, so full attention fits SmolLM2's 8,192-token context; what the grid leaves out is
 # in docs/benchmarks.md.
 curve = for b in $(5); do if [ $$b = full ]; then p="-P full"; else p="-P infinipot --budget $$b"; fi; \
@@ -163,10 +163,10 @@ bench-curve: pull-test-models
 	$(call curve,gemma3-270m,7900,prose,$(D5) --seed 0 --seed 1,full 1024 2048 4096)
 	$(call curve,smollm2-135m,7900,prose,$(D5) --seed 0,full 2048 4096)
 	$(call curve,gemma3-270m,31500,prose,-d 0.5 --seed 0,full 2048 8192)
-	$(BENCH_PY) -m kvpot.bench.curve --dir $(BENCH_DIR)/curve --png $(BENCH_DIR)/accuracy-vs-budget.png
+	$(BENCH_PY) -m studies.curve --dir $(BENCH_DIR)/curve --png $(BENCH_DIR)/accuracy-vs-budget.png
 
-# which of a needle's digits InfiniPot keeps at each distillation, and by which rule (kvpot/bench/needle_trace.py)
-trace = $(BENCH_PY) -m kvpot.bench.needle_trace -m $(1) -n 2500 -d 0.5 --budget 1024 -t 1 $(2) \
+# which of a needle's digits InfiniPot keeps at each distillation, and by which rule (studies/needle_trace.py)
+trace = $(BENCH_PY) -m studies.needle_trace -m $(1) -n 2500 -d 0.5 --budget 1024 -t 1 $(2) \
 	--json $(BENCH_DIR)/curve/trace-$(3).json
 bench-trace: pull-test-models
 	$(call trace,smollm2-135m,,smollm2-2500-1024)
@@ -178,20 +178,20 @@ bench-trace: pull-test-models
 bench-pool: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/beyond
-	$(BENCH_PY) -m kvpot.bench.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
+	$(BENCH_PY) -m studies.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
 		--json $(BENCH_DIR)/beyond/trace-qwen15-16k-2048.json
-	$(BENCH_PY) -m kvpot.bench.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
+	$(BENCH_PY) -m studies.needle_trace -m qwen2.5-coder-1.5b -n 16000 -d 0.5 --budget 2048 -t 2 \
 		-P infinipot:kernel=7 --json $(BENCH_DIR)/beyond/trace-qwen15-16k-2048-k7.json
 	$(KVPOT) bench niah -m qwen2.5-coder-1.5b --length 16000 $(D3) --seed 0 --seed 1 -P infinipot \
 		-P infinipot:kernel=7 --budget 2048 -t 2 --json $(BENCH_DIR)/beyond/niah-qwen15-16k-2048-pool.json --resume
 
 # which of a prose needle's digits Locret keeps and where its heads rank them; then the oracle that keeps them
-# (kvpot/bench/locret_trace.py)
+# (studies/locret_trace.py)
 bench-locret-trace: pull-test-models
 	mkdir -p $(BENCH_DIR)/locret
-	$(BENCH_PY) -m kvpot.bench.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 \
+	$(BENCH_PY) -m studies.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 \
 		--json $(BENCH_DIR)/locret/trace-gemma3-prose-7900-2048.json
-	$(BENCH_PY) -m kvpot.bench.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 --keep-digits \
+	$(BENCH_PY) -m studies.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 --keep-digits \
 		--json $(BENCH_DIR)/locret/trace-gemma3-prose-7900-2048-oracle.json
 
 # Locret's needle grids beside the other policies. The Gemma-3 32K file started as a copy of
@@ -293,7 +293,7 @@ bench-infllm-store: pull-test-models bench-texts
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P infllm:store_type=f16 -P infllm:store_type=q8_0 -P infllm:store_type=q4_0 \
 		-P infllm:store_type=q8_0/q4_0 \
 		--length 8192 --limit 6 --budget 1024 -t 2 --json $(BENCH_DIR)/infllm/qa-qwen15-8k-store-types.json --resume
-	$(BENCH_PY) -m kvpot.bench.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
+	$(BENCH_PY) -m studies.store_cost --json $(BENCH_DIR)/infllm/store-cost.json
 
 # Beyond the model's window (issue 34, item 2): the 1.5B model at 48K tokens (one and a half times its
 # 32K window; 8 sampled questions and the multi-key case in one input), every method at 2048 and 8192
@@ -362,7 +362,7 @@ bench-beyond-05b: install
 bench-attn: pull-test-models
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/flash
-	$(BENCH_PY) -m kvpot.bench.attn_speed -m qwen2.5-coder-1.5b -m qwen2.5-coder-0.5b --cells 2560 --cells 8704 \
+	$(BENCH_PY) -m studies.attn_speed -m qwen2.5-coder-1.5b -m qwen2.5-coder-0.5b --cells 2560 --cells 8704 \
 		--cells 16896 --cells 32768 --json $(BENCH_DIR)/flash/attn-speed.json
 
 # What NuC costs in a chunk's time: a 512-token chunk with and without every row's log-prob, and with the
@@ -370,7 +370,7 @@ bench-attn: pull-test-models
 bench-nuc-head: pull-test-models
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/nuc
-	$(BENCH_PY) -m kvpot.bench.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b -m qwen2.5-coder-1.5b --rounds 5 \
+	$(BENCH_PY) -m studies.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b -m qwen2.5-coder-1.5b --rounds 5 \
 		--json $(BENCH_DIR)/nuc/head-share.json
 
 # Whether NuC could run the output head on the first N vocabulary ids only: how many of the cells NuC
@@ -378,7 +378,7 @@ bench-nuc-head: pull-test-models
 # llama.cpp with every row's logits; minutes per model)
 bench-nuc-shortlist: pull-test-models
 	mkdir -p $(BENCH_DIR)/nuc
-	$(BENCH_PY) -m kvpot.bench.nuc_shortlist -m gemma3-270m -m qwen2.5-coder-0.5b --text manual --text code \
+	$(BENCH_PY) -m studies.nuc_shortlist -m gemma3-270m -m qwen2.5-coder-0.5b --text manual --text code \
 		--json $(BENCH_DIR)/nuc/shortlist.json
 
 # How often `--sources` names the needle's passage first (issue 33): the passkey grid at 8K and 32K,
@@ -481,7 +481,7 @@ bench-speed-ab-dist: pull-test-models
 
 # what a smaller Locret retaining-head hidden size costs (docs/locret.md): one capture, a fit per size (torch)
 bench-locret-hidden: pull-test-models train-deps
-	$(BENCH_PY) -m kvpot.bench.locret_hidden smollm2-135m 8 32 128 1024 --json $(BENCH_DIR)/locret-hidden-smollm2.json
+	$(BENCH_PY) -m studies.locret_hidden smollm2-135m 8 32 128 1024 --json $(BENCH_DIR)/locret-hidden-smollm2.json
 
 # the trained parts' tests (kvpot train locret|edgeinfinite) need torch, kvpot's optional `train` extra;
 # this pin is the CPU build (other versions may pull a multi-GB CUDA build)

@@ -1,6 +1,6 @@
 // One layer's attention of a 512-row chunk over a pot's cells, both ways llama.cpp computes it on the CPU:
 // flash attention (ggml_flash_attn_ext, V not transposed) and without it (K·Q, soft_max, V·KQ, V stored
-// transposed). Times each and says how far the two results are apart. kvpot/bench/attn_speed.py builds and
+// transposed). Times each and says how far the two results are apart. studies/attn_speed.py builds and
 // runs it against the installed llama_cpp's libggml (docs/benchmarks.md, "Flash attention").
 //
 // usage: attn_speed HEAD_DIM N_HEAD N_HEAD_KV CELLS ROWS THREADS REPS

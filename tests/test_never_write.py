@@ -171,7 +171,7 @@ def test_the_llama_log_is_never_the_model(doc, smollm2_path, tmp_path):
 
 # -- every file-writing call in the package goes through the never-write check -------------------------
 
-PACKAGE = [ROOT / d for d in ("kvpot", "cli", "models", "converters")]
+PACKAGE = [ROOT / d for d in ("kvpot", "cli", "models", "converters", "studies")]
 WRITE_ATTRS = {"write_text", "write_bytes", "touch", "save", "savez", "savez_compressed", "tofile",
                "replace", "rename", "copy", "copy2", "copyfile", "copyfileobj", "move", "copytree",
                "mkstemp", "NamedTemporaryFile"}

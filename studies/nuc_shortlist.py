@@ -7,7 +7,7 @@ What NuC does with the log-probs is rank the cells of a full pot and take the T 
 appendix B: T = nuc_ratio * |C|, |C| = |M| / 2); so the figure that decides is how many of those T a
 shortlist would still take, in every pot-sized window of the text, beside how far the log-probs move.
 
-    python -m kvpot.bench.nuc_shortlist -m gemma3-270m --text manual --json docs/bench/nuc/shortlist-gemma3.json
+    python -m studies.nuc_shortlist -m gemma3-270m --text manual --json docs/bench/nuc/shortlist-gemma3.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ SHORTLISTS = (8192, 16384, 32768, 65536)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.nuc_shortlist", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.nuc_shortlist", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", action="append", default=None, help="known model names (repeatable)")
     p.add_argument("--text", choices=sorted(TEXTS), action="append", default=None,
                    help="code: Python's library sources; manual: the GNU diffutils manual (repeatable)")

@@ -1,4 +1,4 @@
-"""kvpot.bench.pot_holds: what a saved context holds of one line, token by token, against what the
+"""studies.pot_holds: what a saved context holds of one line, token by token, against what the
 policy that saved it must hold: StreamingLLM keeps its sinks and the most recent cells, so a line read
 long before the end is held by no (layer, KV head) pair and the last line by every pair; full attention
 holds every token in every pair."""
@@ -6,16 +6,19 @@ holds every token in every pair."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-from kvpot.bench.pot_holds import find_line
+from studies.pot_holds import find_line
 
 EARLY = "# the code of the strongbox is 52445"
 LAST = "# the code of the locker is 31337"
+REPO = Path(__file__).resolve().parent.parent
 SMOL_PAIRS = 4 * 3  # SmolLM2-135M cut to 4 blocks (conftest.py), 3 KV heads each
 
 
@@ -44,9 +47,10 @@ def streaming_ctx(doc, smollm2_cut_path, tmp_path_factory):
 
 
 def _holds(ctx, find: str, tmp_path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpot.bench.pot_holds", str(ctx), "--find", find,
+    return subprocess.run([sys.executable, "-m", "studies.pot_holds", str(ctx), "--find", find,
                            "--json", str(tmp_path / "holds.json"), *extra],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # studies/ sits at the repository's top
 
 
 def _rows(tmp_path) -> list[dict]:

@@ -6,7 +6,7 @@ share of the pair's cells the heads score lower). `--keep-digits` is the oracle:
 raised above every other cell's, so the read keeps them everywhere; if the answer is then right, what
 Locret lacked was the digits, not the text around them.
 
-    .venv/bin/python -m kvpot.bench.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 \
+    .venv/bin/python -m studies.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 \
         --json docs/bench/locret/trace-gemma3-prose-7900-2048.json
 
 (`make bench-locret-trace` runs the traces docs/benchmarks.md quotes).
@@ -21,11 +21,11 @@ import numpy as np
 
 from kvpot.bench.grid import FLASH_ATTN
 from kvpot.bench.haystack import make_prose_haystack
-from kvpot.bench.needle_trace import needle_digits
 from kvpot.engine import Engine, EngineConfig
 from kvpot.models.resolve import resolve_model
 from kvpot.policies import make_policy
 from kvpot.safe_write import write_text_file
+from studies.needle_trace import needle_digits
 
 ORACLE_SCORE = np.float32(1e30)  # above any score the heads give (they are pre-softmax logits)
 

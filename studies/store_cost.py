@@ -4,7 +4,7 @@ disk, and what the lookup's scoring costs per block stored (every lookup scores 
 this is the part of a chunk's time that grows with the input). The figures decide how large the in-RAM
 cache is worth making (docs/pot.md).
 
-    python -m kvpot.bench.store_cost --json docs/bench/infllm/store-cost.json
+    python -m studies.store_cost --json docs/bench/infllm/store-cost.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SHAPES = (("gemma3-270m", 1, 256, 64), ("qwen2.5-coder-1.5b", 2, 128, 64), ("smo
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.store_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.store_cost", description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=4096, help="blocks per store (more than the cache holds; "
                                                             "4096 blocks of 64 are 256K tokens)")
     p.add_argument("--rounds", type=int, default=4, help="passes over the blocks, each read once a pass")

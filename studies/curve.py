@@ -2,7 +2,7 @@
 docs/bench/curve/ (one per model, task, length and budget, named MODEL-TASK-LENGTH-BUDGET.json, BUDGET
 a number of cells or "full"), prints a Markdown table and writes the plot.
 
-    .venv/bin/python -m kvpot.bench.curve [--dir docs/bench/curve] [--png docs/bench/accuracy-vs-budget.png]
+    .venv/bin/python -m studies.curve [--dir docs/bench/curve] [--png docs/bench/accuracy-vs-budget.png]
 
 (the last step of `make bench-curve`, which runs the grid).
 

@@ -1,7 +1,7 @@
 """The compute buffer llama.cpp reserves at context creation, with the output head's rows left at its default
 (n_outputs_max 0: every row of a step) and at what kvpot's engine asks for (kvpot.runtime.outputs).
 
-    python -m kvpot.bench.outputs_reserve --json docs/bench/rss/compute-buffer-rows.json [-m MODEL ...]
+    python -m studies.outputs_reserve --json docs/bench/rss/compute-buffer-rows.json [-m MODEL ...]
 
 The size is llama.cpp's own log line ("compute buffer size = N MiB", every device's summed), read through
 kvpot's log file. A context of --ctx cells read in --chunk-token steps, flash attention off (kvpot's
@@ -20,7 +20,7 @@ MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.outputs_reserve")
+    p = argparse.ArgumentParser(prog="python -m studies.outputs_reserve")
     p.add_argument("-m", "--model", action="append", help=f"registry name or GGUF path (default: {', '.join(MODELS)})")
     p.add_argument("--ctx", type=int, default=8704, help="context cells (default: the 0.5B's 8,192-cell pot + a chunk)")
     p.add_argument("--chunk", type=int, default=512)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 model.close()
         logs.install("")
-    meta = run_meta() | {"command": " ".join(["python -m kvpot.bench.outputs_reserve", *(argv or sys.argv[1:])])}
+    meta = run_meta() | {"command": " ".join(["python -m studies.outputs_reserve", *(argv or sys.argv[1:])])}
     write_text_file(Path(ns.json), json.dumps(meta | {"rows": rows}, indent=1) + "\n", "the compute-buffer record")
     return 0
 

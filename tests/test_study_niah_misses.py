@@ -1,13 +1,13 @@
 """Which code a multi-key miss is nearest to (kvpot.bench.niah.nearest_code), the grid reader that
-recomputes it from saved JSON (kvpot.bench.niah_misses) and the niah table's column. No model: the
+recomputes it from saved JSON (studies.niah_misses) and the niah table's column. No model: the
 needles come from the seed's draw, as the grid's haystacks do."""
 
 import json
 
 from kvpot.bench.haystack import draw_needles
 from kvpot.bench.niah import TASKS, edit_distance, nearest_code
-from kvpot.bench.niah_misses import main, misses
 from kvpot.bench.report import niah_table
+from studies.niah_misses import main, misses
 
 
 def _codes(seed=7, depth=0.5):

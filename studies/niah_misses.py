@@ -2,7 +2,7 @@
 needle's (kvpot.bench.niah.nearest_code), so that a miss such as "85321" for the key 32518 is read as the
 code 85322 of another place with one digit changed, not as the key's digits out of order.
 
-    python -m kvpot.bench.niah_misses docs/bench/beyond/niah-qwen15-16k-2048*.json
+    python -m studies.niah_misses docs/bench/beyond/niah-qwen15-16k-2048*.json
 
 The needles' codes come from the case's seed and depth (kvpot.bench.haystack.draw_needles, the draw the
 grid made), so grids written before the results carried `nearer` are read too; no model is loaded."""
@@ -39,7 +39,7 @@ def misses(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvpot.bench.niah_misses", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.niah_misses", description=__doc__.split("\n\n")[0])
     ap.add_argument("grids", nargs="+", type=Path, help="JSON files written by `kvpot bench niah --json`")
     a = ap.parse_args(argv)
     found = []

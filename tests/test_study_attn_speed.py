@@ -1,4 +1,4 @@
-"""kvpot.bench.attn_speed builds tests/attn_speed.c against this machine's libggml and runs it: the two ways
+"""studies.attn_speed builds tests/attn_speed.c against this machine's libggml and runs it: the two ways
 llama.cpp attends on the CPU (flash attention, and K·Q, soft_max, V·KQ with V transposed) give the same
 result for the same chunk and cells, which is what makes `--flash-attn auto` a choice of speed and memory
 only, and the bench's JSON holds what its table shows."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from kvpot.bench import attn_speed
+from studies import attn_speed
 
 
 def test_both_attention_paths_agree_and_are_timed(tmp_path, smollm2_path):

@@ -4,7 +4,7 @@ every distillation that holds the asked needle, records per (layer, KV head) for
 digits: held before, kept after, and why (an attention sink, one of NuC's T slots, or CaP's top
 |C| - T), with the digit's NuC beside the T-th highest NuC of that head.
 
-    .venv/bin/python -m kvpot.bench.needle_trace -m smollm2-135m -n 2500 -d 0.5 --budget 1024 -t 1 \
+    .venv/bin/python -m studies.needle_trace -m smollm2-135m -n 2500 -d 0.5 --budget 1024 -t 1 \
         --json docs/bench/curve/trace-smollm2-2500-1024.json
 
 (`make bench-trace` runs the traces docs/benchmarks.md quotes).

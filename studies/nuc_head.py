@@ -5,7 +5,7 @@ row (every row marked for logits, which the blocks then view: the cost the block
 in turn, each in a fresh context, rounds times, in one process; medians are quoted and their ratios are
 what to read (a shared machine slows all three alike).
 
-    python -m kvpot.bench.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b --json docs/bench/nuc/head-share.json
+    python -m studies.nuc_head -m gemma3-270m -m qwen2.5-coder-0.5b --json docs/bench/nuc/head-share.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ MODES = ("no log-probs", "log-probs, head in blocks", "log-probs, model's head o
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.nuc_head", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.nuc_head", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", action="append", default=None, help="known model names (repeatable)")
     p.add_argument("--chunk", type=int, default=512, help="tokens in the chunk (kvpot's default step)")
     p.add_argument("--rounds", type=int, default=5, help="times each mode runs, in turn")

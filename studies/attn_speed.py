@@ -3,7 +3,7 @@ chunk (its queries against every cell) at each model's head shape, timed both wa
 against the installed llama_cpp's libggml, and the layer's time times the model's layers beside it (what a
 chunk spends attending). What `--flash-attn auto` rests on for a CPU, and why a larger pot reads slower.
 
-    python -m kvpot.bench.attn_speed -m qwen2.5-coder-1.5b --cells 2560 --cells 8704 --cells 16896 --json docs/bench/flash/attn-speed.json
+    python -m studies.attn_speed -m qwen2.5-coder-1.5b --cells 2560 --cells 8704 --cells 16896 --json docs/bench/flash/attn-speed.json
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from kvpot.models.resolve import resolve_model
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import write_text_file
 
-SOURCE = Path(__file__).resolve().parents[2] / "tests" / "attn_speed.c"
+SOURCE = Path(__file__).resolve().parents[1] / "tests" / "attn_speed.c"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.attn_speed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.attn_speed", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", action="append", required=True, help="known model names or paths (repeatable)")
     p.add_argument("--cells", action="append", type=int, required=True, help="cells attended over (repeatable)")
     p.add_argument("--rows", type=int, default=512, help="rows of the chunk (kvpot's default step)")

@@ -4,7 +4,7 @@ memory": the 1M read's strongbox line). It answers "was the passage lost, or onl
 reading anything again: the saved `positions` array [L, H, N] holds the stream position of every kept
 cell, and the saved source map places stream positions in the input's text.
 
-    .venv/bin/python -m kvpot.bench.pot_holds big.kvpot --find "the code of the strongbox" [--json F]
+    .venv/bin/python -m studies.pot_holds big.kvpot --find "the code of the strongbox" [--json F]
 
 The inputs are read again (the names the context was saved with, relative to the current folder, or
 --input), the first line holding --find is located, and the source-map entries around it are tokenized
@@ -80,7 +80,7 @@ def holds(positions: np.ndarray, stream_pos: list[int]) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kvpot.bench.pot_holds", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.pot_holds", description=__doc__.split("\n\n")[0])
     ap.add_argument("context", help="a saved context (kvpot ask/chat --save-context)")
     ap.add_argument("--find", required=True, help="text on the line to look at (its first occurrence)")
     ap.add_argument("--input", action="append", help="the inputs, where not at the names saved (repeat, in order)")

@@ -1,4 +1,4 @@
-"""kvpot.bench.locret_trace (the diagnosis of Locret's prose-needle misses) on a tiny haystack: what it
+"""studies.locret_trace (the diagnosis of Locret's prose-needle misses) on a tiny haystack: what it
 counts agrees with the pot it read, and its oracle really keeps the code's digits in every pair."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from kvpot.bench import locret_trace
+from studies import locret_trace
 
 TINY = ["-m", "gemma3-270m", "-n", "1500", "-d", "0.3", "--budget", "384", "--chunk", "128", "-t", "2"]
 

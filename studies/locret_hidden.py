@@ -3,7 +3,7 @@
 Captures one set of samples (kept in --cache, so a rerun only fits), fits heads of each hidden size
 with the same seed, data and steps, and prints the held-out Spearman correlation with the labels.
 
-    KVPOT_HOME=... .venv/bin/python -m kvpot.bench.locret_hidden smollm2-135m 32 1024 [--json OUT]
+    KVPOT_HOME=... .venv/bin/python -m studies.locret_hidden smollm2-135m 32 1024 [--json OUT]
 
 (`make bench-locret-hidden`); the rows are also written to OUT, locret-hidden-MODEL.json by default.
 """
