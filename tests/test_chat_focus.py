@@ -20,7 +20,7 @@ from kvpot.session.prompting import Segment
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 
-SMALL = RunSettings(budget=256, chunk=64, threads=2, prompt="completion", max_tokens=8, policy="infinipot")
+SMALL = RunSettings(budget=256, chunk=64, threads=2, prompt="completion", max_tokens=8, policy="infinipot", locator="keys")
 Q1, Q2 = "Who kept the log?", "What was the code of the strongbox?"
 
 

@@ -111,7 +111,7 @@ def test_the_engine_keeps_every_block_whatever_the_pot_keeps(smollm2_path, logbo
     assert not np.allclose(small.head_scores(q)[8:, -1], full.head_scores(q)[8:, -1], rtol=1e-2, atol=1e-2)
 
 
-SMALL = RunSettings(budget=256, chunk=64, threads=2, prompt="completion", max_tokens=8, policy="infinipot")
+SMALL = RunSettings(budget=256, chunk=64, threads=2, prompt="completion", max_tokens=8, policy="infinipot", locator="keys")
 
 
 def test_question_queries_leave_the_pot_as_it_was_and_the_context_keeps_the_keys(smollm2_path, logbook_doc, tmp_path):
@@ -142,7 +142,7 @@ def test_question_queries_leave_the_pot_as_it_was_and_the_context_keeps_the_keys
 
 def test_full_attention_keeps_no_keys_and_the_keys_locator_says_so(smollm2_path, logbook_doc):
     s = Session(read_model_facts(smollm2_path), "smollm2-135m",
-                RunSettings(budget=2048, chunk=64, threads=2, prompt="completion", policy="full").check(),
+                RunSettings(budget=2048, chunk=64, threads=2, prompt="completion", policy="full", locator="keys").check(),
                 resettable=False)
     assert s.engine.block_keys is None
     with pytest.raises(KvpotError, match="no locator keys"):
@@ -168,3 +168,35 @@ def test_the_saved_locator_is_checked_on_the_file_alone():
             check_state(bad_values, bad_arrays)
     with pytest.raises(ValueError, match="past the tokens read"):
         check_state(values, arrays, tokens_seen=39)
+
+
+def test_only_a_keys_locator_keeps_keys_and_the_plan_counts_them(smollm2_path, logbook_doc):
+    """bm25 and the pot's answer never score the keys: a reading for them keeps none. A reading for keys or mix
+    keeps them, and the memory plan leaves room for them (fewer cells on the same device)."""
+    from kvpot.locator.keys import keys_bytes
+    from kvpot.session import auto_budget
+    from kvpot.session.reading_plan import locator_bytes
+
+    facts = read_model_facts(smollm2_path)
+    src = collect_sources([str(logbook_doc)])
+    for locator, kept in (("bm25", False), ("pot", False), ("keys", True), ("mix", True)):
+        settings = RunSettings(budget=256, chunk=64, threads=2, prompt="completion", policy="infinipot",
+                               locator=locator).check()
+        s = Session(facts, "smollm2-135m", settings, resettable=False)
+        assert (s.engine.block_keys is not None) is kept, locator
+        s.engine.close()
+        want = keys_bytes(facts.n_layer, facts.n_head_kv, facts.head_dim_k, src.text_bytes // 2) if kept else 0
+        assert locator_bytes(facts, settings, src) == want
+    per_cell = auto_budget.global_kv_bytes_per_cell(facts) + auto_budget.scores_bytes_per_cell(facts, 64, False)
+    free = facts.file_bytes
+    while True:  # the least free memory that holds a pot, then room for a thousand cells more
+        try:
+            auto_budget.plan_cells(facts, auto_budget.DeviceMemory(free, "a test"), 64, 1)
+            break
+        except KvpotError:
+            free += 2**22
+    mem = auto_budget.DeviceMemory(free + 1000 * per_cell * 2, "a test")
+    plain = auto_budget.plan_cells(facts, mem, 64, 1).cells
+    assert plain < facts.n_ctx_train  # the memory sets it, not the model's window
+    less = auto_budget.plan_cells(facts, mem, 64, 1, besides=100 * per_cell).cells
+    assert plain - less in (100, 101)

@@ -29,6 +29,17 @@ ANGLE = 0            # RoPE distance the question's queries see every block at (
 SCORE_PART = 4096    # blocks scored per step: bounded scratch for an input of any length
 
 
+def keys_bytes(n_layer: int, n_head_kv: int, d_k: int, tokens: int, block: int = DEFAULT_BLOCK) -> int:
+    """The memory the keys of `tokens` tokens take (f16 means, one per block, and each block's span)."""
+    return -(-tokens // block) * (2 * n_layer * n_head_kv * d_k + 16)
+
+
+def uses_keys(locator: str) -> bool:
+    """Whether a reading keeps the keys for questions located `locator`'s way (RunSettings.locator): the keys and
+    mix locators score them; bm25 and pot never do, so a reading for those keeps none and costs nothing."""
+    return locator in ("keys", "mix")
+
+
 class BlockKeys:
     """Mean keys per block of consecutive stream positions: reps [n_blocks, L, H, d_k] f16, each block's first
     stream position and length. A block ends at `block` tokens or where the stream jumps (a chat turn read

@@ -144,16 +144,19 @@ def margin_bytes(free: int) -> int:
 
 
 def plan_cells(facts: ModelFacts, mem: DeviceMemory, chunk: int, logit_rows: int,
-               keeps_copy: bool = False, flash_attn: bool = False, reserved_rows: int | None = None) -> DevicePlan:
+               keeps_copy: bool = False, flash_attn: bool = False, reserved_rows: int | None = None,
+               besides: int = 0) -> DevicePlan:
     """Cells of the largest context that fits: free memory less the margin, the weights (where
     they share the device), the fixed costs (sliding-window caches, logits, activations), divided
     by what each cell costs (global-layer KV + the chunk's attention scores over it); capped at
     the model's trained context, the longest span its positions were trained for. `keeps_copy`: the
     session keeps a copy of the cells read (chat's /reset), which costs their KV once more;
     `flash_attn`: the context runs flash attention, whose step holds no scores over the cells;
-    `reserved_rows`: the context's n_outputs_max, where it is not the engine's (context_cost)."""
+    `reserved_rows`: the context's n_outputs_max, where it is not the engine's (context_cost); `besides`: bytes the
+    reading holds beside its cells (the read-once locator's keys, kvpot.locator.keys)."""
     copies = 2 if keeps_copy else 1
-    fixed = copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows, flash_attn, reserved_rows)
+    fixed = (copies * window_kv_bytes(facts, chunk) + compute_bytes(facts, 0, chunk, logit_rows, flash_attn, reserved_rows)
+             + besides)
     weights = facts.file_bytes if mem.holds_weights else 0
     margin = margin_bytes(mem.free_bytes)
     per_cell = copies * global_kv_bytes_per_cell(facts) + scores_bytes_per_cell(facts, chunk, flash_attn)

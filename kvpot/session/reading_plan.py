@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
+from kvpot.locator.keys import keys_bytes, uses_keys
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import Policy, make_policy
 from kvpot.session import auto_budget as device_budget
@@ -123,6 +124,14 @@ def _pot_context(steps: Policy | None, budget, chunk: int, reserve: int) -> int 
     return -(-(steps.cache_cells(budget, chunk) + reserve) // CTX_PAD) * CTX_PAD
 
 
+def locator_bytes(facts: ModelFacts, settings: RunSettings, sources: SourceSet) -> int:
+    """The read-once locator's keys for this input (none unless the locator uses them): its tokens guessed from its
+    size at 2 bytes a token (numbers and code take fewer than prose's ~4), so the plan leaves room for them."""
+    if not uses_keys(settings.locator) or not sources.text_bytes:
+        return 0
+    return keys_bytes(facts.n_layer, facts.n_head_kv, facts.head_dim_k, sources.text_bytes // 2)
+
+
 def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, policy_chosen: bool,
                  reserve: int, memory: device_budget.DeviceMemory | None = None,
                  notice: Callable[[str], None] = lambda msg: None, policy: Policy | None = None,
@@ -176,7 +185,8 @@ def _plan_budget(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     else:
         assert mem is not None  # plan_reading reads the device whenever the budget is auto
         plan = device_budget.plan_cells(facts, mem, chunk, logit_rows=chunk if wants_logprobs else 1,
-                                        keeps_copy=keeps_copy, flash_attn=settings.flash_attn == "on")
+                                        keeps_copy=keeps_copy, flash_attn=settings.flash_attn == "on",
+                                        besides=0 if full else locator_bytes(facts, settings, sources))
         limit, why = plan.cells, plan.reason
     n_ctx_train = facts.n_ctx_train or limit
     # stdin and pipes have no size: read them ahead as far as an input that fits can reach, so one that

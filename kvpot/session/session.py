@@ -17,7 +17,7 @@ from kvpot import __version__
 from kvpot.engine import Engine, EngineConfig, FeedEvent
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
-from kvpot.locator.keys import DEFAULT_BLOCK
+from kvpot.locator.keys import DEFAULT_BLOCK, uses_keys
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
 from kvpot.policies import Policy, make_policy
@@ -85,8 +85,8 @@ class Session:
         self.engine = Engine(str(facts.path), policy, EngineConfig(
             budget=settings.budget, chunk=settings.chunk, n_threads=settings.threads, answer_reserve=reserve,
             n_ctx=n_ctx, flash_attn=settings.flash_attn == "on",  # "auto" is resolved by the reading plan
-            # the read-once locator's keys, wherever the pot may leave input out (kvpot.locator.keys)
-            locator_block=0 if reads_in_full(self.policy_spec) else DEFAULT_BLOCK))
+            # the read-once locator's keys, where the pot may leave input out and questions locate by them
+            locator_block=DEFAULT_BLOCK if uses_keys(settings.locator) and not reads_in_full(self.policy_spec) else 0))
         self.format = choose_format(self.engine.model, settings.prompt)
         self.sources: list[dict] = []
         self.source_set: SourceSet | None = None  # what read() read (None for a reopened context)
