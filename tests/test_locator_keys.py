@@ -11,9 +11,10 @@ from kvpot.engine import Engine, EngineConfig
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import collect_sources
 from kvpot.locator.keys import BlockKeys
+from kvpot.locator.query import question_tokens
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies import make_policy
-from kvpot.session.locating import block_mass, locate_with, question_tokens
+from kvpot.session.locating import block_mass, locate_with
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 

@@ -179,7 +179,8 @@ def run(plan: LocatePlan, json_out: Path | None, say=lambda msg: None) -> dict:
     inputs = inputs[:plan.inputs] if plan.inputs is not None else inputs
     by_id = {q.id: q for q in qs}
     locators = plan.locators()
-    cli = {"threads": plan.threads, "policy": plan.policy, "budget": plan.budget, "chunk": plan.chunk}
+    # the keys are kept only for a locator that scores them: "mix" scores them, and every locator is asked here
+    cli = {"threads": plan.threads, "policy": plan.policy, "budget": plan.budget, "chunk": plan.chunk, "locator": "mix"}
     settings = resolve_settings(name if known else None, known.defaults if known else {}, cli)
     rows: list[dict] = []
     reads: list[dict] = []

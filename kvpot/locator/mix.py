@@ -15,26 +15,11 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.locator.lexical import LINES, index_for, spread
+from kvpot.locator.query import block_scores
+from kvpot.session.sources import rank
 
 RRF_K = 60
 TOP_RANKED = 64   # passages of the pot's ranking listed (`ranked_spans`): its mass names few more
-
-
-def block_scores(session, question: str) -> tuple[np.ndarray, np.ndarray]:
-    """(the blocks' [n, 2] stream spans, their [n] scores) for `question` by the keys locator: the question's
-    lookup queries against every block's representative keys (kvpot.session.locating.block_mass ranks the same)."""
-    from kvpot.locator.keys import ANGLE
-    from kvpot.session.locating import question_tokens
-
-    eng = session.engine
-    keys = eng.block_keys
-    if keys is None or keys.n_blocks == 0:
-        raise KvpotError("this reading kept no locator keys (a context saved by an older kvpot, or full attention)")
-    toks, capture = question_tokens(session, question)
-    query = eng.question_queries(toks, capture, ANGLE)
-    if query is None:
-        raise KvpotError("the pot has no room left to read the question for locating")
-    return keys.spans(), keys.scores(query)
 
 
 def keys_ranked(session, question: str) -> list[tuple[int, int, float]]:
@@ -97,8 +82,6 @@ def ranked_spans(name: str, session, question: str, located=None, lines: int = L
     if name == "mix":
         return mix_ranked(session, question, lines)
     if name == "pot":
-        from kvpot.session.sources import rank
-
         if located is None:
             raise KvpotError("internal: the pot's ranking needs its locating answer")
         return rank(located.mass, session.source_map, TOP_RANKED, session.engine.policy.sink_tokens())

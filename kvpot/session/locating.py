@@ -15,7 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.locator.keys import ANGLE
+from kvpot.locator.lexical import bm25_mass
+from kvpot.locator.mix import mix_mass
+from kvpot.locator.query import block_scores
 from kvpot.session.focus import PASSAGES, Located, locate
 from kvpot.session.sources import PASSAGE_TOKENS
 
@@ -28,42 +30,10 @@ HOW = {"keys": "by the locator keys kept while reading", "pot": "by the pot's ow
 BLOCKS = 2 * PASSAGES
 
 
-def question_tokens(session, question: str) -> tuple[list[int], tuple[int, int]]:
-    """The tokens of the turn that would ask `question` (the first question or a follow-up, as Session.ask puts
-    it), up to the question's end, and [start, end) of the question's own tokens in them: the lookup query is
-    the question's, not the template's markup (whose rows are alike for every question)."""
-    q = question.strip()
-    if not q:
-        raise KvpotError("the question is empty")
-    fmt = session.format
-    segs = fmt.first_question(q) if session.turns == 0 else fmt.follow_up(q)
-    tok = session.engine.model.tokenize
-    out: list[int] = []
-    for seg in segs:
-        at = -1 if seg.special else seg.text.rfind(q)
-        if at < 0:
-            out += tok(seg.text, special=seg.special)
-            continue
-        out += tok(seg.text[:at]) if at else []
-        a = len(out)
-        out += tok(q)
-        return out, (a, len(out))
-    raise KvpotError("internal: the question is not in the turn that asks it")
-
-
 def block_mass(session, question: str, weights: np.ndarray | None = None) -> dict[int, float]:
     """The keys locator's mass: the BLOCKS best blocks for the question, each as its score above the first block
     left out, on the middle PASSAGE_TOKENS positions of the block (so the ranking takes one passage per block)."""
-    eng = session.engine
-    keys = eng.block_keys
-    if keys is None or keys.n_blocks == 0:
-        raise KvpotError("this reading kept no locator keys (a context saved by an older kvpot, or full attention)")
-    toks, capture = question_tokens(session, question)
-    query = eng.question_queries(toks, capture, ANGLE)
-    if query is None:
-        raise KvpotError("the pot has no room left to read the question for locating")
-    score = keys.scores(query, weights)
-    spans = keys.spans()
+    spans, score = block_scores(session, question, weights)
     order = np.argsort(-score, kind="stable")
     top = order[:BLOCKS]
     floor = float(score[order[BLOCKS]]) if order.size > BLOCKS else float(score.min()) - 1.0
@@ -95,9 +65,7 @@ def locate_with(name: str, session, question: str, stop=lambda: False) -> Locate
     if name == "keys":
         return Located("", block_mass(session, question), asked, locator="keys")
     if name == "bm25":  # kvpot.locator.lexical
-        from kvpot.locator.lexical import bm25_mass
         return Located("", bm25_mass(session, question, BLOCKS), asked, locator="bm25")
     if name == "mix":  # kvpot.locator.mix
-        from kvpot.locator.mix import mix_mass
         return Located("", mix_mass(session, question, BLOCKS), asked, locator="mix")
     raise KvpotError(f"unknown locator {name!r}")
