@@ -95,7 +95,7 @@ FocusOpt = Annotated[bool, typer.Option(
     help="answer from the passages the pot found, reread in full")]
 LocatorOpt = Annotated[str, typer.Option(
     "--locator", metavar="HOW", show_default=RunSettings.locator, rich_help_panel=ADVANCED,
-    help="how a question finds its passages: keys, pot, bm25 or mix")]
+    help="how questions find passages: bm25, keys, mix, pot")]
 QuestionBeforeOpt = Annotated[str, typer.Option(
     "--question-before", metavar="on|off", show_default=RunSettings.question_before, rich_help_panel=ADVANCED,
     help="put the question before the document too")]

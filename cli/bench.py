@@ -205,15 +205,14 @@ def qa(
     focus: bool = typer.Option(False, "--focus", rich_help_panel=ADVANCED,
                                help="answer from a focused read, as `kvpot ask`"),
     locator: str = typer.Option(None, "--locator", metavar="HOW", rich_help_panel=ADVANCED,
-                                show_default="with --focus: the pot's answer, per question",
-                                help="one read, then each question's focused read located so (as `kvpot chat`)"),
+                                show_default="none",
+                                help="read once, each question focused as chat does"),
     closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book", rich_help_panel=ADVANCED,
                                      help="also ask every question with no document first"),
     only: list[str] = typer.Option(None, "--only", metavar="ID", show_default="every question",
                                    rich_help_panel=ADVANCED, help="ask only these questions (ids as in the JSON)"),
     kinds: list[str] = typer.Option(None, "--kind", metavar="KIND", show_default="every kind", rich_help_panel=ADVANCED,
-                                    help="ask only questions of this kind (lexical, paraphrase, two-passage, whole, "
-                                         "absent, multikey); repeatable"),
+                                    help="ask only questions of this kind; repeatable"),
     json_out: Path = typer.Option(None, "--json", show_default="not written",
                                   help="write every case here, rewritten after each case"),
     resume: bool = typer.Option(False, "--resume", help="keep the cases in --json, run only the missing ones"),
@@ -224,7 +223,7 @@ def qa(
 
     `-P full` reads each input whole with full attention (the reference, where the input fits); `-P none` asks each question with no document (closed book: right answers a reading must beat). --closed-book (on by default) asks every question that way first, and each case records that verdict (closed_book_correct) beside its own.
 
-    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct); --locator HOW reads each input once and answers each question from a focused read of the passages HOW locates, as `kvpot chat` past the pot. --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code), --kind the kinds of questions to ask; the inputs stay the ones the whole set builds.
+    --per-question: pot policies read each input again per question, with the question known first (CaP-Q, as `kvpot ask`), instead of one read per input; --question-before (with --per-question) puts it before the document too, as `kvpot ask --question-before on` (a full attention read per question too); --focus (with --per-question) answers from a focused read of the passages the pot's own answer drew on, and each case records the pot's answer too (pot_answer, pot_correct); --locator HOW reads each input once and answers each question from a focused read of the passages HOW locates, as `kvpot chat` past the pot. --multikey hides four access codes in each input and asks for one. --only takes ids as in the JSON (multikey-N for input N's access code), --kind the kinds of questions to ask (lexical, paraphrase, two-passage, whole, absent, multikey); the inputs stay the ones the whole set builds.
 
     A reading past the window takes an hour or more on 2 cores: with --json it is saved as it goes (every --save-every seconds), and Ctrl-C or SIGTERM stop it after a save, to go on with --resume from its last save."""
     from kvpot.bench.qa import CLOSED, DEFAULT, Plan, case_key, run
