@@ -54,8 +54,12 @@ def find_passages(session: Session, question: str, extra_tokens: int = 0, locato
     name, note = locator_for(session) if locator is None else (locator, "")
     if note:
         err.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
-    with Interrupts() as stop, err.status(f"finding the passages the question needs ({HOW[name]})"):
-        located = locate_with(name, session, question, stop=lambda: stop.hit)
+    try:
+        with Interrupts() as stop, err.status(f"finding the passages the question needs ({HOW[name]})"):
+            located = locate_with(name, session, question, stop=lambda: stop.hit)
+    except KvpotError as e:  # no passage found (no word of the question in the input, for bm25): the pot answers
+        err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(printable(str(e)))}", soft_wrap=True)
+        return None
     if located.stopped:
         raise KeyboardInterrupt
     if extra_tokens:

@@ -121,3 +121,11 @@ def test_a_file_changed_since_the_read_is_said_and_the_pot_answers(smollm2_path,
     err = _squash(capsys.readouterr().err)
     assert "the answer comes from the pot:" in err and "changed since it was read" in err, err
     s.close()
+
+
+def test_a_question_no_passage_answers_is_answered_by_the_pot(logbook_doc, smollm2_path):
+    """No word of the question in the input: bm25 finds no passage, said in one line, and the pot answers (the
+    chat goes on; no error)."""
+    out, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256"], smollm2_path, f"Zyzzyva quokka?\n{Q2}\n/quit\n")
+    assert "the answer comes from the pot: no word of the question is in the input" in err, err
+    assert "error" not in err and err.count("focus: ") == 1, err

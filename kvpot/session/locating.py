@@ -23,7 +23,7 @@ from kvpot.session.sources import PASSAGE_TOKENS
 
 # how each locator is said on stderr ("finding the passages the question needs (...)")
 HOW = {"keys": "by the locator keys kept while reading", "pot": "by the pot's own answer's attention",
-       "bm25": "by keyword ranking (BM25)", "mix": "by the locator keys and keyword ranking together"}
+       "bm25": "by keyword ranking, BM25", "mix": "by the locator keys and keyword ranking together"}
 
 # blocks given mass: twice the passages a focused read takes, so a block that falls in a heading or past the
 # inputs' text (the ranking skips those) leaves others to take its place
