@@ -183,7 +183,7 @@ def run(plan: Plan, questions: list[Question], done: list[dict] = (), on_case: C
                     todo = [a for a in joined.asks if (not plan.only or a.id in plan.only)
                             and (not plan.kinds or a.kind in plan.kinds)
                             and (name, spec, n, plan.seed, a.id, plan.per_question, _before(plan, spec),
-                                 _focus(plan, spec)) not in have]
+                                 _focus(plan, spec), _locator(plan, spec)) not in have]
                     if not todo:
                         continue
                     say(f"{spec} {n:,}: input {joined.index + 1}/{len(inputs[n])}, {len(todo)} questions")
@@ -231,6 +231,11 @@ def _focus(plan: Plan, spec: str) -> bool:
     return plan.focus and (plan.per_question or plan.locator is not None) and spec != CLOSED
 
 
+def _locator(plan: Plan, spec: str) -> str | None:
+    """The locator this spec's cases are answered through (case_key's last field), or None."""
+    return plan.locator if _focus(plan, spec) and not plan.per_question else None
+
+
 def _asking(plan: Plan, spec: str) -> Asking:
     """How this spec's cases are asked, for the default pot: question first with `--per-question` (as `kvpot ask`
     reads; focused as it reads files), else after reading (as `kvpot chat`)."""
@@ -255,7 +260,8 @@ def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | N
     chosen = spec != DEFAULT
     cli = {"threads": plan.threads, "max_tokens": MAX_TOKENS, "policy": spec if chosen else None,
            "question_before": "on" if _before(plan, spec) else "off",
-           "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
+           "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None,
+           "locator": plan.locator}  # the reading keeps the keys where the locator scores them
     settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
     # a focused case sizes the default pot as `kvpot ask` does on files (kvpot.session.beyond_window)
     settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
@@ -271,8 +277,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
             "per_question": plan.per_question, "question_before": _before(plan, spec), "frame": frame}
     if _focus(plan, spec):
         base["focus"] = True
-        if plan.locator is not None:
-            base["locator"] = plan.locator
+    if _locator(plan, spec) is not None:
+        base["locator"] = plan.locator
     closed = spec == CLOSED
     if closed:  # the same questions and frame, no input: one tiny read per input (a few tokens)
         path = path.with_name("no-document.txt")
