@@ -238,10 +238,10 @@ def ask(
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        # a read that knew the question locates by its own answer's attention (the pot kept what the question
-        # needs: 8 of 9 at 48K, docs/benchmarks.md) unless --locator says otherwise; a reopened context, read
-        # before the question, by its locator
-        how = locator if locator is not None or context is not None else "pot"
+        # ask locates by its pot's own answer's attention (on files read with the question first, the pot kept what
+        # the question needs: 8 of 9 at 48K, docs/benchmarks.md; a reopened context answers as the reading that
+        # saved it did) unless --locator says otherwise; chat locates by the session's locator
+        how = locator if locator is not None else "pot"
         found = find_passages(session, question, locator=how) if focus else None
         if found is None:
             said = answer_with_sources(session, question, sampler, stop_at, json_out, sources,

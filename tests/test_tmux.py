@@ -74,7 +74,7 @@ def test_chat_in_a_real_terminal_then_reopen(tmp_path, smollm2_path, tmux_socket
     # the pane must not depend on it
     subprocess.run(["tmux", "-S", str(tmux_socket), "-f", "/dev/null", "new-session", "-d", "-s", "earlier", "sleep 600"],
                    check=True, env={**os.environ, "KVPOT_HOME": str(tmp_path / "another-home")})
-    cmd = " ".join(shlex.quote(c) for c in [*KVPOT, "chat", str(doc), *ARGS])
+    cmd = " ".join(shlex.quote(c) for c in [*KVPOT, "chat", str(doc), *ARGS, "--locator", "pot"])
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "50",
           f"{_env_prefix()} KVPOT_SAVE_LOGITS={shlex.quote(str(d1))} {cmd}; sleep 600")
     try:

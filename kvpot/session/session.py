@@ -322,9 +322,9 @@ class Session:
             self._suspended = None
 
     def add_exchange(self, question: str, answer: str) -> None:
-        """Put a question and an answer given elsewhere (chat's focused read answered it) into this session's
-        conversation as if it had answered: the turn's tokens and the answer's are decoded after the pot, so a
-        follow-up reads them (the locator's queries too) and a saved context keeps them."""
+        """Put a question and its answer into the conversation as if the session itself had given it (chat's
+        focused read gives it): the turn's tokens and the answer's are decoded after the pot, so a follow-up reads
+        them (the locator's queries too) and a saved context keeps them."""
         if not question.strip():
             raise KvpotError("the question is empty")
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
