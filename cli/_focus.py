@@ -57,7 +57,7 @@ def find_passages(session: Session, question: str, extra_tokens: int = 0, locato
     try:
         with Interrupts() as stop, err.status(f"finding the passages the question needs ({HOW[name]})"):
             located = locate_with(name, session, question, stop=lambda: stop.hit)
-    except KvpotError as e:  # no passage found (no word of the question in the input, for bm25): the pot answers
+    except KvpotError as e:  # no passage found, or a question about the whole input (locating.route): the pot answers
         err.print(f"[yellow]the answer comes from the pot:[/yellow] {escape(printable(str(e)))}", soft_wrap=True)
         return None
     if located.stopped:

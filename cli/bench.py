@@ -352,6 +352,23 @@ def locate(
                 json_out)
 
 
+@app.command(cls=aliased({}))
+@user_errors
+def route(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="MODEL", help="the model whose tokenizer sizes the inputs"),
+    length: list[int] = typer.Option([32768, 65536, 131072], "--length", min=512, help="tokens of each joined input; repeatable"),
+    seed: int = typer.Option(0, "--seed", help="draws the inputs, as bench qa's --seed"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written", help="write every question's routing here"),
+) -> None:
+    """Which questions the bm25 and mix locators send to the pot (about the whole input) rather than to a focused read."""
+    from kvpot.bench.route import lines, run
+
+    facts, _ = resolve_model(model)
+    _outputs_checked({facts.path: "the model"}, json_out)
+    out = run(model, sorted(set(length)), seed, json_out, say=lambda m: err.print(m, markup=False))
+    typer.echo("\n".join(lines(out)))
+
+
 def _say_stopped(e, json_out: Path | None) -> None:
     """Where a stopped `bench qa` is, and how it goes on."""
     if e.saved is not None:

@@ -205,3 +205,32 @@ def test_mix_fuses_the_two_rankings_by_reciprocal_rank(tmp_path, monkeypatch):
     want = {i: 1 / (RRF_K + by_keys[i]) + (1 / (RRF_K + by_words[i]) if i in by_words else 0) for i in range(idx.n)}
     assert [(a, b) for a, b, _ in got] == [tuple(idx.spans[i]) for i in sorted(want, key=lambda i: (-want[i], i))]
     assert [f for *_, f in got] == pytest.approx(sorted(want.values(), reverse=True))
+
+
+def test_a_question_that_singles_out_no_passage_goes_to_the_pot(tmp_path):
+    """locating.route: the peak is the best passage's score over the mean of the others holding a question word (from
+    the BM25 scores computed here); a question whose words every passage holds alike goes to the pot, one naming
+    the rare passage's words to a focused read, and mix keeps the keys where no word is held."""
+    from kvpot.session.locating import PotAnswers, locate_with, route
+
+    path = tmp_path / "log.txt"
+    path.write_text(corpus())
+    s = reading(path)
+    s.settings = SimpleNamespace(locator="bm25")
+    idx = index_for(s)
+    text = path.read_text()
+    docs = [words(text[a:b]) for a, b in cut(text)]
+    for question in ("Which glibc version fixed bug 998877 on the build server?", "What ran on the server?"):
+        ref = reference_bm25(docs, words(question))
+        held = np.sort(ref[ref > 0])[::-1]
+        assert idx.peak(question) == pytest.approx(held[0] / held[1:].mean(), rel=1e-4)
+    assert idx.peak("Which glibc version?") == float("inf")  # one passage alone holds the words: singled out
+    specific, vague = idx.peak("Which glibc version fixed bug 998877 on the build server?"), idx.peak("What ran on the server?")
+    assert specific >= lexical.FLAT > vague      # the corpus: every paragraph ran on the server, one names glibc
+    assert route("bm25", s, "Which glibc version fixed bug 998877 on the build server?") is None
+    assert "whole input" in route("bm25", s, "What ran on the server?")
+    assert "whole input" in route("mix", s, "What ran on the server?")
+    assert route("bm25", s, "zebra quokka?") == "no word of the question is in the input"
+    assert route("mix", s, "zebra quokka?") is None and route("keys", s, "What ran on the server?") is None
+    with pytest.raises(PotAnswers, match="whole input"):
+        locate_with("bm25", s, "What ran on the server?")

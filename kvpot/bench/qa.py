@@ -500,9 +500,9 @@ def _located_answers(s, asks, locator: str, base: dict, read: dict, facts, name:
             yield {**base, **_ask_fields(a), **read, **_scored(answer, a, facts_of), "focus_refused": why_not(s),
                    "answer_seconds": round(time.perf_counter() - t0, 2)}
             continue
-        located = locate_with(locator, s, a.question)
-        locate_seconds = time.perf_counter() - t0
-        try:
+        try:  # a question the locator routes to the pot (locating.route) is answered there, as `kvpot chat` does
+            located = locate_with(locator, s, a.question)
+            locate_seconds = time.perf_counter() - t0
             text, focused = focus_for(s, located)
         except KvpotError as e:
             answer = "".join(s.ask(a.question, max_tokens=MAX_TOKENS)).strip()

@@ -30,6 +30,12 @@ LINES = 24             # lines per passage: measured against 12 and 48 (`kvpot b
 CHARS_PER_LINE = 100   # a passage holds at most LINES x this many characters: about the focused read's window
                        # around a passage (kvpot.session.focus.REACH_CHARS each side), so the window holds it
 CACHED = 4             # indexes kept (one per source map: a session's input, or a few in a benchmark)
+# a ranking whose best passage scores under FLAT times the mean of the other passages holding a word of the
+# question singles out no passage: the question is about the whole input ("what is this file about?"), and the
+# pot, which read all of it, answers (kvpot.session.locating.route). Chosen by `kvpot bench route`
+# (docs/bench/locate/route-1.5b.json): at 32K, 64K and 128K it sends 74 % of such questions to the pot and 1.4 %
+# of the question set's, all paraphrases; 1.6 sends 51 % and 0.4 %, and the share falls as inputs grow
+FLAT = 1.8
 
 # a word: a run of letters, digits and underscores (an identifier), joined to the next such run by a dot, a
 # hyphen or a colon ("2.31-13", "os.path", "e-mail"), with a leading "#" kept ("#123456")
@@ -104,13 +110,14 @@ class LexicalIndex:
     _bm25: object
 
     @classmethod
-    def build(cls, text: str, smap: SourceMap, lines: int = LINES) -> LexicalIndex:
+    def build(cls, text: str, smap: SourceMap | None, lines: int = LINES) -> LexicalIndex:
+        """The index of `text`; `smap` None (text never read, `kvpot bench route`) gives the spans in characters."""
         import bm25s
 
         cuts = cut(text, lines)
         chars = np.asarray(cuts, dtype=np.int64).reshape(-1, 2)
-        spans = np.asarray([(position_at(smap, a), position_at(smap, b)) for a, b in cuts], dtype=np.int64)
-        spans = spans.reshape(-1, 2)
+        spans = chars.copy() if smap is None else np.asarray(
+            [(position_at(smap, a), position_at(smap, b)) for a, b in cuts], dtype=np.int64).reshape(-1, 2)
         bm25 = bm25s.BM25()
         # the empty token bm25s adds keeps an empty passage (a run of blank lines) indexable
         bm25.index([words(text[a:b]) for a, b in cuts], show_progress=False)
@@ -127,6 +134,15 @@ class LexicalIndex:
         if not ids or not self.n:
             return np.zeros(self.n)
         return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float64)
+
+    def peak(self, question: str) -> float:
+        """How far the best passage stands out: its score over the mean score of the other passages holding a
+        word of the question (1.0 when they all score alike; inf when it alone holds one; 0.0 when none does)."""
+        s = np.sort(self.scores(question))[::-1]
+        held = s[s > 0]
+        if held.size < 2:
+            return float("inf") if held.size else 0.0
+        return float(held[0] / held[1:].mean())
 
     def ranked(self, question: str) -> list[tuple[int, int, float]]:
         """(first stream position, end, score) of every passage that holds a word of the question, best first

@@ -6,6 +6,13 @@ can take its passages from, by the name `--locator` (RunSettings.locator) gives.
 - pot: the pot answers the question (not shown) and the attention that answer paid to the document locates
   (focus.locate). It sees only what the pot kept, so past the window it locates what survived the reading.
 
+- bm25, mix: the input's passages ranked by the question's words (kvpot.locator.lexical), with the keys' ranking
+  fused in for mix (kvpot.locator.mix).
+
+Before the lexical locators rank, `route` sends a question whose words single out no passage (a question about the
+whole input, "what is this file about?") to the pot, which read all of it: `PotAnswers`, said as any other case
+where the pot answers.
+
 Each returns a `Located`: the attention-like mass per stream position that the focused read ranks into passages
 (kvpot.session.sources.passages_in), so every locator feeds the same windows, numbering and `--sources`.
 """
@@ -15,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.locator.lexical import bm25_mass
+from kvpot.locator.lexical import FLAT, bm25_mass, index_for
 from kvpot.locator.mix import mix_mass
 from kvpot.locator.query import block_scores
 from kvpot.session.focus import PASSAGES, Located, locate
@@ -48,6 +55,25 @@ def block_mass(session, question: str, weights: np.ndarray | None = None) -> dic
     return mass
 
 
+class PotAnswers(KvpotError):
+    """The question is for the pot, not a focused read: raised by `locate_with`, caught where the pot answers."""
+
+
+def route(name: str, session, question: str) -> str | None:
+    """Why the pot answers `question` rather than a focused read, or None. Only the lexical locators route (bm25,
+    mix: by BM25's ranking, `LexicalIndex.peak` under FLAT); the keys' and the pot's rankings have no measured
+    threshold."""
+    if name not in ("bm25", "mix"):
+        return None
+    peak = index_for(session).peak(question)
+    if peak == 0.0:  # mix still has the keys' ranking
+        return "no word of the question is in the input" if name == "bm25" else None
+    if peak < FLAT:
+        return (f"the question's words single out no passage (the best scores {peak:.1f}x the mean of those holding "
+                f"them): it is taken as a question about the whole input")
+    return None
+
+
 def locator_for(session) -> tuple[str, str]:
     """The locator the session's settings name, and a note where it cannot run and another one does: a context
     saved without locator keys (by an older kvpot) locates by the pot."""
@@ -61,6 +87,9 @@ def locate_with(name: str, session, question: str, stop=lambda: False) -> Locate
     """The passages' mass for `question` by the locator `name` (RunSettings.locator's choices)."""
     if name == "pot":
         return locate(session, question, stop=stop)
+    why = route(name, session, question)
+    if why is not None:
+        raise PotAnswers(why)
     asked = len(session._tokens(session.format.first_question(question)))
     if name == "keys":
         return Located("", block_mass(session, question), asked, locator="keys")
