@@ -153,7 +153,7 @@ ggml_tensor * kvpot_hook_attn(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_r
     kq_mask = mask_dead_cells(ctx0, res, *g_build.st, kq_mask, ipot);
     // InfLLM's lookup first: the fetched blocks must be in their cells before anything reads the cache
     kvpot_state & st = *g_build.st;
-    kvpot_infllm_attn(st, ctx0, gf, res, g_build.lctx, *g_build.pot, *g_build.ub, q, (int32_t) k->ne[1], ipot, il);
+    kvpot_infllm_attn(st, ctx0, gf, res, g_build.lctx, *g_build.pot, *g_build.ub, q, (int32_t) k->ne[1], ipot, il, kq_scale);
     if (!g_build.rows.empty()) {
         if (st.tap_mode == KVPOT_TAP_QK && !kvpot_heads_capturing(st)) {
             tap_logits(ctx0, gf, res, q, k, kq_scale, ipot);
