@@ -20,6 +20,7 @@ set(KVPOT_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-memory-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-blocks.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kvpot-block-cache.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-lookup.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-distance.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kvpot-api-blocks.cpp
