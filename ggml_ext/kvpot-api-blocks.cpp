@@ -15,6 +15,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -126,8 +127,8 @@ int32_t kvpot_blocks_info_get(kvpot_blocks * bs, kvpot_blocks_info * out) {
         out->n_cached     = (int32_t) s.n_cached();
         out->record_bytes = (int64_t) s.record_bytes();
         out->file_bytes   = (int64_t) s.file_bytes();
-        out->hits         = (int64_t) s.hits;
-        out->misses       = (int64_t) s.misses;
+        out->hits         = (int64_t) s.hits();
+        out->misses       = (int64_t) s.misses();
         out->k_type       = (int32_t) s.shape().k_type;
         out->v_type       = (int32_t) s.shape().v_type;
         return 0;
@@ -151,15 +152,64 @@ int32_t kvpot_blocks_read(kvpot_blocks * bs, int32_t layer, int32_t block, int32
             return blocks_fail("block store is NULL or the layer/block is negative");
         }
         std::string why;
-        const kvpot_block_data * d = bs->store->get((uint32_t) layer, (uint32_t) block, why);
-        if (!d) {
-            return blocks_fail(why);
+        return bs->store->read((uint32_t) layer, (uint32_t) block, pos, repr, k, v, why) ? 0 : blocks_fail(why);
+    });
+}
+
+static_assert(KVPOT_CACHE_FREQ == KVPOT_CACHE_RULE_FREQ && KVPOT_CACHE_LRU == KVPOT_CACHE_RULE_LRU &&
+              KVPOT_CACHE_FIFO == KVPOT_CACHE_RULE_FIFO && KVPOT_CACHE_RANDOM == KVPOT_CACHE_RULE_RANDOM,
+              "kvpot.h's cache rules are kvpot-block-cache.h's");
+
+int32_t kvpot_blocks_cache_set(kvpot_blocks * bs, int32_t rule, float decay, uint32_t seed) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs) {
+            return blocks_fail("block store is NULL");
         }
-        if (pos)  { memcpy(pos,  d->pos.data(),  d->pos.size()*sizeof(int32_t)); }
-        if (repr) { memcpy(repr, d->repr.data(), d->repr.size()*sizeof(float)); }
-        if (k)    { memcpy(k,    d->k.data(),    d->k.size()*sizeof(float)); }
-        if (v)    { memcpy(v,    d->v.data(),    d->v.size()*sizeof(float)); }
-        return 0;
+        std::string why;
+        return bs->store->set_cache((kvpot_cache_rule) rule, (double) decay, seed, why) ? 0 : blocks_fail(why);
+    });
+}
+
+int32_t kvpot_blocks_cache_lookup(kvpot_blocks * bs, int32_t layer, const int32_t * blocks, const float * attention, int32_t n) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || layer < 0 || n < 0 || (n > 0 && !blocks)) {
+            return blocks_fail("block store or blocks is NULL, or the layer/count is negative");
+        }
+        kvpot_block_store & store = *bs->store;
+        std::vector<uint32_t> got;
+        std::string why;
+        for (int32_t i = 0; i < n; ++i) {
+            if (blocks[i] < 0 || !store.record((uint32_t) layer, (uint32_t) blocks[i], why)) {
+                why = why.empty() ? "block " + std::to_string(blocks[i]) + " is negative" : why;
+                break;
+            }
+            got.push_back((uint32_t) blocks[i]);
+        }
+        // the blocks read so far are in the cache: the lookup ends for them, the cache back to its size
+        store.settle((uint32_t) layer, got.data(), attention, got.size());
+        return why.empty() ? n : blocks_fail(why);
+    });
+}
+
+int32_t kvpot_blocks_cache_get(kvpot_blocks * bs, int32_t layer, int64_t * hits, int64_t * misses, int32_t * blocks,
+                               float * scores, int32_t n_out) {
+    return kvpot_guarded([&]() -> int32_t {
+        if (!bs || layer < 0 || n_out < 0 || layer >= (int32_t) bs->store->shape().n_layer) {
+            return blocks_fail("block store is NULL, or the layer is not in the store, or the count is negative");
+        }
+        const kvpot_block_cache & c = bs->store->cache((uint32_t) layer);
+        if (hits)   { *hits = (int64_t) c.hits; }
+        if (misses) { *misses = (int64_t) c.misses; }
+        std::vector<std::pair<uint32_t, double>> held;
+        for (const auto & e : c.entries()) {
+            held.emplace_back(e.block, e.score);
+        }
+        std::sort(held.begin(), held.end());
+        for (size_t i = 0; i < held.size() && i < (size_t) n_out; ++i) {
+            if (blocks) { blocks[i] = (int32_t) held[i].first; }
+            if (scores) { scores[i] = (float) held[i].second; }
+        }
+        return (int32_t) held.size();
     });
 }
 

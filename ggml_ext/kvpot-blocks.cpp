@@ -1,4 +1,4 @@
-// InfLLM block store: file layout, append, LRU reads, representative scoring (see kvpot-blocks.h)
+// InfLLM block store: file layout, append, reads through the per-layer caches, representative scoring (see kvpot-blocks.h)
 #include "kvpot-blocks.h"
 
 #include "ggml.h"
@@ -118,7 +118,7 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
     auto * s = new kvpot_block_store();
     std::unique_ptr<kvpot_block_store> guard(s);
     s->path = path;
-    s->cap  = max_cached;
+    s->cfg.size = max_cached;
     if (max_cached < 1) {
         why = "max_cached_block must be at least 1";
         return nullptr;
@@ -232,6 +232,7 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
     }
     s->rec = record_bytes_of(s->shp);
     s->scratch.resize(s->rec);
+    s->caches.resize(s->shp.n_layer);
     guard.release();
     return s;
 }
@@ -283,53 +284,112 @@ int64_t kvpot_block_store::append(const int32_t * pos, const float * repr, const
     return (int64_t) nblk - 1;
 }
 
-const kvpot_block_data * kvpot_block_store::get(uint32_t layer, uint32_t block, std::string & why) {
+size_t kvpot_block_store::n_cached() const {
+    size_t n = 0;
+    for (const auto & c : caches) {
+        n += c.entries().size();
+    }
+    return n;
+}
+
+uint64_t kvpot_block_store::hits() const {
+    uint64_t n = 0;
+    for (const auto & c : caches) {
+        n += c.hits;
+    }
+    return n;
+}
+
+uint64_t kvpot_block_store::misses() const {
+    uint64_t n = 0;
+    for (const auto & c : caches) {
+        n += c.misses;
+    }
+    return n;
+}
+
+bool kvpot_block_store::set_cache(kvpot_cache_rule rule, double decay, uint64_t seed, std::string & why) {
+    if (rule < KVPOT_CACHE_RULE_FREQ || rule > KVPOT_CACHE_RULE_RANDOM) {
+        why = "cache rule " + std::to_string((int) rule) + " is not freq (0), lru (1), fifo (2) or random (3)";
+        return false;
+    }
+    if (!(decay >= 0.0 && decay <= 1.0)) { // NaN too
+        why = "cache decay " + std::to_string(decay) + " is not within 0..1";
+        return false;
+    }
+    cfg.rule  = rule;
+    cfg.decay = decay;
+    rng.seed(seed);
+    for (auto & c : caches) {
+        c.clear();
+    }
+    return true;
+}
+
+bool kvpot_block_store::check_block(uint32_t layer, uint32_t block, std::string & why) const {
     if (layer >= shp.n_layer || block >= nblk) {
         why = "block " + std::to_string(block) + " of layer " + std::to_string(layer) + " is not in the store ("
             + std::to_string(nblk) + " blocks, " + std::to_string(shp.n_layer) + " layers)";
-        return nullptr;
+        return false;
     }
-    const uint64_t key = ((uint64_t) layer << 32) | block;
-    if (auto it = lru.find(key); it != lru.end()) {
-        order.splice(order.begin(), order, it->second.it);
-        hits++;
-        return &it->second.data;
-    }
-    misses++;
-    const uint32_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
-    kvpot_block_data d;
-    if (lru.size() >= cap) { // reuse the least recently used entry's buffers
-        const uint64_t old = order.back();
-        order.pop_back();
-        d = std::move(lru.at(old).data);
-        lru.erase(old);
-    }
-    d.pos.resize(bs);
-    d.repr.resize((size_t) H*dk);
-    d.k.resize((size_t) H*bs*dk);
-    d.v.resize((size_t) H*bs*dv);
-    // one pread of the record into the scratch buffer: the page cache keeps the file, and nothing of it
-    // is mapped into this process (RSS stays at the LRU cache plus one record, and a file cut short by
-    // another process is a read error here, not a SIGBUS on a mapped page)
-    if (!read_all(fd, scratch.data(), rec, offset(layer, block))) {
+    return true;
+}
+
+// one pread of the record: the page cache keeps the file, and nothing of it is mapped into this process
+// (RSS stays at the caches plus a record, and a file cut short by another process is a read error here,
+// not a SIGBUS on a mapped page)
+bool kvpot_block_store::read_record(uint32_t layer, uint32_t block, uint8_t * dst, std::string & why) const {
+    if (!read_all(fd, dst, rec, offset(layer, block))) {
         why = errno_text("cannot read block " + std::to_string(block) + " of block store " + path);
+        return false;
+    }
+    return true;
+}
+
+const uint8_t * kvpot_block_store::record(uint32_t layer, uint32_t block, std::string & why) {
+    if (!check_block(layer, block, why)) {
         return nullptr;
     }
-    const uint8_t * p = scratch.data();
-    memcpy(d.pos.data(), p, 4ull*bs);
-    p += 4ull*bs;
-    memcpy(d.repr.data(), p, 4ull*H*dk);
-    p += 4ull*H*dk;
+    return caches[layer].get(block, rec, [&](uint8_t * dst) { return read_record(layer, block, dst, why); });
+}
+
+void kvpot_block_store::settle(uint32_t layer, const uint32_t * blocks, const float * attention, size_t n) {
+    if (layer < shp.n_layer) {
+        caches[layer].settle(blocks, attention, n, cfg, rng);
+    }
+}
+
+bool kvpot_block_store::read(uint32_t layer, uint32_t block, int32_t * pos, float * repr, float * k, float * v,
+                             std::string & why) {
+    if (!check_block(layer, block, why) || !read_record(layer, block, scratch.data(), why)) {
+        return false;
+    }
+    const size_t bs = shp.block_size;
+    decode(scratch.data(), pos, repr, k, bs*shp.d_k, v, bs*shp.d_v);
+    return true;
+}
+
+void kvpot_block_store::decode(const uint8_t * p, int32_t * pos, float * repr, float * k, size_t k_head_stride, float * v,
+                               size_t v_head_stride) const {
+    const size_t H = shp.n_head_kv, bs = shp.block_size, dk = shp.d_k, dv = shp.d_v;
     const auto tk = (ggml_type) shp.k_type, tv = (ggml_type) shp.v_type;
-    // rows are contiguous: one conversion each for K and V
-    ggml_get_type_traits(tk)->to_float(p, d.k.data(), (int64_t) H*bs*dk);
-    p += (size_t) H*bs*ggml_row_size(tk, dk);
-    ggml_get_type_traits(tv)->to_float(p, d.v.data(), (int64_t) H*bs*dv);
-    order.push_front(key);
-    auto & e = lru[key];
-    e.data = std::move(d);
-    e.it = order.begin();
-    return &e.data;
+    if (pos) {
+        memcpy(pos, p, 4*bs);
+    }
+    p += 4*bs;
+    if (repr) {
+        memcpy(repr, p, 4*H*dk);
+    }
+    p += 4*H*dk;
+    // a head's rows are contiguous: one conversion per head for K and for V
+    const size_t k_head = bs*ggml_row_size(tk, dk), v_head = bs*ggml_row_size(tv, dv);
+    for (size_t h = 0; h < H && k; ++h) {
+        ggml_get_type_traits(tk)->to_float(p + h*k_head, k + h*k_head_stride, (int64_t) (bs*dk));
+    }
+    p += H*k_head;
+    for (size_t h = 0; h < H && v; ++h) {
+        ggml_get_type_traits(tv)->to_float(p + h*v_head, v + h*v_head_stride, (int64_t) (bs*dv));
+    }
 }
 
 bool kvpot_block_store::topk(uint32_t layer, const float * q, uint32_t k, int32_t * out, float * scores,
@@ -391,13 +451,8 @@ bool kvpot_block_store::limit(uint32_t n, std::string & why) {
         return false;
     }
     nblk = n;
-    for (auto it = lru.begin(); it != lru.end();) {
-        if ((uint32_t) (it->first & 0xffffffffu) >= n) {
-            order.erase(it->second.it);
-            it = lru.erase(it);
-        } else {
-            ++it;
-        }
+    for (auto & c : caches) {
+        c.drop_from(n);
     }
     return true;
 }

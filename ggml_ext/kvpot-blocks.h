@@ -1,17 +1,18 @@
 // InfLLM's block memory: evicted K/V in blocks of block_size tokens with one representative key per
-// KV head, kept in a file (docs/formats.md, "InfLLM block store") with a bounded in-RAM LRU cache of
-// decoded blocks. K and V are stored as f16, q8_0 or q4_0 each (ggml's row formats: the store is the
+// KV head, kept in a file (docs/formats.md, "InfLLM block store") that lookups read through a cache per
+// layer (kvpot-block-cache.h: the paper's frequency score, or LRU, FIFO, random). K and V are stored as f16, q8_0 or q4_0 each (ggml's row formats: the store is the
 // largest thing kvpot writes, ~28 KB per token on a 28-layer model in f16; keys and values may differ,
 // as keys with a few large channels need a finer format than values); representatives stay f32.
 // Plain C++, ggml's row conversions and POSIX, no llama.cpp types: kvpot-api-blocks.cpp wraps it.
 #pragma once
 
+#include "kvpot-block-cache.h"
+
 #include <cstddef>
 #include <cstdint>
-#include <list>
 #include <memory>
+#include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 struct kvpot_blocks_shape {
@@ -22,14 +23,6 @@ struct kvpot_blocks_shape {
     uint32_t block_size = 0; // tokens per block
     uint32_t k_type     = 1; // ggml_type of stored K rows: GGML_TYPE_F16 (1), Q8_0 (8) or Q4_0 (2)
     uint32_t v_type     = 1; // ggml_type of stored V rows, the same three
-};
-
-// one block of one layer, decoded to f32
-struct kvpot_block_data {
-    std::vector<int32_t> pos;  // [block_size] stream position of each token
-    std::vector<float>   repr; // [n_head_kv][d_k]
-    std::vector<float>   k;    // [n_head_kv][block_size][d_k]
-    std::vector<float>   v;    // [n_head_kv][block_size][d_v]
 };
 
 class kvpot_block_store {
@@ -50,24 +43,42 @@ public:
     // file's, the row formats included; every size bounded so none overflows) and that the file holds whole blocks, so a
     // truncated or foreign file is refused before any block is read. A store the process may not write
     // (read-only: a saved context references it) opens for reading only.
+    // max_cached: the blocks each layer's cache holds after a lookup
     static kvpot_block_store * open(const std::string & path, kvpot_blocks_shape shape, uint32_t max_cached,
                                     bool create, std::string & why);
 
     const kvpot_blocks_shape & shape() const { return shp; }
     uint32_t n_blocks() const { return nblk; }
-    uint32_t max_cached() const { return cap; }
-    size_t   n_cached() const { return lru.size(); }
+    uint32_t max_cached() const { return cfg.size; }
     uint64_t record_bytes() const { return rec; }
     uint64_t file_bytes() const { return HEADER_BYTES + (uint64_t) nblk*shp.n_layer*rec; }
-    uint64_t hits = 0, misses = 0;
+    // over every layer's cache
+    size_t   n_cached() const;
+    uint64_t hits() const;
+    uint64_t misses() const;
 
     // append one block to every layer (the same tokens leave the local window of every layer):
     // pos [block_size], repr [n_layer][n_head_kv][d_k], k [n_layer][n_head_kv][block_size][d_k],
     // v [n_layer][n_head_kv][block_size][d_v]; returns the block's index, or "" / why in `why`
     int64_t append(const int32_t * pos, const float * repr, const float * k, const float * v, std::string & why);
 
-    // a block of a layer, through the LRU cache (at most max_cached decoded blocks in RAM)
-    const kvpot_block_data * get(uint32_t layer, uint32_t block, std::string & why);
+    // the caches' rule, decay d (0..1) and random seed; empties every layer's cache and its counts
+    bool set_cache(kvpot_cache_rule rule, double decay, uint64_t seed, std::string & why);
+    const kvpot_cache_config & cache_config() const { return cfg; }
+    const kvpot_block_cache & cache(uint32_t layer) const { return caches[layer]; }
+
+    // a lookup of a layer's blocks: record() each block through the layer's cache, decode it, then settle()
+    // with the attention each received (the cache's frequency score). A record stays valid until settle
+    const uint8_t * record(uint32_t layer, uint32_t block, std::string & why);
+    void settle(uint32_t layer, const uint32_t * blocks, const float * attention, size_t n);
+
+    // a block of a layer read from the file, past the caches (reads outside a lookup leave them as they are)
+    bool read(uint32_t layer, uint32_t block, int32_t * pos, float * repr, float * k, float * v, std::string & why);
+
+    // a record's fields in f32; any output may be NULL. Head h's keys go to k + h * k_head_stride (floats),
+    // its values to v + h * v_head_stride, so a lookup decodes blocks straight into its cells' layout
+    void decode(const uint8_t * record, int32_t * pos, float * repr, float * k, size_t k_head_stride, float * v,
+                size_t v_head_stride) const;
 
     // relevance of every block of a layer to the query q [n_head_kv][d_k] (query heads of a KV group
     // summed): sum over heads of q_h . repr_h; the top k block indices, best first (ties: lower index)
@@ -86,17 +97,18 @@ private:
         return HEADER_BYTES + ((uint64_t) block*shp.n_layer + layer)*rec;
     }
 
+    bool check_block(uint32_t layer, uint32_t block, std::string & why) const;
+    bool read_record(uint32_t layer, uint32_t block, uint8_t * dst, std::string & why) const;
+
     std::string        path;
     int                fd   = -1;
     kvpot_blocks_shape shp;
     uint64_t           rec  = 0;
     uint32_t           nblk = 0;
-    uint32_t           cap  = 0;
     bool               writable = true;
-    std::vector<uint8_t> scratch; // one record, read with pread (the store is never mapped)
+    std::vector<uint8_t> scratch; // one record for read(), with pread (the store is never mapped)
 
-    // LRU of decoded blocks, key = layer * 2^32 + block
-    std::list<uint64_t> order; // most recent first
-    struct entry { kvpot_block_data data; std::list<uint64_t>::iterator it; };
-    std::unordered_map<uint64_t, entry> lru;
+    kvpot_cache_config             cfg;
+    std::vector<kvpot_block_cache> caches; // [n_layer]
+    std::mt19937_64                rng;    // the random rule's
 };

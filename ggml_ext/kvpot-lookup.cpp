@@ -1,6 +1,6 @@
 // InfLLM's lookup inside the layer (kvpot-lookup.h). Graph piece per pot layer:
 //
-//   qsum [1, d_k, H] --CUSTOM (CPU: score every block, top n_fetch, read them through the LRU cache)-->
+//   qsum [1, d_k, H] --CUSTOM (CPU: score every block, top n_fetch, read them through the layer's cache)-->
 //   fetched F32 [H*m*d_k + H*m*d_v]:  K [d_k, m, H] at RoPE 0 | V [d_v, m, H]      (m = n_fetch * block_size)
 //   K --ROPE by (angle - 0)--> CPY into cells [cell0, cell0 + m) of the layer's K; V --CPY--> the V cells
 //
@@ -25,6 +25,7 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace {
@@ -53,6 +54,44 @@ ggml_tensor * query_sum(ggml_context * ctx0, llm_graph_result * res, const llama
     return ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, t, 1, 0, 2, 3))); // [1, d, n_head_kv]
 }
 
+// the attention each fetched block receives, for its cache's frequency score (kvpot-block-cache.h). The
+// paper sums attention(q_j, k_i) over the lookup's queries j and the block's tokens i, after the
+// attention; here it is taken before, from what the lookup holds: the ubatch's mean query per KV head
+// (qsum [H][d_k] over n_rows rows and n_group query heads, at RoPE angle n_local: the distance the
+// attention sees the blocks at), times the attention's scale of Q·K, soft-maxed over the n_blocks
+// fetched blocks' tokens (k [H][m][d_k], m cells per head), averaged over the KV heads, times n_rows.
+// So the blocks' shares of one lookup are the paper's but for one factor common to them all: the share
+// of each row's attention the memory takes, which needs every row's whole softmax (the attention's own
+// cost). out [n_blocks]
+void memory_attention(const float * qsum, const float * k, size_t H, size_t m, size_t dk, size_t n_blocks, size_t bs,
+                      int32_t n_rows, int32_t n_group, float kq_scale, float * out) {
+    const size_t n = n_blocks*bs;
+    const double scale = (double) kq_scale / ((double) std::max(n_rows, 1)*std::max(n_group, 1));
+    std::vector<double> w(n);
+    std::fill_n(out, n_blocks, 0.0f);
+    for (size_t h = 0; h < H; ++h) {
+        const float * q = qsum + h*dk;
+        double top = -INFINITY;
+        for (size_t t = 0; t < n; ++t) {
+            const float * kt = k + (h*m + t)*dk;
+            double dot = 0.0;
+            for (size_t i = 0; i < dk; ++i) {
+                dot += (double) q[i]*kt[i];
+            }
+            w[t] = dot*scale;
+            top = std::max(top, w[t]);
+        }
+        double z = 0.0;
+        for (size_t t = 0; t < n; ++t) {
+            w[t] = std::exp(w[t] - top);
+            z += w[t];
+        }
+        for (size_t t = 0; t < n; ++t) {
+            out[t / bs] += (float) (w[t] / z * n_rows / (double) H);
+        }
+    }
+}
+
 // the custom op: runs on one thread (n_tasks 1). A failure leaves zeros in the fetched cells and is
 // reported by kvpot_lookup_take after the decode (a graph op cannot fail the compute)
 void fetch_blocks(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -67,6 +106,7 @@ void fetch_blocks(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const size_t H = shp.n_head_kv, dk = shp.d_k, dv = shp.d_v, bs = shp.block_size;
     const size_t n = (size_t) lk.n_fetch, m = n*bs;
     float * out = (float *) dst->data;
+    const float * q = (const float *) dst->src[0]->data; // [H][d_k], contiguous F32
     std::memset(out, 0, ggml_nbytes(dst));
     ly.chosen.clear();
     ly.pos.assign(m, -1);
@@ -80,26 +120,27 @@ void fetch_blocks(ggml_tensor * dst, int ith, int nth, void * userdata) {
         }
     } else {
         ly.chosen.resize(n);
-        const float * q = (const float *) dst->src[0]->data; // [H][d_k], contiguous F32
         if (store.topk(ly.layer, q, (uint32_t) n, ly.chosen.data(), nullptr, why)) {
             std::sort(ly.chosen.begin(), ly.chosen.end());
         } else {
             ly.chosen.clear();
         }
     }
-    float * ko = out;           // [H][m][d_k]
-    float * vo = out + H*m*dk;  // [H][m][d_v]
+    // each block through the layer's cache, decoded straight into its cells: K [H][m][d_k], V [H][m][d_v]
+    float * ko = out;
+    float * vo = out + H*m*dk;
+    std::vector<uint32_t> got;
     for (size_t j = 0; j < ly.chosen.size() && why.empty(); ++j) {
-        const kvpot_block_data * d = store.get(ly.layer, (uint32_t) ly.chosen[j], why);
-        if (!d) {
+        const uint8_t * rec = store.record(ly.layer, (uint32_t) ly.chosen[j], why);
+        if (!rec) {
             break;
         }
-        for (size_t h = 0; h < H; ++h) {
-            std::memcpy(ko + (h*m + j*bs)*dk, d->k.data() + h*bs*dk, bs*dk*sizeof(float));
-            std::memcpy(vo + (h*m + j*bs)*dv, d->v.data() + h*bs*dv, bs*dv*sizeof(float));
-        }
-        std::memcpy(ly.pos.data() + j*bs, d->pos.data(), bs*sizeof(int32_t));
+        store.decode(rec, ly.pos.data() + j*bs, nullptr, ko + j*bs*dk, m*dk, vo + j*bs*dv, m*dv);
+        got.push_back((uint32_t) ly.chosen[j]);
     }
+    std::vector<float> attention(got.size());
+    memory_attention(q, ko, H, m, dk, got.size(), bs, ly.n_rows, ly.n_group, ly.kq_scale, attention.data());
+    store.settle(ly.layer, got.data(), attention.data(), got.size());
     if (!why.empty() && lk.error.empty()) {
         lk.error = "InfLLM lookup, pot layer " + std::to_string(ly.layer) + ": " + why;
     }
@@ -109,11 +150,14 @@ void fetch_blocks(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_context * lctx,
                         llama_kv_cache & kv, const std::shared_ptr<kvpot_lookup> & lk, ggml_tensor * qsum,
-                        int32_t ipot, int32_t il, llama_pos pos0) {
+                        int32_t ipot, int32_t il, llama_pos pos0, int32_t n_rows, int32_t n_group, float kq_scale) {
     const auto & shp = lk->store->shape();
     const int64_t H = shp.n_head_kv, dk = shp.d_k, dv = shp.d_v;
     const int64_t m = (int64_t) lk->n_fetch*shp.block_size;
     kvpot_lookup_layer & ly = lk->layers[ipot];
+    ly.n_rows   = n_rows;
+    ly.n_group  = n_group;
+    ly.kq_scale = kq_scale;
     // the keys sit n_local before the ubatch that reads them (the paper's "as if at distance n_local")
     lk->angle = std::max<llama_pos>(0, pos0 - lk->n_local);
     lk->built = true;
@@ -133,7 +177,7 @@ void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result 
 
 void kvpot_infllm_attn(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res,
                        const llama_context * lctx, llama_kv_cache & kv, const llama_ubatch & ub, ggml_tensor * q,
-                       int32_t n_head_kv, int32_t ipot, int32_t il) {
+                       int32_t n_head_kv, int32_t ipot, int32_t il, float kq_scale) {
     kvpot_infllm_state * inf = st.find_method<kvpot_infllm_state>();
     if (!inf) {
         return;
@@ -141,7 +185,8 @@ void kvpot_infllm_attn(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, 
     ggml_tensor * qs = nullptr;
     if (inf->lookup && !inf->lookup->hold && ipot < (int32_t) inf->lookup->layers.size()) {
         qs = query_sum(ctx0, res, lctx, kv, ub, q, n_head_kv, inf->lookup->n_local, il);
-        kvpot_lookup_build(ctx0, gf, res, lctx, kv, inf->lookup, qs, ipot, il, ub.pos[0]);
+        kvpot_lookup_build(ctx0, gf, res, lctx, kv, inf->lookup, qs, ipot, il, ub.pos[0], (int32_t) q->ne[2],
+                           (int32_t) (q->ne[1] / n_head_kv), kq_scale);
     }
     if (inf->q_on) {
         // captured for the host-side lookup, or to check the in-graph one (the same tensor at the same angle)

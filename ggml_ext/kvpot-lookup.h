@@ -32,6 +32,10 @@ struct kvpot_lookup_layer {
     std::vector<int32_t> chosen;      // blocks fetched, ascending
     std::vector<int32_t> pos;         // stream positions of their tokens, in cell order
     bool                 fresh = false; // fetched since the last take
+    // of the graph being built, for the attention the fetched blocks receive (the cache's frequency score)
+    int32_t              n_rows   = 0;    // the ubatch's queries
+    int32_t              n_group  = 1;    // query heads per KV head
+    float                kq_scale = 1.0f; // the scale the layer's attention applies to Q·K
 };
 
 struct kvpot_lookup {
@@ -50,9 +54,10 @@ struct kvpot_lookup {
 // in the attention hook of pot layer ipot (model layer il), before the attention: qsum [1, d_k, n_head_kv]
 // (the ubatch's queries rotated to n_local and summed, query heads per KV group) chooses the blocks;
 // their keys, rotated from RoPE 0 to max(0, pos0 - n_local), and values go into the reserved cells
+// n_rows queries of n_group query heads per KV head summed in qsum, kq_scale the attention's scale of Q·K
 void kvpot_lookup_build(ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res, const llama_context * lctx,
                         llama_kv_cache & kv, const std::shared_ptr<kvpot_lookup> & lk, ggml_tensor * qsum,
-                        int32_t ipot, int32_t il, llama_pos pos0);
+                        int32_t ipot, int32_t il, llama_pos pos0, int32_t n_rows, int32_t n_group, float kq_scale);
 
 // a context's InfLLM state. The lookup query (kvpot_query_request): per pot layer, the ubatch queries
 // rotated to position q_angle, summed over rows and over the query heads of each KV group, accumulated
@@ -79,7 +84,7 @@ struct kvpot_infllm_state : kvpot_method_state {
 
 // in the attention hook of pot layer ipot (model layer il), before anything reads the cache: the
 // lookup's fetch into its reserved cells, and the lookup query (kvpot_query_request) as a graph output;
-// q [d, n_head, n_tokens] the layer's queries after RoPE
+// q [d, n_head, n_tokens] the layer's queries after RoPE, kq_scale the attention's scale of Q·K
 void kvpot_infllm_attn(kvpot_state & st, ggml_context * ctx0, ggml_cgraph * gf, llm_graph_result * res,
                        const llama_context * lctx, llama_kv_cache & kv, const llama_ubatch & ub, ggml_tensor * q,
-                       int32_t n_head_kv, int32_t ipot, int32_t il);
+                       int32_t n_head_kv, int32_t ipot, int32_t il, float kq_scale);

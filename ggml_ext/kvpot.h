@@ -243,8 +243,9 @@ KVPOT_API int64_t kvpot_memory_state_set(struct llama_context * ctx, const uint8
 
 //
 // InfLLM (issue 15): block memory. Evicted K/V in blocks of block_size tokens with one representative
-// key per KV head, in a file (docs/formats.md) read through a bounded LRU cache; cells read out of the
-// pot and inserted into it at one RoPE angle; the lookup query of each pot layer, captured in the graph.
+// key per KV head, in a file (docs/formats.md) that lookups read through a cache per layer (the paper's
+// appendix D); cells read out of the pot and inserted into it at one RoPE angle; the lookup query of each
+// pot layer, captured in the graph.
 //
 
 struct kvpot_blocks; // an open block store
@@ -256,12 +257,12 @@ struct kvpot_blocks_info {
     int32_t d_v;
     int32_t block_size;   // tokens per block
     int32_t n_blocks;     // blocks per layer
-    int32_t max_cached;   // decoded blocks the LRU cache may hold
-    int32_t n_cached;     // decoded blocks it holds now
+    int32_t max_cached;   // blocks each layer's cache holds after a lookup
+    int32_t n_cached;     // blocks the caches of all layers hold now
     int64_t record_bytes; // bytes of one block of one layer in the file
     int64_t file_bytes;
-    int64_t hits;         // LRU reads served from RAM
-    int64_t misses;       // LRU reads from the file
+    int64_t hits;         // lookups' block reads served from a cache, all layers
+    int64_t misses;       // lookups' block reads from the file, all layers
     int32_t k_type;       // ggml_type of the stored K rows: GGML_TYPE_F16, GGML_TYPE_Q8_0 or GGML_TYPE_Q4_0
     int32_t v_type;       // ggml_type of the stored V rows, the same three
 };
@@ -282,8 +283,8 @@ KVPOT_API int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_b
 KVPOT_API int32_t kvpot_blocks_append(struct kvpot_blocks * bs, const int32_t * pos, const float * repr,
                                       const float * k, const float * v);
 
-// one block of one layer through the LRU cache; pos [block_size], repr [n_head_kv][d_k],
-// k [n_head_kv][block_size][d_k], v [n_head_kv][block_size][d_v]; any output may be NULL
+// one block of one layer from the file (past the caches: they see lookups only); pos [block_size],
+// repr [n_head_kv][d_k], k [n_head_kv][block_size][d_k], v [n_head_kv][block_size][d_v]; any output may be NULL
 KVPOT_API int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int32_t block, int32_t * pos, float * repr,
                                     float * k, float * v);
 
@@ -292,6 +293,29 @@ KVPOT_API int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int
 // representatives are read from the file in parts, so the store may be larger than RAM. Returns k.
 KVPOT_API int32_t kvpot_blocks_topk(struct kvpot_blocks * bs, int32_t layer, const float * q, int32_t k,
                                     int32_t * out, float * scores);
+
+// the eviction rule of the per-layer block caches (kvpot_blocks_cache_set)
+#define KVPOT_CACHE_FREQ   0 // the paper's: the lowest frequency score s_b <- s_b * decay + attention received
+#define KVPOT_CACHE_LRU    1 // the least recently used
+#define KVPOT_CACHE_FIFO   2 // the first loaded
+#define KVPOT_CACHE_RANDOM 3 // one at random (seeded)
+
+// the rule of every layer's cache, the score's decay d (0..1, the paper's 0.1; only KVPOT_CACHE_FREQ reads
+// it) and the random rule's seed; empties the caches and zeroes their counts. A store opens with
+// KVPOT_CACHE_FREQ, decay 0.1, seed 0; each layer's cache holds max_cached blocks after a lookup.
+KVPOT_API int32_t kvpot_blocks_cache_set(struct kvpot_blocks * bs, int32_t rule, float decay, uint32_t seed);
+
+// one lookup of a layer's cache, as the in-graph lookup makes it once it chose its blocks: blocks [n] read
+// through the cache (a hit or a miss each), then every cached block's score decays (s_b * decay) and
+// blocks[i]'s gains attention[i] (NULL: none), then blocks leave by the rule until max_cached remain.
+// Returns n.
+KVPOT_API int32_t kvpot_blocks_cache_lookup(struct kvpot_blocks * bs, int32_t layer, const int32_t * blocks,
+                                            const float * attention, int32_t n);
+
+// a layer's cache: its hits and misses since the rule was set, and up to n_out of the blocks it holds with
+// their scores s_b, ascending by block (any output may be NULL). Returns how many blocks it holds.
+KVPOT_API int32_t kvpot_blocks_cache_get(struct kvpot_blocks * bs, int32_t layer, int64_t * hits, int64_t * misses,
+                                         int32_t * blocks, float * scores, int32_t n_out);
 
 // show only the first n_blocks blocks (a reopened context's); the file is never cut, and appending is refused
 // while it holds more
