@@ -204,6 +204,8 @@ class Policy:
       reset()                    -> forget the document
     Any time:
       disk_bytes()               -> bytes the policy keeps on disk beside the pot (InfLLM's block store)
+      cache_stats()              -> a dict of what the policy's own caches did (InfLLM's per-layer block
+                                    caches: rule, size, hits and misses per layer), or None
       keep_on_disk()             -> a saved context file now references that data: never delete it
     """
 
@@ -263,6 +265,9 @@ class Policy:
 
     def disk_bytes(self) -> int:
         return 0
+
+    def cache_stats(self) -> dict | None:
+        return None
 
     def keep_on_disk(self) -> None:
         pass
