@@ -302,6 +302,7 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
                "tok_s": eng.tokens_seen / read.seconds, "peak_rss_mb": read.peak_rss_mb,
                "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
                "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
+               "block_cache": eng.policy.cache_stats(),
                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
                "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus,
                **_end_of_read(memory_status())}
