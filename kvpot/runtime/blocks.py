@@ -1,5 +1,6 @@
 """InfLLM's block store (ggml_ext/kvpot-blocks.*): evicted K/V in blocks with representative keys, in a
-file read through a bounded LRU cache. The format is in docs/formats.md ("InfLLM block store")."""
+file that lookups read through a bounded cache per layer (ggml_ext/kvpot-block-cache.h). The format is
+in docs/formats.md ("InfLLM block store")."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class BlockStoreError(KvpotError):
 
 # the K/V row formats a store may hold, by name, as ggml_type numbers (ggml.h's enum)
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+# the eviction rules of the per-layer caches (kvpot.h KVPOT_CACHE_*): the paper's frequency score, and
+# the rules its Figure 4 compares it with
+CACHE_RULES = {"freq": 0, "lru": 1, "fifo": 2, "random": 3}
 # a row format's bytes per value: ggml's blocks of 32 values, q8_0 34 bytes and q4_0 18
 BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
@@ -58,6 +62,17 @@ class BlockStoreInfo:
     hits: int
     misses: int
     kv_type: str  # the store format: one row format for K and V ("q8_0"), or keys/values ("q8_0/q4_0")
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One layer's block cache: its counts since the rule was set, the blocks it holds (ascending) and their
+    frequency scores s_b."""
+
+    hits: int
+    misses: int
+    blocks: np.ndarray
+    scores: np.ndarray
 
 
 def _f32(a: np.ndarray):
@@ -133,7 +148,8 @@ class BlockStore(Owned):
             self.ptr, pos.ctypes.data_as(api.c_i32_p), _f32(repr_), _f32(k), _f32(v)))
 
     def read(self, layer: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(pos [bs], repr [H, d_k], k [H, bs, d_k], v [H, bs, d_v]) of one block of one layer."""
+        """(pos [bs], repr [H, d_k], k [H, bs, d_k], v [H, bs, d_v]) of one block of one layer, from the file
+        (the per-layer caches serve lookups only)."""
         L, H, dk, dv, bs = self.shape
         pos = np.zeros(bs, dtype=np.int32)
         repr_ = np.zeros((H, dk), dtype=np.float32)
@@ -154,6 +170,38 @@ class BlockStore(Owned):
         self._check("kvpot_blocks_topk", self.lib.kvpot_blocks_topk(
             self.ptr, layer, _f32(q), k, out.ctypes.data_as(api.c_i32_p), _f32(scores)))
         return out, scores
+
+    @property
+    def layer_caches(self) -> bool:
+        """Whether the runtime keeps a cache per layer (kvpot_blocks_cache_*; one built before them does not)."""
+        return hasattr(self.lib, "kvpot_blocks_cache_get")
+
+    def set_cache(self, rule: str, decay: float = 0.1, seed: int = 0) -> None:
+        """Every layer's cache evicts by `rule` (CACHE_RULES), the frequency score decaying by `decay` at
+        each lookup; `seed` seeds the random rule. Empties the caches and their counts."""
+        if rule not in CACHE_RULES:
+            raise BlockStoreError(f"cache rule {rule!r} is not one of {', '.join(CACHE_RULES)}")
+        self._check("kvpot_blocks_cache_set", self.lib.kvpot_blocks_cache_set(self.ptr, CACHE_RULES[rule], decay, seed))
+
+    def cache_lookup(self, layer: int, blocks, attention=None) -> None:
+        """One lookup of a layer's cache as the in-graph lookup makes it: `blocks` read through the cache,
+        every score decayed and block i's raised by attention[i], then the cache cut back to its size."""
+        blocks = np.ascontiguousarray(blocks, dtype=np.int32)
+        att = None if attention is None else np.ascontiguousarray(attention, dtype=np.float32)
+        if att is not None and att.shape != blocks.shape:
+            raise BlockStoreError(f"attention has shape {att.shape}, the blocks {blocks.shape}")
+        self._check("kvpot_blocks_cache_lookup", self.lib.kvpot_blocks_cache_lookup(
+            self.ptr, layer, blocks.ctypes.data_as(api.c_i32_p), None if att is None else _f32(att), blocks.size))
+
+    def cache(self, layer: int) -> LayerCache:
+        """A layer's cache: hits, misses, the blocks it holds and their scores."""
+        hits, misses = ctypes.c_int64(), ctypes.c_int64()
+        n = self._check("kvpot_blocks_cache_get", self.lib.kvpot_blocks_cache_get(
+            self.ptr, layer, ctypes.byref(hits), ctypes.byref(misses), None, None, 0))
+        blocks, scores = np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.float32)
+        self._check("kvpot_blocks_cache_get", self.lib.kvpot_blocks_cache_get(
+            self.ptr, layer, None, None, blocks.ctypes.data_as(api.c_i32_p), _f32(scores), n))
+        return LayerCache(hits=hits.value, misses=misses.value, blocks=blocks, scores=scores)
 
     def limit(self, n_blocks: int) -> None:
         """Show only the first n_blocks blocks (a reopened context's); the file is never cut, and the
