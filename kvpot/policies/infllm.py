@@ -131,7 +131,7 @@ class InfLLM(Policy):
     Attention sees n_init initial tokens, the topk blocks of the context memory most relevant to the
     current chunk, and the n_local most recent tokens. Tokens leaving the local window become
     blocks of block_size tokens, written to a block store on disk (docs/formats.md) and read back
-    through an LRU cache of max_cached_block blocks, so RAM does not grow with the input.
+    through a cache of max_cached_block blocks per layer (appendix D), so RAM does not grow with the input.
 
     block_size:       l_bs, tokens per memory unit (block)
     n_init:           initial tokens, always attended
@@ -139,7 +139,14 @@ class InfLLM(Policy):
                       Blocks leave whole, so the window holds n_local - block_size + 1 .. n_local tokens
     topk:             k_m, memory units retrieved per chunk
     repr_topk:        r_k, representative tokens per block (default 4, the public code's)
-    max_cached_block: decoded blocks the in-RAM LRU cache holds (default 2 * topk, the paper's appendix)
+    max_cached_block: blocks each layer's in-RAM cache holds after a lookup, as stored (default 2 * topk,
+                      the paper's appendix D: twice the blocks a lookup loads)
+    cache:            how a full cache picks the block that leaves (ggml_ext/kvpot-block-cache.h):
+                      "freq" (default, the paper's appendix D): the lowest frequency score, which after
+                      every lookup of the layer decays by cache_decay and gains the attention the block
+                      received; "lru", "fifo", "random" (seeded): the rules its Figure 4 compares
+                      with. The rule changes which reads hit the cache, never what a lookup fetches
+    cache_decay:      d, the frequency score's decay per lookup (default 0.1, the paper's)
     exc_block_size:   l_X, the chunk of queries one lookup serves; kvpot reads in chunks of this size
     store:            block store file, which must not exist yet (default: a new file under KVPOT_HOME/blocks/)
     store_type:       the row format of the stored K and V: "f16" (2 bytes a value, as llama.cpp's own
@@ -199,6 +206,8 @@ class InfLLM(Policy):
     store_type: str | None = None
     lookup: str = "graph"
     distance: str = "constant"
+    cache: str = "freq"
+    cache_decay: float = 0.1
 
     _fit: dict | None = field(default=None, init=False, repr=False, compare=False)
     _local_start: int = field(default=-1, init=False, repr=False, compare=False)   # stream pos of the oldest local token
@@ -243,6 +252,12 @@ class InfLLM(Policy):
             except BlockStoreError:
                 raise KvpotError(f"infllm: store_type must be one of {', '.join(STORE_TYPES)}, or keys/values as "
                                  f"q8_0/q4_0, got {self.store_type!r}") from None
+        from kvpot.runtime.blocks import CACHE_RULES
+
+        if self.cache not in CACHE_RULES:
+            raise KvpotError(f"infllm: cache must be one of {', '.join(CACHE_RULES)}, got {self.cache!r}")
+        if not 0.0 <= self.cache_decay <= 1.0:
+            raise KvpotError(f"infllm: cache_decay must be within 0..1, got {self.cache_decay}")
         if self.lookup not in ("graph", "host"):
             raise KvpotError(f"infllm: lookup must be graph or host, got {self.lookup!r}")
         if self.repr_topk < 1:
@@ -481,9 +496,9 @@ class InfLLM(Policy):
             if self._made is not None and os.path.exists(path):
                 os.unlink(path)  # this policy's own file for an earlier document (_check_store_target)
         # create=True makes the file with O_EXCL: an existing file is refused, never replaced
-        self._blocks = BlockStore(path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v,
-                                  block_size=self._p("block_size"), kv_type=self.kv_type_for(d_k, d_v),
-                                  max_cached=self._p("max_cached_block"), create=True)
+        self._blocks = self._with_cache(BlockStore(
+            path, n_layer=n_layer, n_head_kv=n_head_kv, d_k=d_k, d_v=d_v, block_size=self._p("block_size"),
+            kv_type=self.kv_type_for(d_k, d_v), max_cached=self._p("max_cached_block"), create=True))
         self._store_path, self._store_own = path, True
         if self.store is None:
             self._cleanups[path] = weakref.finalize(self, _remove_own_store, path)
@@ -548,7 +563,7 @@ class InfLLM(Policy):
             with open(dst, "xb") as fout:
                 for piece in _store_prefix(self._store_path, length, "the saved context's blocks"):
                     fout.write(piece)
-            store = BlockStore(dst, max_cached=self._p("max_cached_block"))
+            store = self._with_cache(BlockStore(dst, max_cached=self._p("max_cached_block")))
         except OSError as e:
             _remove_own_store(str(dst))
             raise KvpotError(f"cannot copy block store {self._store_path} to {dst}: {e.strerror}") from None
@@ -575,6 +590,22 @@ class InfLLM(Policy):
 
     def disk_bytes(self) -> int:
         return os.path.getsize(self._store_path) if self._blocks is not None else 0
+
+    def _with_cache(self, store):
+        """The store with its per-layer caches set to this policy's rule (a runtime without them keeps
+        its one LRU cache)."""
+        if store.layer_caches:
+            store.set_cache(self.cache, self.cache_decay)
+        return store
+
+    def cache_stats(self) -> dict | None:
+        """The block caches' rule, size per layer and hits and misses per pot layer since the store was
+        opened; None before a store or with a runtime without per-layer caches."""
+        if self._blocks is None or not self._blocks.layer_caches:
+            return None
+        layers = [self._blocks.cache(layer) for layer in range(self._blocks.shape[0])]
+        return {"rule": self.cache, "decay": self.cache_decay, "size": self._p("max_cached_block"),
+                "hits": [c.hits for c in layers], "misses": [c.misses for c in layers]}
 
     def lookup_store(self):
         return self._blocks if self.lookup == "graph" else None
@@ -691,8 +722,8 @@ class InfLLM(Policy):
                 raise KvpotError(f"the saved context's block store {self._store_path} is "
                                  f"{_file_kind(Path(self._store_path), os.stat(self._store_path))} now, "
                                  "not the block store file it was saved with")
-            self._blocks = BlockStore(self._store_path, block_size=self._p("block_size"),
-                                      max_cached=self._p("max_cached_block"))
+            self._blocks = self._with_cache(BlockStore(self._store_path, block_size=self._p("block_size"),
+                                                       max_cached=self._p("max_cached_block")))
             self._store_own = False  # borrowed: never written (_copy_borrowed_store)
             if self._blocks.n_blocks < self._store_blocks:
                 raise KvpotError(f"block store {self._store_path} holds {self._blocks.n_blocks} blocks; "

@@ -202,9 +202,25 @@ SIGNATURES: list[tuple[str, object, list]] = [
 ]
 
 
+# InfLLM's per-layer block caches, declared where the runtime has them: a runtime built before them
+# reads through one LRU cache shared by the layers and has no per-layer counts (kvpot.runtime.blocks
+# BlockStore.layer_caches says which)
+LAYER_CACHE_SIGNATURES: list[tuple[str, object, list]] = [
+    # int32_t kvpot_blocks_cache_set(struct kvpot_blocks * bs, int32_t rule, float decay, uint32_t seed);
+    ("kvpot_blocks_cache_set", ctypes.c_int32, [c_blocks_p, ctypes.c_int32, ctypes.c_float, ctypes.c_uint32]),
+    # int32_t kvpot_blocks_cache_lookup(struct kvpot_blocks * bs, int32_t layer, const int32_t * blocks,
+    #                                   const float * attention, int32_t n);
+    ("kvpot_blocks_cache_lookup", ctypes.c_int32, [c_blocks_p, ctypes.c_int32, c_i32_p, c_f32_p, ctypes.c_int32]),
+    # int32_t kvpot_blocks_cache_get(struct kvpot_blocks * bs, int32_t layer, int64_t * hits, int64_t * misses,
+    #                                int32_t * blocks, float * scores, int32_t n_out);
+    ("kvpot_blocks_cache_get", ctypes.c_int32, [c_blocks_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+                                                ctypes.POINTER(ctypes.c_int64), c_i32_p, c_f32_p, ctypes.c_int32]),
+]
+
+
 def declare(lib: ctypes.CDLL) -> None:
-    """Set restype/argtypes on every kvpot_* symbol; AttributeError if one is missing."""
-    for name, restype, argtypes in SIGNATURES:
+    """Set restype/argtypes on every kvpot_* symbol; AttributeError if one of SIGNATURES is missing."""
+    for name, restype, argtypes in SIGNATURES + [s for s in LAYER_CACHE_SIGNATURES if hasattr(lib, s[0])]:
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
