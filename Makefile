@@ -54,7 +54,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-stock bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate bench-route
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -402,6 +402,11 @@ bench-locate: pull-test-models
 	mkdir -p $(BENCH_DIR)/locate
 	$(KVPOT) bench locate -m qwen2.5-coder-0.5b --length 16384 --budget 2048 --inputs 4 --bm25-lines 12 \
 		--bm25-lines 48 -t 2 --json $(BENCH_DIR)/locate/locate-0.5b-16k.json --resume
+
+# which questions the bm25 and mix locators send to the pot (about the whole input): the tokenizer only, seconds
+bench-route: install
+	mkdir -p $(BENCH_DIR)/locate
+	$(KVPOT) bench route -m qwen2.5-coder-1.5b --json $(BENCH_DIR)/locate/route-1.5b.json
 
 # InfLLM's peak RSS at 8K and 128K, and the 1M-token read, each length in a fresh process
 bench-infllm-memory: pull-test-models
