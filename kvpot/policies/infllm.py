@@ -599,12 +599,17 @@ class InfLLM(Policy):
         return store
 
     def cache_stats(self) -> dict | None:
-        """The block caches' rule, size per layer and hits and misses per pot layer since the store was
-        opened; None before a store or with a runtime without per-layer caches."""
-        if self._blocks is None or not self._blocks.layer_caches:
+        """The block caches' rule, size and hits and misses per pot layer since the store was opened
+        (per_layer False: a runtime built before the per-layer caches, one LRU cache for all layers, its
+        counts as one entry); None before a store."""
+        if self._blocks is None:
             return None
+        if not self._blocks.layer_caches:
+            info = self._blocks.info()
+            return {"rule": "lru", "per_layer": False, "size": info.max_cached, "hits": [info.hits],
+                    "misses": [info.misses]}
         layers = [self._blocks.cache(layer) for layer in range(self._blocks.shape[0])]
-        return {"rule": self.cache, "decay": self.cache_decay, "size": self._p("max_cached_block"),
+        return {"rule": self.cache, "per_layer": True, "decay": self.cache_decay, "size": self._p("max_cached_block"),
                 "hits": [c.hits for c in layers], "misses": [c.misses for c in layers]}
 
     def lookup_store(self):
