@@ -498,12 +498,14 @@ train-deps: $(BIN)/.kvpot-torch
 
 test: pull-test-models train-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -m "not long" --durations=60
 
-# the suite's long-input checks at full length (tests/test_engine.py: 64K tokens through a 1,024-cell
-# pot on both test models, ~12 min on 2 cores; `make test` reads 8K)
+# the suite's long versions: the long-input checks at full length (tests/test_engine.py: 64K tokens through a
+# 1,024-cell pot on both test models, ~12 min on 2 cores; `make test` reads 8K), then the tests marked long
+# (tests/conftest.py LONG: more parameters of checks the suite runs small, ~10 min)
 test-long: pull-test-models
 	KVPOT_LONG_TOKENS=65536 $(BIN)/python -m pytest -q tests/test_engine.py -k long_input
+	$(BIN)/python -m pytest -q -m long
 
 # The CLI and a fast part of the suite with every dependency at the lowest version pyproject.toml allows
 # (tests/dependency_floors.py; pip resolves what those need), as a user whose environment already holds older

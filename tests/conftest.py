@@ -226,3 +226,38 @@ def as_a_user() -> None:
     for cap in (cap_dac_override, cap_dac_read_search):
         if libc.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+# The suite's long versions: more parameters of checks `make test` runs in a small real version (named beside
+# each), left out of it (-m "not long") to keep it near 30 minutes on 2 cores; `make test-long` runs them.
+LONG = {
+    # the top source for full attention and InfiniPot stays in the suite; these read the same logbook again
+    "tests/test_sources.py::test_the_top_source_is_the_passage_that_holds_the_fact[snapkv-1536]",
+    "tests/test_sources.py::test_the_top_source_is_the_passage_that_holds_the_fact[infllm-1024]",
+    "tests/test_sources.py::test_the_top_source_is_the_passage_that_holds_the_fact[locret-1024]",
+    # a signal mid-chunk with InfiniPot and SnapKV (graph taps, NuC's log-probs) stays; these add the adapters
+    "tests/test_abort_decode.py::test_a_signal_mid_chunk_takes_the_chunk_back[smollm2_path-locret-256-64]",
+    "tests/test_abort_decode.py::test_a_signal_mid_chunk_takes_the_chunk_back[smollm2_path-edgeinfinite-256-64]",
+    # the native pot check on llama with f16 and on qwen2 with flash attention and q8_0 stays; the rest of the grid
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[llama-k-q8_0]",
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[llama-flash-f16]",
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[llama-flash-q8_0]",
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[qwen2-f16]",
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[qwen2-k-q8_0]",
+    "tests/test_pot_check_native.py::test_pot_check_runs_and_agrees_with_itself[qwen2-flash-f16]",
+    # InfLLM's distance at every row without flash attention (test_memory_logits_are_the_papers_at_every_row) stays
+    "tests/test_infllm_distance.py::test_flash_attention_takes_the_distance_too",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark LONG's items `long`; an entry naming no test of a file that was collected is a stale list."""
+    ids = {item.nodeid for item in items}
+    files = {i.split("::")[0] for i in ids}
+    stale = sorted(n for n in LONG if n.split("::")[0] in files and n not in ids and not config.option.keyword
+                   and not config.option.deselect)
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py LONG names tests that do not exist: {', '.join(stale)}")
+    for item in items:
+        if item.nodeid in LONG:
+            item.add_marker(pytest.mark.long)
