@@ -4,7 +4,6 @@ session itself (kvpot.session.session) knows nothing about terminals."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -12,118 +11,21 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from kvpot.api.plan import estimated_tokens as _estimated_tokens  # noqa: F401 (the tests' name for it)
+from kvpot.api.plan import plan_read, reopen
 from kvpot.display import printable
 from kvpot.errors import KvpotError
-from kvpot.ingest import SourceSet, collect_sources
-from kvpot.ingest.sources import STDIN, STDIN_PROMPT
-from kvpot.models.registry import KNOWN
-from kvpot.models.resolve import resolve_model
-from kvpot.policies import Policy, make_policy
-from kvpot.policies.base import Wrapping
-from kvpot.safe_write import protect, resolve_target
-from kvpot.session.beyond_window import Asking
-from kvpot.session.checks import (
-    check_adapters,
-    check_budget,
-    check_cli_numbers,
-    check_context_fits,
-    check_disk,
-    check_pot_room,
-    check_settings_fit,
-    check_threads,
-    threads_for_machine,
-)
+from kvpot.ingest import SourceSet
+from kvpot.session.checks import check_pot_room
 from kvpot.session.locating import HOW
-from kvpot.session.reading_plan import plan_reading
 from kvpot.session.sampling import Sampler
-from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
-from kvpot.session.settings import (
-    AUTO,
-    RunSettings,
-    reads_in_full,
-    resolve_settings_and_policy,
-    set_in_config,
-    setting_problem,
-)
+from kvpot.session.session import Session
+from kvpot.session.settings import reads_in_full
 from kvpot.wording import plural
 
 from ._common import err, is_verbose, print_error, write_out
 from ._interrupt import Interrupts
 from .reading import QuestionProgress, plain_every_s, read_with_progress
-
-
-def parse_budget(raw: str | None) -> int | str | None:
-    if raw is None or raw == AUTO:
-        return raw
-    try:
-        return int(raw)
-    except ValueError:
-        raise KvpotError(f"--budget must be a number of cells or {AUTO}, got {raw!r}") from None
-
-
-def check_locator(value: str) -> str:
-    """--locator on a reopened context (a new reading's is checked with the other settings)."""
-    problem = setting_problem("locator", value)
-    if problem:
-        raise KvpotError(f"--locator {problem}")
-    return value
-
-
-def run_settings(model: str, policy, budget, chunk, threads, prompt, max_tokens,
-                 flash_attn=None, question_before=None, locator=None) -> tuple[RunSettings, Policy]:
-    """The options merged over the config file and the model's registry defaults, checked, with the
-    policy they name: built once, here, and the one the session runs. A bad spec is refused before the
-    model loads, and so is a budget the policy cannot honour (fitted to it, naming where the budget
-    was set); an automatic budget is fitted once it is resolved (new_session)."""
-    budget = parse_budget(budget)
-    check_cli_numbers(budget if budget != AUTO else None, chunk, threads, max_tokens)
-    known = KNOWN.get(model)
-    cli = {"policy": policy, "budget": budget, "chunk": chunk, "threads": threads, "prompt": prompt,
-           "max_tokens": max_tokens, "flash_attn": flash_attn, "question_before": question_before, "locator": locator}
-    return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, cli)
-
-
-def _innermost(policy: Policy) -> Policy:
-    while isinstance(policy, Wrapping):
-        policy = policy.wrapped
-    return policy
-
-
-def policy_files(policy: Policy, model_path: Path) -> list[tuple[Path, str]]:
-    """The files a policy reads or writes beside the model, with what each is: Locret's retaining
-    heads and EdgeInfinite's memory gate (named in the spec, else the ones shipped for the model), and
-    InfLLM's block store (store=; a store of its own making is new, under KVPOT_HOME)."""
-    from kvpot.models.registry import shipped_adapter_for
-
-    inner = _innermost(policy)
-    out: list[tuple[Path, str]] = []
-    for field, kind, role in (("heads", "locret", "the retaining-heads adapter"),
-                              ("gate", "edgeinfinite", "the memory-gate adapter")):
-        if inner.name != kind:
-            continue
-        named = getattr(inner, field, "")
-        if named and named not in ("init", "closed"):  # gate=init / gate=closed are built, not read
-            out.append((Path(named).expanduser(), role))
-        elif not named:
-            shipped = shipped_adapter_for(kind, model_path)
-            if shipped is not None:
-                out.append((shipped, role))
-    store = getattr(inner, "store", None) if inner.name == "infllm" else None
-    if store:
-        out.append((Path(store).expanduser(), "the InfLLM block store"))
-    return out
-
-
-def protect_session_files(policy: Policy, model_path: Path, save_to: Path | str | None) -> None:
-    """The model and the policy's files are never replaced by a save of this command, and a
-    --save-context that names one of them (or an input, protected as it was collected) is refused
-    now, before anything is read."""
-    protect(model_path, "the model")
-    for path, role in policy_files(policy, model_path):
-        protect(path, role)
-    if save_to is not None:
-        resolve_target(save_to, "context")
-
 
 # said when chat reads through a pot that keeps what the question would have chosen, had it been known
 # chat past the pot, on files (cli/_focus.focused_turn)
@@ -141,129 +43,40 @@ READ_BEFORE_THE_QUESTION = (
 def new_session(inputs: list[str], glob: str | list[str], model: str, question: str | None,
                 save_to: Path | str | None = None, exclude: list[str] | tuple = (), verbose: bool = False,
                 resettable: bool | None = None, focus: bool = False, **opts) -> tuple[Session, SourceSet]:
-    """A session for new inputs, with everything that can be refused refused before the model loads
-    (options, inputs, the budget, the memory, a save that would replace a file the session reads),
-    and the question set when it is known (CaP-Q). `resettable`: keep a copy of the read state for
-    /reset (default: when no question is given; chat's /ask gives one and keeps the copy); `focus`: `ask`
-    answers from a focused read where the pot leaves input out (kvpot.session.focus), which, on files that
-    can be read again, the default pot is sized for."""
-    settings, policy = run_settings(model, **opts)  # options first: they are cheap to check
-    plain_every_s()  # and the environment's (KVPOT_PROGRESS_EVERY)
+    """A session for new inputs on the terminal: the reading planned by the API (kvpot.api.plan: every
+    refusal before the model loads), what the plan gave said on stderr, the model loaded under a status line."""
     def notice(msg: str) -> None:
         err.print(f"[yellow]{escape(printable(msg))}[/yellow]", soft_wrap=True)
 
+    plain_every_s()  # the environment's progress interval (KVPOT_PROGRESS_EVERY), checked before any reading
+    plan = plan_read(inputs, model, question, glob=glob, exclude=exclude, save_to=save_to, resettable=resettable,
+                     focus=focus, verbose=verbose, notice=notice, **opts)
     # what the inputs gave (the folders' summary, inputs skipped) is said once nothing is refused, so that
-    # a refusal stays one line; a prompt to type the document on the terminal is said at once
-    held: list[str] = []
-    if opts.get("threads") is None:  # --threads was checked against the cores; the config file's is lowered to them
-        from kvpot.session.settings import config_path
-
-        threads, lowered = threads_for_machine(settings.threads, f"the config file {config_path()}")
-        if lowered:
-            settings = dataclasses.replace(settings, threads=threads)
-            held.append(lowered)
-
-    def hold(msg: str) -> None:
-        (notice if msg.startswith(STDIN_PROMPT) else held.append)(msg)
-
-    sources = collect_sources(inputs, glob, notice=hold, exclude=exclude, verbose=verbose)
-    # what reading meets (a PDF's damaged page) is a notice too, said as it is met; --json also lists
-    # it (inputs.warnings, from sources.warnings)
-    sources.warn = notice
-    facts, known = resolve_model(model)
-    protect_session_files(policy, facts.path, save_to)
-    # a policy named by an option or in the config file is the user's: the plan sizes it, never replaces it
-    chosen = opts["policy"] is not None or set_in_config("policy", model if model in KNOWN else None)
-    if chosen:
-        check_adapters(policy, facts.path)  # a named policy's adapters, before the plan says anything
-    # `ask` (a question given up front) answers once: it keeps no copy of the read state for a /reset
-    resettable = question is None if resettable is None else resettable
-    plan = plan_reading(settings, facts, sources, policy_chosen=chosen,
-                        reserve=answer_reserve(settings), notice=notice, policy=policy, keeps_copy=resettable,
-                        asking=Asking.of(question is not None, focus and sources.can_read_again()), question=question)
-    settings, policy = plan.settings, plan.policy
-    # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
-    # smallest step depends on the input's length (IMDC's m_0) checked against it; a budget fitted with
-    # the settings is not fitted again (Policy.fit)
-    expected = _estimated_tokens(sources)
-    check_budget(policy, settings.budget, settings.chunk, expected_tokens=expected)
-    check_settings_fit(facts, settings, policy)  # a context that cannot fit is refused before the model loads
-    check_disk(facts, policy, expected)  # and a block store that cannot fit the disk
-    for msg in held:
+    # a refusal stays one line
+    for msg in plan.notes:
         notice(msg)
-    if plan.note and is_verbose():  # the plan's reasons; the line before reading says what it comes to
-        err.print(plan.note, soft_wrap=True)
+    if plan.reason and is_verbose():  # the plan's reasons; the line before reading says what it comes to
+        err.print(plan.reason, soft_wrap=True)
+    settings, sources, expected = plan.settings, plan.sources, plan.expected_tokens
     if question is None and (expected is None or expected > settings.budget) and not reads_in_full(settings.policy):
         if settings.locator != "pot" and sources.can_read_again():
             err.print(FOCUS_EACH_QUESTION.format(how=HOW[settings.locator]), soft_wrap=True)
-        elif policy.reads_with_question():
+        elif plan.policy.reads_with_question():
             err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
-    with err.status(f"loading {facts.name}"):
-        session = Session(facts, known.name if known else facts.name, settings, policy=policy,
-                          resettable=resettable)
-    session.counted = plan.counted
-    if question:
-        session.set_question(question)  # InfiniPot reads with the question as its catalyst (CaP-Q)
-    check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
+    with err.status(f"loading {plan.facts.name}"):
+        session = plan.open()
     return session, sources
-
-
-def _estimated_tokens(sources: SourceSet) -> int | None:
-    """The input's length as the session will declare it to the policy when reading starts."""
-    # the text's size (a compressed file's where its format says it): the compressed size would understate it
-    return int(sources.text_bytes / BYTES_PER_TOKEN_GUESS) if sources.text_bytes else None
-
-
-def protect_recorded_inputs(header: dict) -> None:
-    """The inputs a saved context was read from are never replaced by a save of the command that reopens
-    it: by the names they were read under (relative to the folder the command runs in, as --sources
-    finds them) and by the absolute paths a stopped read recorded for --continue."""
-    names = [s["name"] for s in header.get("sources", ()) if isinstance(s, dict) and isinstance(s.get("name"), str)]
-    point = header.get("read_point")
-    if isinstance(point, dict):
-        names += [p for _, p in point.get("sources", ()) if isinstance(p, str)]
-    for name in names:
-        if name and name != STDIN and "\0" not in name:
-            protect(name, f"the input {name} this context was read from")
 
 
 def reopen_session(context: str, model: str | None, threads: int | None, max_tokens: int | None = None,
                    save_to: Path | str | None = None, resettable: bool = True, go_on: bool = False) -> Session:
-    """A saved context reopened; `resettable` False for `ask`, which answers once (no copy kept for /reset);
-    `go_on`: it is to read on (`--continue`), which a context with no read point is refused before loading."""
-    from kvpot.session.context_file import check_context_path, read_context
-    from kvpot.session.read_point import ReadStopped, cannot_continue, why_no_rest
+    """A saved context reopened (kvpot.api.plan.reopen), with what it holds said on stderr; `resettable`
+    False for `ask`, which answers once (no copy kept for /reset); `go_on`: it is to read on (`--continue`)."""
+    from kvpot.session.read_point import why_no_rest
 
-    check_threads(threads)
-    context = check_context_path(context)
-    # read and checked once: the state stays in the file (restored from there), and the session restores
-    # the very file whose header chose the model
-    saved = read_context(context, seq_in_file=True)
-    header = saved.header
-    if go_on and "read_point" not in header:
-        stopped = ReadStopped.from_header(header["read_stopped"]) if "read_stopped" in header else None
-        raise KvpotError(cannot_continue(context, stopped, header["turns"]))
-    name = model or header["model"]["name"]
-    if model is None and name not in KNOWN:
-        name = header["model"]["path"]
-    facts, known = resolve_model(name)
-    # the memory the saved context's size takes, checked as a new read's is (a context saved on a larger
-    # machine is refused here, before the model loads)
-    check_context_fits(facts, header, context)
-    # the saved policy, built once for the files it names and the session; reading the file checked its
-    # state against a policy of its own (context_file.check_saved, which runs with no session)
-    policy = make_policy(header["policy"])
-    protect_recorded_inputs(header)
-    protect_session_files(policy, facts.path, save_to)
-    if threads is None:  # the saved thread count, at most this machine's cores (--threads is checked above)
-        threads, lowered = threads_for_machine(header["settings"]["threads"], f"{context}")
-        if lowered:
-            err.print(f"[yellow]{escape(lowered)}[/yellow]", soft_wrap=True)
-    with err.status(f"reopening {context}"):
-        session = Session.reopen(context, facts, known.name if known else facts.name, threads, policy=policy,
-                                 resettable=resettable, saved=saved)
-    if max_tokens is not None:  # the answer's length is not part of the saved state
-        session.set_max_tokens(max_tokens)
+    session = reopen(context, model, threads, max_tokens, save_to=save_to, resettable=resettable, go_on=go_on,
+                     notice=lambda msg: err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True),
+                     loading=lambda: err.status(f"reopening {context}"))
     err.print(f"reopened {context}: {session.doc_tokens:,} tokens of "
               f"{', '.join(s['name'] for s in session.sources)} in {session.engine.n_cells:,} cells")
     stopped = session.read_stopped

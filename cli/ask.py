@@ -12,6 +12,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kvpot.api.answering import past_the_pot
+from kvpot.api.plan import check_locator
 from kvpot.display import printable, require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
@@ -38,7 +40,7 @@ from ._common import (
     user_errors,
     write_out,
 )
-from ._focus import find_passages, focus_report, focused_session, focused_turn
+from ._focus import focus_report, focused_turn
 from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
@@ -54,7 +56,7 @@ from ._sampling import (
     make_sampler,
     stops,
 )
-from ._session import check_locator, continue_reading, new_session, reopen_session, save
+from ._session import Answered, continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
 
 POLICY_HELP = "what the memory keeps (docs/methods.md)"
@@ -230,32 +232,40 @@ def ask(
         raise KvpotError("the question is empty")
     opts = dict(policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
                 flash_attn=flash_attn, question_before=question_before, locator=locator)
-    with _open_session(inputs, question, context, save_context, rpc, model, glob,
-                       "pass the files to read before the question, or - to read stdin (or --context PATH)",
-                       exclude=exclude, verbose=verbose, go_on=go_on, focus=focus, **opts) as session:
+    session = _open_session(inputs, question, context, save_context, rpc, model, glob,
+                            "pass the files to read before the question, or - to read stdin (or --context PATH)",
+                            exclude=exclude, verbose=verbose, go_on=go_on, focus=focus, **opts)
+    try:
         if context is not None:
             session.set_question(question)
             # a question too long for a catalyst that holds it: said before reading it
             check_pot_room(session.engine, budget_option="the --budget the files are read with")
         saved = save(session, save_context) if save_context is not None else True
-        # ask locates by its pot's own answer's attention (on files read with the question first, the pot kept what
-        # the question needs: 8 of 9 at 48K, docs/benchmarks.md; a reopened context answers as the reading that
-        # saved it did) unless --locator says otherwise; chat locates by the session's locator
-        how = locator if locator is not None else "pot"
-        found = find_passages(session, question, locator=how) if focus else None
+    except BaseException:
+        session.close()
+        raise
+
+    def answer(answering: Session, found) -> Answered:
         if found is None:
-            said = answer_with_sources(session, question, sampler, stop_at, json_out, sources,
+            return answer_with_sources(answering, question, sampler, stop_at, json_out, sources,
                                        context=None if context is None else str(context))
-        facts, name = session.facts, session.model_name
-    if found is not None:  # the pot's session is closed: the focused read loads the model afresh
-        with focused_session(found, facts, name) as focused:
-            read_with_progress(focused, found.text)
 
-            def amend(obj: dict) -> None:
-                obj["inputs"]["read"], obj["seconds"]["read"] = found.pot["inputs"], found.pot["read_seconds"]
-                obj.update(focus_report(found, focused))
+        def amend(obj: dict) -> None:
+            obj["inputs"]["read"], obj["seconds"]["read"] = found.pot["inputs"], found.pot["read_seconds"]
+            obj.update(focus_report(found, answering))
 
-            said = answer_with_sources(focused, question, sampler, stop_at, json_out, sources, amend=amend)
+        return answer_with_sources(answering, question, sampler, stop_at, json_out, sources, amend=amend)
+
+    # ask locates by its pot's own answer's attention (on files read with the question first, the pot kept what
+    # the question needs: 8 of 9 at 48K, docs/benchmarks.md; a reopened context answers as the reading that
+    # saved it did) unless --locator says otherwise; chat locates by the session's locator. The pot's session
+    # is closed when the answer is given, and before a focused read loads the model afresh
+    if focus:
+        said = past_the_pot(session, question, answer, read_with_progress, keep=False,
+                            locator=locator if locator is not None else "pot")
+    else:
+        with session:
+            said = answer(session, None)
     if said.stopped:
         raise typer.Exit(130)
     if said.empty:

@@ -1,0 +1,9 @@
+"""kvpot's Python API: `Model` reads inputs into a `Document`, which answers (`Answer`), is saved and reopened;
+`Plan` is one reading's every setting, decided and checked before the model loads (kvpot.api.plan)."""
+
+from kvpot.api.answering import Answer
+from kvpot.api.document import Document, Model
+from kvpot.api.plan import Plan
+from kvpot.errors import KvpotError
+
+__all__ = ["Answer", "Document", "KvpotError", "Model", "Plan"]
