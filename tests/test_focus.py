@@ -220,7 +220,7 @@ def test_ask_sizes_its_pot_for_the_focused_read_only_where_one_can_happen(doc, f
     """`kvpot ask` plans its reading knowing whether the focused read will answer (files, --focus): the pot a
     model measured that way is for that case alone (kvpot.session.beyond_window); a pipe or --no-focus plans as
     the pot answering. The plan itself is tested in test_auto_budget."""
-    from kvpot.cli import _session
+    from kvpot.api import plan as _plan
 
     planned: list[dict] = []
 
@@ -228,7 +228,7 @@ def test_ask_sizes_its_pot_for_the_focused_read_only_where_one_can_happen(doc, f
         planned.append(kw)
         raise KvpotError("planned")  # said as any refusal is: one line, nothing read
 
-    monkeypatch.setattr(_session, "plan_reading", plan_reading)
+    monkeypatch.setattr(_plan, "plan_reading", plan_reading)
     path, question = doc
     for args, input in (([str(path)], None), ([str(path), "--no-focus"], None), (["-"], path.read_text())):
         res = runner.invoke(app, ["ask", *args[:1], question, *args[1:], *fast], input=input)

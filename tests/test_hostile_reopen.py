@@ -124,7 +124,7 @@ def test_saved_threads_are_lowered_to_the_cores(saved, tmp_path, monkeypatch):
 
 
 def test_config_threads_are_lowered_to_the_cores(saved, tmp_path, monkeypatch, smollm2_path):
-    import kvpot.cli._session as cs
+    import kvpot.api.plan as cs
     import kvpot.session.checks as checks
 
     _, folder = saved
