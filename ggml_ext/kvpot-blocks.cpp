@@ -231,7 +231,6 @@ kvpot_block_store * kvpot_block_store::open(const std::string & path, kvpot_bloc
         s->nblk = (uint32_t) (body / per_block);
     }
     s->rec = record_bytes_of(s->shp);
-    s->scratch.resize(s->rec);
     s->caches.resize(s->shp.n_layer);
     guard.release();
     return s;
@@ -361,11 +360,13 @@ void kvpot_block_store::settle(uint32_t layer, const uint32_t * blocks, const fl
 
 bool kvpot_block_store::read(uint32_t layer, uint32_t block, int32_t * pos, float * repr, float * k, float * v,
                              std::string & why) {
-    if (!check_block(layer, block, why) || !read_record(layer, block, scratch.data(), why)) {
+    const uint8_t * r = record(layer, block, why);
+    if (!r) {
         return false;
     }
     const size_t bs = shp.block_size;
-    decode(scratch.data(), pos, repr, k, bs*shp.d_k, v, bs*shp.d_v);
+    decode(r, pos, repr, k, bs*shp.d_k, v, bs*shp.d_v);
+    settle(layer, &block, nullptr, 1); // a lookup of this block alone, which received no attention
     return true;
 }
 

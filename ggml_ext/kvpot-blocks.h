@@ -72,7 +72,7 @@ public:
     const uint8_t * record(uint32_t layer, uint32_t block, std::string & why);
     void settle(uint32_t layer, const uint32_t * blocks, const float * attention, size_t n);
 
-    // a block of a layer read from the file, past the caches (reads outside a lookup leave them as they are)
+    // a block of a layer: a lookup of it alone through the layer's cache, the block receiving no attention
     bool read(uint32_t layer, uint32_t block, int32_t * pos, float * repr, float * k, float * v, std::string & why);
 
     // a record's fields in f32; any output may be NULL. Head h's keys go to k + h * k_head_stride (floats),
@@ -106,7 +106,6 @@ private:
     uint64_t           rec  = 0;
     uint32_t           nblk = 0;
     bool               writable = true;
-    std::vector<uint8_t> scratch; // one record for read(), with pread (the store is never mapped)
 
     kvpot_cache_config             cfg;
     std::vector<kvpot_block_cache> caches; // [n_layer]

@@ -283,8 +283,9 @@ KVPOT_API int32_t kvpot_blocks_info_get(struct kvpot_blocks * bs, struct kvpot_b
 KVPOT_API int32_t kvpot_blocks_append(struct kvpot_blocks * bs, const int32_t * pos, const float * repr,
                                       const float * k, const float * v);
 
-// one block of one layer from the file (past the caches: they see lookups only); pos [block_size],
-// repr [n_head_kv][d_k], k [n_head_kv][block_size][d_k], v [n_head_kv][block_size][d_v]; any output may be NULL
+// one block of one layer, read as a lookup of it alone that gives it no attention (kvpot_blocks_cache_lookup);
+// pos [block_size], repr [n_head_kv][d_k], k [n_head_kv][block_size][d_k], v [n_head_kv][block_size][d_v];
+// any output may be NULL
 KVPOT_API int32_t kvpot_blocks_read(struct kvpot_blocks * bs, int32_t layer, int32_t block, int32_t * pos, float * repr,
                                     float * k, float * v);
 

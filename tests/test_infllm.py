@@ -151,7 +151,7 @@ def test_engine_recalls_the_numpy_choice_and_stays_bounded(request, model_fixtur
     info = store.info()
     # every token past the initial ones and the local window is in a block
     assert info.n_blocks * 64 == p._local_start - 16 and eng.tokens_seen - p._local_start <= 368
-    assert info.n_cached == 0  # the host lookup reads past the caches, which serve the in-graph lookups
+    assert info.n_cached <= 4 * store.shape[0]  # max_cached_block (2 * topk) a pot layer
     # the blocks in the pot are the ones NumPy picks from the last chunk's queries and the representatives
     want = numpy_choice(store, p._queries, 2)
     np.testing.assert_array_equal(p.choose_blocks(eng.pot.n_layers), want)

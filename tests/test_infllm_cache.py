@@ -131,15 +131,19 @@ def test_random_rule_is_seeded_and_bounded(tmp_path):
     assert runs[0] == runs[1] != runs[2]
 
 
-def test_reads_outside_a_lookup_leave_the_caches_alone(tmp_path):
-    store = small_store(tmp_path / "s.kvblk", 4, 2)
-    store.cache_lookup(1, [0, 1], [1.0, 1.0])
-    before = store.cache(1)
-    for b in range(4):
-        store.read(1, b)
-    after = store.cache(1)
-    assert (after.hits, after.misses, after.blocks.tolist()) == (before.hits, before.misses, before.blocks.tolist())
-    assert store.info().hits + store.info().misses == 2
+def test_a_read_is_a_lookup_of_its_block_alone_with_no_attention(tmp_path):
+    store = small_store(tmp_path / "s.kvblk", 8, 3)
+    model = ModelCache("freq", 3, 0.1)  # a store opens with the paper's rule and decay
+    for i, (blocks, att) in enumerate(lookups(3, 120, 8)):
+        if i % 3 == 0:
+            pos = store.read(0, int(blocks[0]))[0]
+            assert pos.tolist() == [2 * int(blocks[0]), 2 * int(blocks[0]) + 1]
+            model.lookup([int(blocks[0])], [0.0])
+        else:
+            store.cache_lookup(0, blocks, att)
+            model.lookup(blocks.tolist(), att)
+        got = store.cache(0)
+        assert got.blocks.tolist() == sorted(model.held) and (got.hits, got.misses) == (model.hits, model.misses)
     store.close()
 
 
@@ -225,6 +229,7 @@ def test_the_score_a_lookup_adds_is_the_attention_numpy_computes(smollm2_cut_pat
     n_rows = eng.pos_next - pos0
     assert n_rows <= eng.policy._p("exc_block_size")  # one ubatch: one lookup per layer
     n_group = eng.facts.n_head // eng.facts.n_head_kv
+    held = [store.cache(layer) for layer in range(eng.pot.n_layers)]  # before the reads below, lookups too
     chosen = blocks_held(eng, store, cell0)
     for layer in range(eng.pot.n_layers):
         keys = np.stack([store.read(layer, int(b))[2] for b in chosen[layer]], axis=1)  # [H, TOPK, BS, d_k]
@@ -234,7 +239,7 @@ def test_the_score_a_lookup_adds_is_the_attention_numpy_computes(smollm2_cut_pat
         p = np.exp(logit - logit.max(axis=(1, 2), keepdims=True))
         p /= p.sum(axis=(1, 2), keepdims=True)
         want = p.sum(axis=2).mean(axis=0) * n_rows  # [TOPK]
-        got = store.cache(layer)
+        got = held[layer]
         assert got.blocks.tolist() == sorted(chosen[layer].tolist())
         np.testing.assert_allclose(got.scores, want[np.argsort(chosen[layer])], rtol=1e-4)
         assert got.scores.sum() == pytest.approx(n_rows, rel=1e-5) and H == eng.pot.n_head_kv

@@ -141,7 +141,7 @@ def test_caches_and_rss_stay_bounded_while_the_store_grows(tmp_path):
         if b % 20 == 19:
             for layer in range(L):
                 store.cache_lookup(layer, [b, b - 10], [1.0, 0.5])
-                store.read(layer, b - 5)
+                store.read(layer, b - 5)  # a lookup of one block
                 store.topk(layer, q, 4)
             info = store.info()
             assert all(store.cache(layer).blocks.size <= 3 for layer in range(L))

@@ -148,8 +148,8 @@ class BlockStore(Owned):
             self.ptr, pos.ctypes.data_as(api.c_i32_p), _f32(repr_), _f32(k), _f32(v)))
 
     def read(self, layer: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(pos [bs], repr [H, d_k], k [H, bs, d_k], v [H, bs, d_v]) of one block of one layer, from the file
-        (the per-layer caches serve lookups only)."""
+        """(pos [bs], repr [H, d_k], k [H, bs, d_k], v [H, bs, d_v]) of one block of one layer, read as a
+        lookup of it alone through the layer's cache that gives it no attention."""
         L, H, dk, dv, bs = self.shape
         pos = np.zeros(bs, dtype=np.int32)
         repr_ = np.zeros((H, dk), dtype=np.float32)
