@@ -29,7 +29,6 @@ from typing import BinaryIO
 from kvpot.errors import KvpotError
 from kvpot.ingest import formats
 from kvpot.ingest.formats import Kind, UnreadableInput, compressed
-from kvpot.ingest.formats.detect import COMPRESSED_MAGIC
 from kvpot.ingest.textfile import SNIFF_BYTES
 from kvpot.ingest.tree import walk
 from kvpot.safe_write import protect, protect_folder
@@ -191,7 +190,7 @@ class SourceSet:
                 raw = io.BytesIO(src.head) if src.complete else _Prefixed(
                     src.head, stdin_buffer(stdin) if src.path is None else src.stream)
             try:
-                if src.kind.kind == "text":  # compressed text
+                if src.kind.document is None:  # compressed text
                     with formats.open_bytes(src.kind, src.path, shown, raw) as f:
                         yield from self._decode(f, piece_bytes, src.name)
                 else:
@@ -321,9 +320,6 @@ def _stdin_head(stream: BinaryIO, notice: Callable[[str], None] = lambda msg: No
 # a stream that starts with this much whitespace is read as it comes (the bytes read ahead stay bounded)
 WHITESPACE_PROBE = 1 << 20
 
-# the first bytes that tell a stream's kind (formats.detect): a head shorter than these is read on
-_MAGICS = (*COMPRESSED_MAGIC, b"%PDF-", b"PK\x03\x04", b"PK\x05\x06")
-
 
 def _read_on(stream: BinaryIO, head: bytes, enough: Callable[[bytes], bool], shown: str) -> tuple[bytes, bool]:
     """`head` and what follows it on `stream`, read until `enough(bytes so far)` or the stream ends;
@@ -348,9 +344,10 @@ def _stream_source(name: str, path: Path | None, head: bytes, stream: BinaryIO,
     held: one that ends within that is decompressed whole now, so a truncated or corrupt one is
     refused before a model loads, as a file of that size is."""
     shown = "stdin" if path is None else name
+    starts = formats.magics()  # the first bytes that tell a stream's kind: a head shorter than one is read on
     head, ended = _read_on(stream, head, lambda b: not any(m.startswith(bytes(b)) and len(b) < len(m)
-                                                            for m in _MAGICS), shown)
-    if not ended and formats.detect(head) in formats.COMPRESSIONS:
+                                                            for m in starts), shown)
+    if not ended and formats.compression(head):
         limit = compressed.VERIFY_BYTES
         with _SayIfBlocked(notice, f"reading {shown} ahead (up to {limit:,} bytes) to check the compressed stream"):
             head, ended = _read_on(stream, head, lambda b: len(b) > limit, shown)
@@ -518,7 +515,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
                 if ended and not head.strip():
                     raise KvpotError("stdin held only whitespace: there is no text to read")
             src = _stream_source(STDIN, None, head, stream, notice)
-            if src.kind.kind == "binary":
+            if src.kind.binary:
                 inside = f" once decompressed ({src.kind.codec})" if src.kind.codec else ""
                 raise KvpotError(f"stdin looks binary{inside} (not text); kvpot reads text")
             sources.append(src)
@@ -540,7 +537,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
                 continue
             if not src.head:
                 raise KvpotError(f"input {item} is empty (nothing arrived before it ended)")
-            if src.kind.kind == "binary":
+            if src.kind.binary:
                 if src.stream is not None:
                     src.stream.close()
                 skipped.append(item)
@@ -561,7 +558,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
                     skipped.append(str(p))
                     left_out.append((str(p), f"{UNREADABLE}: {e}"))
                     continue
-                if kind.kind == "binary":
+                if kind.binary:
                     skipped.append(str(p))
                     left_out.append((str(p), BINARY))
                 elif size := p.stat().st_size:
@@ -580,7 +577,7 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
             unreadable.append(str(e))
             left_out.append((str(path), f"{UNREADABLE}: {e}"))
             continue
-        if kind.kind == "binary":
+        if kind.binary:
             skipped.append(str(path))
             left_out.append((str(path), BINARY))
             continue
@@ -592,8 +589,8 @@ def collect_sources(inputs: list[str], glob: str | Iterable[str] = "*", notice: 
         if unreadable:
             raise KvpotError(f"nothing left to read: {'; '.join(unreadable)}")
         if len(inputs) == 1 and skipped:
-            raise KvpotError(f"no text to read: every input is binary ({skipped[0]} looks binary: not text, "
-                             "PDF, EPUB, DOCX, ODT, HTML or compressed text)")
+            raise KvpotError(f"no text to read: every input is binary ({skipped[0]} looks binary: not "
+                             f"{formats.read_as()})")
         raise KvpotError("no text to read: every input is binary" if skipped else "no input to read")
     for why in unreadable:  # told only when there is something else to read
         notice(f"skipping {why}")

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from kvpot.ingest.formats.detect import UnreadableInput
+from kvpot.ingest.formats.base import UnreadableInput
 
 # a compressed file up to this size is decompressed whole (and thrown away) before reading, so a
 # truncated or corrupt one is refused before a model loads; a larger one is checked as it is read.
@@ -25,6 +25,13 @@ VERIFY_BYTES = 32 << 20
 
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# what the first bytes of each compressed stream are (RFC 1952, the xz and bzip2 formats, RFC 8878)
+COMPRESSED_MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"\xfd7zXZ\x00": "xz",
+    b"BZh": "bzip2",
+    ZSTD_MAGIC: "zstd",
+}
 
 
 class ZstdFrames:
@@ -139,7 +146,7 @@ class Checked:
         else:
             self._f = open_decompressed(codec, source, name)
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int = -1) -> bytes:
         try:
             out = self._f.read(n)
         except _errors() as e:

@@ -1,7 +1,9 @@
 """What a file holds, told by its first bytes (and, for zip files, by their members), never by its name.
 
 A .pdf that is plain text is read as text and a .txt that is gzip is read decompressed: names are
-often wrong (rotated logs, downloads saved under the wrong name); content is not.
+often wrong (rotated logs, downloads saved under the wrong name); content is not. The formats are
+asked in the registry's order (kvpot.ingest.formats.registry); zip archives and compressed streams
+are the containers around them.
 """
 
 from __future__ import annotations
@@ -9,59 +11,57 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from kvpot.errors import KvpotError
+from kvpot.ingest.formats import registry
+from kvpot.ingest.formats.base import Format, UnreadableInput
+from kvpot.ingest.formats.compressed import COMPRESSED_MAGIC
 
-# what the first bytes of each compressed stream are (RFC 1952, the xz and bzip2 formats, RFC 8878)
-COMPRESSED_MAGIC = {
-    b"\x1f\x8b": "gzip",
-    b"\xfd7zXZ\x00": "xz",
-    b"BZh": "bzip2",
-    b"\x28\xb5\x2f\xfd": "zstd",
-}
-
-# the `mimetype` member an OpenDocument or EPUB zip starts with
-ZIP_MIMETYPES = {
-    "application/epub+zip": "epub",
-    "application/vnd.oasis.opendocument.text": "odt",
-}
-
-HTML_STARTS = ("<!doctype html", "<html")
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip (or an empty one)
 
 
-class UnreadableInput(KvpotError):
-    """A file kvpot recognised but cannot read (broken, encrypted, no text): among several inputs it
-    is left out with its reason; alone, its reason is the error."""
+def claimed(head: bytes, streams_only: bool = False) -> Format | None:
+    """The first registered format that claims a file from its first bytes `head` (with
+    `streams_only`, among those read in one pass), or None."""
+    return next((f for f in registry.FORMATS if f.claimed(head) and (f.streams or not streams_only)), None)
 
 
-def detect(head: bytes) -> str:
-    """pdf, zip, html, text, or a compression (gzip, xz, bzip2, zstd), from a file's first bytes.
-    text includes binary: the caller tells them apart with looks_binary."""
-    # the PDF header may follow some junk; readers accept it within the first 1024 bytes
-    if b"%PDF-" in head[:1024]:
-        return "pdf"
-    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):  # a zip (or an empty one)
-        return "zip"
-    for magic, codec in COMPRESSED_MAGIC.items():
-        if head.startswith(magic):
-            return codec
-    if looks_like_html(head):
-        return "html"
-    return "text"
+def is_zip(head: bytes) -> bool:
+    return head.startswith(ZIP_MAGIC)
 
 
-def looks_like_html(head: bytes) -> bool:
-    """A document that declares itself HTML (doctype or <html>), after a BOM, whitespace, an XML
-    declaration or comments. A fragment of markup in a text file stays text."""
-    text = head[:4096].decode("utf-8", errors="ignore").lstrip("\ufeff").lstrip().lower()
-    if text.startswith("<?xml"):
-        text = text[text.find("?>") + 2:].lstrip() if "?>" in text else ""
-    while text.startswith("<!--") and "-->" in text:
-        text = text[text.find("-->") + 3:].lstrip()
-    return text.startswith(HTML_STARTS)
+def codec(head: bytes) -> str | None:
+    """The compression (gzip, xz, bzip2, zstd) a file's first bytes say it is in, if any."""
+    return next((c for magic, c in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
 
 
-def zip_kind(path: Path, name: str) -> str:
-    """epub, docx or odt for a zip, from its members; anything else is refused with what it is."""
+def compression(head: bytes) -> str | None:
+    """The compression of a file whose first bytes are `head`, unless a format claims it first."""
+    return None if claimed(head) is not None or is_zip(head) else codec(head)
+
+
+def magics() -> tuple[bytes, ...]:
+    """Every start of a file that tells its kind: a stream's head shorter than one is read on."""
+    return (*COMPRESSED_MAGIC, *ZIP_MAGIC, *(m for f in registry.FORMATS for m in f.magic))
+
+
+def named(name: str) -> Format | None:
+    """The registered format whose kind is `name`."""
+    return next((f for f in registry.FORMATS if f.name == name), None)
+
+
+def listing(titles: list[str], last: str = ", ") -> str:
+    """Names joined with commas, the last two with `last`: "EPUB, DOCX or ODT"."""
+    return last.join([", ".join(titles[:-1]), titles[-1]]) if len(titles) > 1 else "".join(titles)
+
+
+def zipped_titles(last: str = ", ") -> str:
+    """The formats that are zip archives, as a person names them: "EPUB, DOCX, ODT"."""
+    return listing([f.title for f in registry.FORMATS if f.in_zip], last)
+
+
+def zip_format(path: Path, name: str) -> Format:
+    """The registered format of a zip, from its members: the one its `mimetype` member names, else the
+    first that holds its marking member; anything else is refused with what it is."""
+    zipped = [f for f in registry.FORMATS if f.in_zip]
     try:
         with zipfile.ZipFile(path) as zf:
             members = set(zf.namelist())
@@ -71,13 +71,13 @@ def zip_kind(path: Path, name: str) -> str:
                         mimetype = f.read(256).decode("ascii", errors="replace").strip()  # a few bytes, whatever it claims
                 except (RuntimeError, NotImplementedError):
                     mimetype = ""  # encrypted or an unknown method: the members below tell the kind
-                if mimetype in ZIP_MIMETYPES:
-                    return ZIP_MIMETYPES[mimetype]
-            if "word/document.xml" in members:
-                return "docx"
-            if "META-INF/container.xml" in members:  # an EPUB missing its mimetype member
-                return "epub"
+                found = next((f for f in zipped if f.zip_mimetype == mimetype), None)
+                if found is not None:
+                    return found
+            found = next((f for f in zipped if f.zip_member in members), None)
+            if found is not None:
+                return found
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         raise UnreadableInput(f"{name} is a broken zip archive ({e})") from None
-    raise UnreadableInput(f"{name} is a zip archive, not a document kvpot reads (EPUB, DOCX, ODT); unpack it "
+    raise UnreadableInput(f"{name} is a zip archive, not a document kvpot reads ({zipped_titles()}); unpack it "
                           "and pass the folder")

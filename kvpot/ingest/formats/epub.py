@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote
 from xml.etree import ElementTree
 
-from kvpot.ingest.formats.detect import UnreadableInput
+from kvpot.ingest.formats.base import Doc, Format, UnreadableInput
 from kvpot.ingest.formats.html import PIECE_BYTES, html_pieces
 from kvpot.ingest.formats.office import ZIP_ERRORS, member_error
 
@@ -135,3 +135,12 @@ def epub_pieces(path: Path, name: str) -> Iterator[tuple[str, str]]:
                 yield held + "\n", f"ch. {i}"  # a chapter ends with a newline: a blank line before the next
             except ZIP_ERRORS as e:
                 raise UnreadableInput(f"{name}: chapter {i} ({member}) cannot be read ({_why(e)})") from None
+
+
+def _pieces(doc: Doc) -> Iterator[tuple[str, str]]:
+    return epub_pieces(doc.path, doc.name)
+
+
+# its `mimetype` member says so; an EPUB missing that member is known by its container
+FORMAT = Format("epub", "EPUB", _pieces, zip_mimetype="application/epub+zip", zip_member="META-INF/container.xml",
+                check=check_epub)

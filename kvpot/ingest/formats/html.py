@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from typing import BinaryIO
 
+from kvpot.ingest.formats.base import Doc, Format
+
 # elements whose content is not text a reader sees
 HIDDEN = {"script", "style", "noscript", "template", "svg", "math", "iframe", "object", "canvas"}
 # elements that start and end a block: their text is a paragraph of its own
@@ -22,6 +24,7 @@ BLOCKS = {"p", "div", "section", "article", "header", "footer", "main", "nav", "
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 LINE_ENDS = {"br", "td", "th"}  # a line break, or a cell: kept apart from its neighbour
 _SPACE = re.compile(r"\s+")
+HTML_STARTS = ("<!doctype html", "<html")
 
 PIECE_BYTES = 1 << 16
 # unparsed text the parser may hold while it waits for a construct's end (a comment's `-->`, a tag's
@@ -170,3 +173,22 @@ def html_pieces(f: BinaryIO, title: bool = True) -> Iterator[tuple[str, str]]:
             yield out, f"line {line}"
         if not raw:
             return
+
+
+def looks_like_html(head: bytes) -> bool:
+    """A document that declares itself HTML (doctype or <html>), after a BOM, whitespace, an XML
+    declaration or comments. A fragment of markup in a text file stays text."""
+    text = head[:4096].decode("utf-8", errors="ignore").lstrip("\ufeff").lstrip().lower()
+    if text.startswith("<?xml"):
+        text = text[text.find("?>") + 2:].lstrip() if "?>" in text else ""
+    while text.startswith("<!--") and "-->" in text:
+        text = text[text.find("-->") + 3:].lstrip()
+    return text.startswith(HTML_STARTS)
+
+
+def _pieces(doc: Doc) -> Iterator[tuple[str, str]]:
+    with doc.open() as f:
+        yield from html_pieces(f)
+
+
+FORMAT = Format("html", "HTML", _pieces, claims=looks_like_html, streams=True)

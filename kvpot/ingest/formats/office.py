@@ -11,10 +11,11 @@ import re
 import zipfile
 import zlib
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from xml.parsers import expat
 
-from kvpot.ingest.formats.detect import UnreadableInput
+from kvpot.ingest.formats.base import Doc, Format, UnreadableInput
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
@@ -236,3 +237,12 @@ def check_office(kind: str, path: Path, name: str) -> None:
     through once; nothing is kept)."""
     for _ in office_pieces(kind, path, name):
         pass
+
+
+def _pieces(kind: str, doc: Doc) -> Iterator[tuple[str, str]]:
+    return office_pieces(kind, doc.path, doc.name)
+
+
+DOCX = Format("docx", "DOCX", partial(_pieces, "docx"), zip_member=MEMBER["docx"], check=partial(check_office, "docx"))
+ODT = Format("odt", "ODT", partial(_pieces, "odt"), zip_mimetype="application/vnd.oasis.opendocument.text",
+             check=partial(check_office, "odt"))

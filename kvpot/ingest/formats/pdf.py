@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvpot.ingest.formats.detect import UnreadableInput
+from kvpot.ingest.formats.base import Doc, Format, UnreadableInput
 
 PROBE_PAGES = 20  # pages looked at for a text layer before reading: a scan has none on any of them
 
@@ -101,6 +101,18 @@ def pdf_pieces(path: Path, name: str, warn: Callable[[str], None] = lambda msg: 
             continue
         if text.strip():
             yield text.rstrip() + "\n\n", f"p. {i + 1}"
+
+
+def _pieces(doc: Doc) -> Iterator[tuple[str, str]]:
+    return pdf_pieces(doc.path, doc.name, doc.warn)
+
+
+def _claims(head: bytes) -> bool:
+    # the PDF header may follow some junk; readers accept it within the first 1024 bytes
+    return b"%PDF-" in head[:1024]
+
+
+FORMAT = Format("pdf", "PDF", _pieces, magic=(b"%PDF-",), claims=_claims, check=check_pdf)
 
 
 class _Told(logging.Handler):
