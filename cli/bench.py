@@ -304,6 +304,59 @@ def qa(
         err.print(f"results written to {json_out}")
 
 
+@app.command(cls=aliased({}))
+@user_errors
+def ruler(
+    model: str = typer.Option("qwen2.5-coder-1.5b", "--model", "-m", metavar="MODEL", help="a model name or a .gguf path"),
+    policy: list[str] = typer.Option(["full", "default"], "--policy", "-P", metavar="SPEC",
+                                     help="policy specs or default (as `kvpot ask`); repeatable"),
+    lengths: list[int] = typer.Option([8192, 32768, 131072], "--length", min=512,
+                                      help="document lengths in tokens (repeatable)"),
+    samples: int = typer.Option(10, "--samples", min=1, help="samples per task and length"),
+    tasks: list[str] = typer.Option(None, "--task", metavar="TASK", show_default="all",
+                                    help="the RULER tasks to run; repeatable"),
+    budget: int = typer.Option(None, "--budget", "-b", min=1, show_default="as `kvpot ask`",
+                               help="cells kept by pot policies"),
+    seed: int = typer.Option(0, "--seed", help="draws the samples"),
+    threads: int = typer.Option(2, "--threads", "-t", min=1, help="CPU threads"),
+    closed_book: bool = typer.Option(True, "--closed-book/--no-closed-book", rich_help_panel=ADVANCED,
+                                     help="also ask the QA questions with no document"),
+    json_out: Path = typer.Option(None, "--json", show_default="not written",
+                                  help="write every case and the summary here, rewritten after each case"),
+    resume: bool = typer.Option(False, "--resume", help="keep the cases already in --json and run only the others"),
+) -> None:
+    """RULER's tasks (arXiv 2404.06654) generated offline: needles, variable tracking, common and frequent words, QA on kvpot's question set; each document read once per policy and budget, all its questions asked after the read, scored with RULER's metric (kvpot/bench/ruler.py says where kvpot differs)."""
+    from kvpot.bench.ruler import TASKS
+    from kvpot.bench.ruler_run import RulerPlan, check_plan, document, lines, load, run
+    from kvpot.bench.throughput import run_meta
+
+    plan = RulerPlan(model=model, policies=list(policy), lengths=list(lengths), tasks=list(tasks or TASKS),
+                     samples=samples, seed=seed, budget=budget, threads=threads, closed_book=closed_book)
+    check_plan(plan)
+    facts, _ = resolve_model(model)
+    for spec in policy:
+        if spec != "default":
+            check_adapters(spec, facts.path)
+    _outputs_checked({facts.path: "the model"}, json_out)
+    if resume and json_out is None:
+        raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
+    runs, previous = load(json_out) if resume else ([], [])
+    runs = [*runs, run_meta()]
+    results: list[dict] = list(previous)
+    with steps(f"{len(previous)} cases already run") as status:
+        def on_case(r: dict) -> None:
+            results.append(r)
+            if json_out:
+                _write_json(json_out, document(runs, plan, results))
+            status.update(f"{len(results)} cases; last: {r['policy']} {r['length']} {r['id']}: "
+                          f"{'skipped' if 'skipped' in r else r['score']}")
+        results = run(plan, done=list(previous), on_case=on_case, say=status.update, on_read=_reading_lines(status))
+    typer.echo("\n".join(lines(document(runs, plan, results)["summary"])))
+    if json_out:
+        _write_json(json_out, document(runs, plan, results))
+        err.print(f"results written to {json_out}")
+
+
 @app.command("qa-rescore", cls=aliased({}))
 @user_errors
 def qa_rescore(
