@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from kvpot.ingest.formats import registry
+import kvpot.ingest.formats.registry as registry
 from kvpot.ingest.formats.base import Doc, Format, UnreadableInput
 from kvpot.ingest.formats.compressed import Checked, decompressed_head, stream_head
 from kvpot.ingest.formats.detect import (

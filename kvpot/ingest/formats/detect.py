@@ -11,7 +11,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from kvpot.ingest.formats import registry
+import kvpot.ingest.formats.registry as registry
 from kvpot.ingest.formats.base import Format, UnreadableInput
 from kvpot.ingest.formats.compressed import COMPRESSED_MAGIC
 
