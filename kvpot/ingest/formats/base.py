@@ -37,9 +37,9 @@ def _no_check(path: Path, name: str) -> None:
 class Format:
     """A document format kvpot reads as text.
 
-    A file is claimed by its content, never by its name: by its first bytes (`claims`), or, for a zip,
-    by the content of its `mimetype` member (`zip_mimetype`) or else by a member it holds (`zip_member`),
-the first format in the registry's order that claims it winning.
+    A file is claimed by its content, never by its name: by its first bytes (`claims`, else `magic`),
+    or, for a zip, by the content of its `mimetype` member (`zip_mimetype`) or else by a member it holds
+    (`zip_member`); the first format in the registry's order that claims a file reads it.
     `check` refuses an unreadable file with one line (UnreadableInput) before a model loads; `pieces`
     yields (text, location) a piece at a time. A `streams` format is read in one pass over its bytes
     (Doc.open), so it is read from stdin, a pipe or inside a compressed file too; any other is read from
