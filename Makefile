@@ -54,7 +54,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-stock bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate bench-route
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate bench-route bench-ruler
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -569,3 +569,21 @@ test-vulkan:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# RULER-style scores (kvpot bench ruler: kvpot/bench/ruler.py) for the 1.5B at 8K, 32K and 128K: full attention
+# (recorded as skipped past its 32K window), the default, and each method with 2,048 and 8,192 cells. Every
+# document is read once per policy and budget and all its questions asked after the read. Days of CPU on
+# 2 cores (docs/benchmarks.md, "RULER-style scores", estimates it from a measured run); each case is written to
+# its JSON as it ends and --resume goes on where a run stopped. RULER_SAMPLES samples per task and length.
+RULER_SAMPLES ?= 10
+RULER_METHODS := -P infinipot -P imdc -P locret -P edgeinfinite -P infllm -P streaming -P snapkv -P h2o
+bench-ruler: install
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/ruler
+	$(KVPOT) bench ruler -m qwen2.5-coder-1.5b -P full -P default --length 8192 --length 32768 --length 131072 \
+		--samples $(RULER_SAMPLES) -t 2 --json $(BENCH_DIR)/ruler/ruler-1.5b.json --resume
+	for b in 2048 8192; do \
+		$(KVPOT) bench ruler -m qwen2.5-coder-1.5b $(RULER_METHODS) --budget $$b --no-closed-book \
+			--length 8192 --length 32768 --length 131072 --samples $(RULER_SAMPLES) -t 2 \
+			--json $(BENCH_DIR)/ruler/ruler-1.5b-$$b.json --resume || exit 1; \
+	done
