@@ -145,11 +145,13 @@ def _rng(*parts) -> random.Random:
     return random.Random("ruler-" + "-".join(map(str, parts)))
 
 
-def _fit(build: Callable[[int], str], count: Count, target: int, probe: int) -> tuple[int, str, int]:
-    """The largest unit count n (at least 1) whose document build(n) holds at most `target` tokens: a guess
-    from a probe of `probe` units, then bisection. Returns (n, document, its tokens)."""
+def _fit(build: Callable[[int], str], count: Count, target: int, probe: int, least: int = 1) -> tuple[int, str, int]:
+    """The largest unit count n (at least `least`) whose document build(n) holds at most `target` tokens: a
+    guess from a probe of `probe` units, then bisection. Returns (n, document, its tokens)."""
+    if count(build(least)) > target:
+        raise ValueError(f"{target:,} tokens cannot hold this task's smallest document")
     per = max(count(build(probe)) / probe, 1e-3)
-    lo, hi = 1, max(2, int(target / per * 1.05) + 2)
+    lo, hi = least, max(least + 1, int(target / per * 1.05) + 2)
     while count(build(hi)) <= target:  # the guess was short: widen
         lo, hi = hi, hi * 2
     guess = max(lo, min(hi - 1, int(target / per * 0.97)))
@@ -360,13 +362,20 @@ def _cwe_list(rng: random.Random, pool: list[str], n_words: int, common: int, ra
     return _numbered(listed), top
 
 
+def cwe_frequencies(length: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """The paper's counts: (example words, times each common one, times each other one) of the worked example,
+    then (times each common word, times each other word) of the task; smaller below 4,096 tokens."""
+    return ((20, 3, 1), (6, 1)) if length < 4096 else ((40, 10, 3), (30, 3))
+
+
 def cwe_sample(seed: int, count: Count, length: int, index: int) -> Sample:
     rng = _rng("cwe", seed, length, index)
     vocab = list(words())
     rng.shuffle(vocab)
-    example_words, vocab = vocab[:40], vocab[40:]
-    # one worked example before the task (the paper's: 40 words, 10 of them 10 times, the rest 3 times)
-    ex_text, ex_top = _cwe_list(rng, example_words, 40, 10, 3)
+    (ex_words, ex_common, ex_rare), (common, rare) = cwe_frequencies(length)
+    example_words, vocab = vocab[:ex_words], vocab[ex_words:]
+    # one worked example before the task, as the paper's prompt has
+    ex_text, ex_top = _cwe_list(rng, example_words, ex_words, ex_common, ex_rare)
     example = f"{CWE_INSTRUCTION}\n{ex_text}\nQuestion: {CWE_QUESTION} {CWE_ANSWER} {_numbered(ex_top)}\n"
     state = rng.getstate()
 
@@ -376,10 +385,10 @@ def cwe_sample(seed: int, count: Count, length: int, index: int) -> Sample:
                              f"machine's texts (kvpot.bench.ruler.words)")
         r = random.Random()
         r.setstate(state)
-        body, _ = _cwe_list(r, vocab, n, 30, 3)
+        body, _ = _cwe_list(r, vocab, n, common, rare)
         return f"{example}{CWE_INSTRUCTION}\n{body}\n"
 
-    n, text, tokens = _fit(build, count, doc_tokens(length), 60)
+    n, text, tokens = _fit(build, count, doc_tokens(length), 60, least=10)
     top = vocab[:10]
     head = len(example) + len(CWE_INSTRUCTION) + 1
     at = tuple(head + re.search(rf"(?<=\d\. ){re.escape(w)}(?= |\n)", text[head:]).start() for w in top)
