@@ -38,14 +38,14 @@ class _Utf8:
 
 
 def _inputs(inputs) -> tuple[list[str], object]:
-    """The inputs as paths, and the stream one of them is (None: none is): a path, a list of paths, or a
-    text or binary stream (a file object, io.StringIO)."""
+    """The inputs as paths ("~" expanded, as a shell does), and the stream one of them is (None: none is): a
+    path, a list of paths, or a text or binary stream (a file object, io.StringIO)."""
     if hasattr(inputs, "read"):
         return [STDIN], inputs if isinstance(inputs.read(0), bytes) else _Utf8(inputs)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     try:
-        paths = [os.fspath(p) for p in inputs]
+        paths = [os.path.expanduser(os.fspath(p)) for p in inputs]
     except TypeError:
         raise KvpotError("inputs are paths (files, folders) or one text stream") from None
     return paths, None
