@@ -316,8 +316,9 @@ def _vt_lines(names: list[str], value: str) -> list[str]:
 
 def _vt_context(rng: random.Random, n: int, lines: list[str]) -> str:
     sents = [NOISE] * n
-    for j, i in enumerate(sorted(rng.sample(range(n), len(lines)))):
-        sents.insert(i + j, lines[j])
+    # final places of the chain's lines among the noise, in the chain's order
+    for i, line in zip(sorted(rng.sample(range(n + len(lines)), len(lines))), lines):
+        sents.insert(i, line)
     return "\n".join(sents)
 
 
