@@ -92,6 +92,8 @@ def past_the_pot(session: Session, question: str, answer: Callable[[Session, obj
     them, where `answer(session, found)` answers; else `answer(session, None)` answers from the pot.
     `keep` False: the pot's session is closed by the time this returns, whichever way it ends.
     The passages are found, said and read as on the terminal (cli/_focus.py)."""
+    # the terminal's finding and its focused session, which say on stderr what they found: imported when a
+    # question is answered, so that importing the API never imports the terminal's layer (Rich, Typer)
     from kvpot.cli._focus import find_passages, focused_session
 
     located = False
