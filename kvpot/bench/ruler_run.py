@@ -28,6 +28,7 @@ from kvpot.bench.qa import CLOSED, DEFAULT, NO_DOCUMENT
 from kvpot.bench.qa_report import wilson
 from kvpot.bench.ruler import CATEGORY, TASKS, Sample, samples, score
 from kvpot.errors import KvpotError
+from kvpot.safe_write import write_text_file
 
 SCORE_DIGITS = 4
 
@@ -119,7 +120,7 @@ def run(plan: RulerPlan, done: list[dict] = (), on_case: Callable[[dict], None] 
                             continue
                         say(f"{spec} {n:,}: {task} sample {i + 1}/{plan.samples}")
                         path = Path(tmp) / f"{task}-{n}-{i}.txt"
-                        path.write_text(NO_DOCUMENT if spec == CLOSED else sample.text, encoding="utf-8")
+                        write_text_file(path, NO_DOCUMENT if spec == CLOSED else sample.text, "a sample")
                         for r in _sample_cases(plan, facts, known, name, spec, sample, todo, path, readings, frame,
                                                on_read):
                             if spec == CLOSED:
