@@ -574,7 +574,7 @@ clean-venv:
 # (recorded as skipped past its 32K window), the default, and each method with 2,048 and 8,192 cells. Every
 # document is read once per policy and budget and all its questions asked after the read. About 1,500 hours
 # (two months) of reading on 2 cores, an estimate (kvpot.bench.ruler_estimate; docs/benchmarks.md, "RULER-style
-# scores"), 85 % of it the methods' 128K reads: each case is written to its JSON as it ends and --resume goes on
+# scores"), 70 % of it the methods' 128K reads: each case is written to its JSON as it ends and --resume goes on
 # where a run stopped. RULER_SAMPLES samples per task and length (the time scales with it).
 RULER_SAMPLES ?= 10
 RULER_METHODS := -P infinipot -P imdc -P locret -P edgeinfinite -P infllm -P streaming -P snapkv -P h2o
