@@ -10,7 +10,7 @@ copies of the first's, marked `same_reading_as`. The QA task's questions are als
 "none", after an empty document) once per model: the score a reading must beat before its right answers can
 be credited to the document.
 
-The JSON: {"runs": [run_meta of each run that wrote it], "plan": ..., "cases": [one per question asked],
+The JSON: {"runs": [run_record of each run that wrote it], "cases": [one per question asked],
 "summary": summarize(cases)}: per model, policy, length and task the mean RULER score, its n and a 95 %
 Wilson interval, and per model, policy and length the mean over the tasks (the paper's average)."""
 
@@ -247,8 +247,16 @@ def lines(summary: list[dict]) -> list[str]:
     return out
 
 
-def document(runs: list[dict], plan: RulerPlan, cases: list[dict]) -> dict:
-    return {"runs": runs, "plan": asdict(plan), "cases": cases, "summary": summarize(cases)}
+def run_record(plan: RulerPlan) -> dict:
+    """What the JSON records of one run that wrote cases into it: run_meta (command, commit, CPU, load) and
+    its plan (a file resumed with other options holds the cases of each run)."""
+    from kvpot.bench.throughput import run_meta
+
+    return {**run_meta(), "plan": asdict(plan)}
+
+
+def document(runs: list[dict], cases: list[dict]) -> dict:
+    return {"runs": runs, "cases": cases, "summary": summarize(cases)}
 
 
 def load(path: Path) -> tuple[list[dict], list[dict]]:
