@@ -327,8 +327,7 @@ def ruler(
 ) -> None:
     """RULER's tasks (arXiv 2404.06654) generated offline: needles, variable tracking, common and frequent words, QA on kvpot's question set; each document read once per policy and budget, all its questions asked after the read, scored with RULER's metric (kvpot/bench/ruler.py says where kvpot differs)."""
     from kvpot.bench.ruler import TASKS
-    from kvpot.bench.ruler_run import RulerPlan, check_plan, document, lines, load, run
-    from kvpot.bench.throughput import run_meta
+    from kvpot.bench.ruler_run import RulerPlan, check_plan, document, lines, load, run, run_record
 
     plan = RulerPlan(model=model, policies=list(policy), lengths=list(lengths), tasks=list(tasks or TASKS),
                      samples=samples, seed=seed, budget=budget, threads=threads, closed_book=closed_book)
@@ -341,19 +340,19 @@ def ruler(
     if resume and json_out is None:
         raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
     runs, previous = load(json_out) if resume else ([], [])
-    runs = [*runs, run_meta()]
+    runs = [*runs, run_record(plan)]
     results: list[dict] = list(previous)
     with steps(f"{len(previous)} cases already run") as status:
         def on_case(r: dict) -> None:
             results.append(r)
             if json_out:
-                _write_json(json_out, document(runs, plan, results))
+                _write_json(json_out, document(runs, results))
             status.update(f"{len(results)} cases; last: {r['policy']} {r['length']} {r['id']}: "
                           f"{'skipped' if 'skipped' in r else r['score']}")
         results = run(plan, done=list(previous), on_case=on_case, say=status.update, on_read=_reading_lines(status))
-    typer.echo("\n".join(lines(document(runs, plan, results)["summary"])))
+    typer.echo("\n".join(lines(document(runs, results)["summary"])))
     if json_out:
-        _write_json(json_out, document(runs, plan, results))
+        _write_json(json_out, document(runs, results))
         err.print(f"results written to {json_out}")
 
 
