@@ -180,6 +180,7 @@ def test_tiny_run_through_the_cli(smollm2_path, tmp_path):
     data = json.loads(out.read_text())
     meta = data["runs"][0]
     assert meta["commit"] and meta["cpu"] and "bench ruler" in meta["command"]
+    assert meta["plan"]["tasks"] == ["niah_single_1", "qa"] and meta["plan"]["samples"] == 1
     cases = data["cases"]
     # full, default (the same reading at 1K: copies) and the QA question closed book
     assert {c["policy"] for c in cases} == {"full", "default", "none"}
