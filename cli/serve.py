@@ -15,7 +15,17 @@ from kvpot.display import printable
 from kvpot.errors import KvpotError
 
 from ._common import err, set_verbosity, user_errors
-from .ask import BudgetOpt, ChunkOpt, FlashAttnOpt, ModelOpt, NPredictOpt, PolicyOpt, PromptFormatOpt, ThreadsOpt
+from .ask import (
+    BudgetOpt,
+    ChunkOpt,
+    FlashAttnOpt,
+    LocatorOpt,
+    ModelOpt,
+    NPredictOpt,
+    PolicyOpt,
+    PromptFormatOpt,
+    ThreadsOpt,
+)
 
 API_KEY_ENV = "KVPOT_API_KEY"
 DEFAULT_PORT = 8080  # llama-server's
@@ -91,6 +101,7 @@ def serve(
     prompt: PromptFormatOpt = None,
     max_tokens: NPredictOpt = None,
     flash_attn: FlashAttnOpt = None,
+    locator: LocatorOpt = None,
     host: Annotated[str, typer.Option("--host", metavar="ADDR",
                                       help="address to listen on; beyond loopback, with --api-key")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="N", help="TCP port")] = DEFAULT_PORT,
@@ -103,7 +114,7 @@ def serve(
 ) -> None:
     """Serve documents of any length over OpenAI's chat completions API (docs/serve.md).
 
-    Each --document is read once (as `kvpot chat` reads it) and answers as the model kvpot:NAME: every request's conversation goes after the document, whose read state is restored before each request. The read is saved under $KVPOT_HOME/serve, so a restart reopens it instead of reading it again. The model's own name answers without a document. Requests queue and are answered one at a time, in the memory of one pot. --allow-origin names a web page origin (http://localhost:3000) whose scripts may call the API from a browser.
+    Each --document is read once (as `kvpot chat` reads it) and answers as the model kvpot:NAME: every request's conversation goes after the document, whose read state is restored before each request. Past what the pot holds, each request's last question is answered as `kvpot chat` answers it: its passages located (--locator) and read again with full attention, the conversation after them. The read is saved under $KVPOT_HOME/serve, so a restart reopens it instead of reading it again. The model's own name answers without a document. Requests queue and are answered one at a time, in the memory of one pot. --allow-origin names a web page origin (http://localhost:3000) whose scripts may call the API from a browser.
     """
     set_verbosity(verbose=True)  # a server's log keeps the reading's details (budget, context, prompt format)
     _require_stack()
@@ -122,7 +133,7 @@ def serve(
     try:
         backend = _read_documents(docs, model, threads, max_tokens, dict(
             policy=policy, budget=budget, chunk=chunk, threads=threads, prompt=prompt, max_tokens=max_tokens,
-            flash_attn=flash_attn, question_before=None))
+            flash_attn=flash_attn, question_before=None, locator=locator))
         try:
             _run(backend, sock, host, api_key, allow_origin or [])
         finally:

@@ -1,6 +1,8 @@
 """`kvpot serve` through the real `openai` client: a server started in a subprocess on a free port, answering
 over a document longer than the context it is read into (past the window, through the pot), checked against
-the same question asked through the library (kvpot.session, greedy)."""
+the same question asked through the library (kvpot.session, greedy): as `kvpot chat` answers past the pot, from
+the passages the default locator (bm25) finds read again with full attention, and with `--locator pot` from the
+pot itself."""
 
 from __future__ import annotations
 
@@ -110,10 +112,13 @@ def server(smollm2_path, doc, home, tmp_path_factory):
     served.stop()
 
 
-@pytest.fixture(scope="module")
-def reference(smollm2_path, doc, home, monkeypatch_module) -> str:
-    """The question asked through the library: the document read with the server's options, greedy."""
+def _library_answers(smollm2_path, doc, home, monkeypatch_module) -> dict[str, str]:
+    """The question asked through the library, the document read with the server's options, greedy: "pot", the
+    pot's own answer; "bm25", the focused read's (the passages bm25 locates, read again with full attention)."""
     from kvpot.cli._session import new_session
+    from kvpot.session.focus import focus_for, why_not
+    from kvpot.session.locating import locate_with
+    from kvpot.session.session import Session
 
     monkeypatch_module.setenv("KVPOT_HOME", str(home / "reference"))
     session, sources = new_session([str(doc)], ["*"], str(smollm2_path), None, resettable=False, policy=None,
@@ -122,9 +127,24 @@ def reference(smollm2_path, doc, home, monkeypatch_module) -> str:
     with session:
         session.read(sources)
         assert session.doc_tokens > session.engine.ctx.n_ctx  # past the context the model is given
-        answer = "".join(session.ask(QUESTION))
-    assert answer.strip()
-    return answer
+        assert why_not(session) is None                        # so past the pot a focused read answers
+        text, settings = focus_for(session, locate_with("bm25", session, QUESTION))
+        pot = "".join(session.ask(QUESTION))
+        with Session(session.facts, session.model_name, settings, resettable=False) as focused:
+            focused.read(text)
+            bm25 = "".join(focused.ask(QUESTION))
+    assert pot.strip() and bm25.strip()
+    return {"pot": pot, "bm25": bm25}
+
+
+@pytest.fixture(scope="module")
+def answers(smollm2_path, doc, home, monkeypatch_module) -> dict[str, str]:
+    return _library_answers(smollm2_path, doc, home, monkeypatch_module)
+
+
+@pytest.fixture(scope="module")
+def reference(answers) -> str:
+    return answers["bm25"]
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +172,8 @@ def test_document_past_the_window_is_served(server, reference):
     assert tokens > ctx and cells <= ctx and compactions >= 1
     reply = _ask(server.client(), temperature=0)
     assert reply.choices[0].message.content == reference
-    assert reply.usage.prompt_tokens > ctx and reply.usage.completion_tokens >= 1
+    assert re.search(r"focused read of \d+ passages \([\d,]+ tokens\) for kvpot:logbook", server.stderr())
+    assert reply.usage.completion_tokens >= 1
 
 
 def test_answer_equals_the_library(server, reference):
@@ -278,3 +299,14 @@ def test_restart_reopens_the_saved_context(server, reference, smollm2_path, doc,
         assert _ask(again.client(key="any"), temperature=0).choices[0].message.content == reference
     finally:
         again.stop()
+
+
+def test_locator_pot_serves_the_pots_answer(smollm2_path, doc, home, answers, tmp_path):
+    """--locator pot: no focused read; the pot answers, as the library's pot does."""
+    pot = start(["-d", f"logbook={doc}", "-m", str(smollm2_path), "--locator", "pot", *OPTS], home,
+                tmp_path / "stderr.txt")
+    try:
+        assert _ask(pot.client(key="any"), temperature=0).choices[0].message.content == answers["pot"]
+        assert "focused read" not in pot.stderr()
+    finally:
+        pot.stop()

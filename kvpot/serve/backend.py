@@ -167,6 +167,22 @@ class Backend:
 
     def _answer(self, doc, conv, params, sampler, cancel, result) -> Iterator[str]:
         s = self._session_for(doc)
+        focus = self._focus(s, conv) if doc is not None else None
+        if focus is not None:  # the passages read again with full attention answer, as `kvpot chat` past the pot
+            text, settings = focus
+            s.suspend()  # the pot's model and cache freed while the focused session runs: one model in memory
+            try:
+                from kvpot.session.session import Session
+
+                with Session(s.facts, s.model_name, settings, resettable=False) as f:
+                    f.read(text)
+                    self.log(f"focused read of {len(text.windows)} passages ({f.doc_tokens:,} tokens) for "
+                             f"{DOCUMENT_PREFIX + doc}")
+                    yield from self._stream(f, after_document(f.format, conv), f.doc_tokens, doc, params, sampler,
+                                            cancel, result)
+            finally:
+                s.resume()
+            return
         eng, fmt = s.engine, s.format
         self.dirty = True  # from here on the engine holds this request's turn
         if doc is None:
@@ -175,11 +191,39 @@ class Backend:
             segs = without_document(fmt, conv, render)
         else:
             segs = after_document(fmt, conv)
+        yield from self._stream(s, segs, s.doc_tokens if doc is not None else 0, doc, params, sampler, cancel, result)
+
+    def _focus(self, s, conv):
+        """(the focused read's input, its settings) for the conversation's last question, or None where the pot
+        answers: nothing was left out, the inputs cannot be read again, the locator needs the pot's own answer
+        (`--locator pot`), or it routes the question to the pot (kvpot.session.locating). The conversation so far
+        is read after the passages, so its tokens are counted in the focused read's room."""
+        from kvpot.session.focus import Located, focus_for, why_not
+        from kvpot.session.locating import locate_with, locator_for
+
+        if why_not(s) is not None:
+            return None
+        name, _ = locator_for(s)
+        if name == "pot":
+            return None
+        try:
+            located = locate_with(name, s, conv.turns[-1][1])
+            history = after_document(s.format, conv)
+            extra = sum(len(s.engine.model.tokenize(seg.text, special=seg.special)) for seg in history)
+            located = Located(located.answer, located.mass, extra, located.stopped, located.locator)
+            return focus_for(s, located)
+        except KvpotError as e:
+            self.log(f"the pot answers: {e}")
+            return None
+
+    def _stream(self, s, segs, doc_tokens: int, doc, params, sampler, cancel, result) -> Iterator[str]:
+        """Prompt `s` with `segs` and stream the answer's text (stopping at `cancel`), `result` filled in."""
+        eng, fmt = s.engine, s.format
         toks: list[int] = []
         for seg in segs:
             toks += eng.model.tokenize(seg.text, special=seg.special)
         max_tokens = params.max_tokens or s.settings.max_tokens
-        result.prompt_tokens = (s.doc_tokens if doc is not None else 0) + len(toks)
+        result.prompt_tokens = doc_tokens + len(toks)
         if reads_in_full(s.policy_spec):
             # full attention keeps every cell: a long conversation makes room as chat's turns do
             eng.make_room(len(toks) + max_tokens)
