@@ -369,9 +369,41 @@ def cwe_frequencies(length: int) -> tuple[tuple[int, int, int], tuple[int, int]]
     return ((20, 3, 1), (6, 1)) if length < 4096 else ((40, 10, 3), (30, 3))
 
 
+@lru_cache(maxsize=1)
+def more_words() -> tuple[str, ...]:
+    """words(), then the other words (4 to 12 letters, sorted) of the comment lines of the standard library's
+    sources: the larger list the common-words task draws from where words() is too short (a long input), as the
+    paper's generator turns to a larger word list."""
+    import sysconfig
+    from pathlib import Path
+
+    base = set(words())
+    found: set[str] = set()
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        try:
+            text = f.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                found.update(re.findall(r"(?<![\w-])[a-z]{4,12}(?![\w-])", line))
+    return words() + tuple(sorted(found - base))
+
+
+class _ShortOfWords(ValueError):
+    pass
+
+
 def cwe_sample(seed: int, count: Count, length: int, index: int) -> Sample:
+    try:
+        return _cwe_sample(seed, count, length, index, words())
+    except _ShortOfWords:
+        return _cwe_sample(seed, count, length, index, more_words())
+
+
+def _cwe_sample(seed: int, count: Count, length: int, index: int, pool: tuple[str, ...]) -> Sample:
     rng = _rng("cwe", seed, length, index)
-    vocab = list(words())
+    vocab = list(pool)
     rng.shuffle(vocab)
     (ex_words, ex_common, ex_rare), (common, rare) = cwe_frequencies(length)
     example_words, vocab = vocab[:ex_words], vocab[ex_words:]
@@ -382,8 +414,8 @@ def cwe_sample(seed: int, count: Count, length: int, index: int) -> Sample:
 
     def build(n: int) -> str:
         if n > len(vocab):
-            raise ValueError(f"cwe at {length:,} tokens needs more than the {len(vocab):,} distinct words of this "
-                             f"machine's texts (kvpot.bench.ruler.words)")
+            raise _ShortOfWords(f"cwe at {length:,} tokens needs more than the {len(vocab):,} distinct words of "
+                                f"this machine's texts (kvpot.bench.ruler.more_words)")
         r = random.Random()
         r.setstate(state)
         body, _ = _cwe_list(r, vocab, n, common, rare)
