@@ -91,7 +91,15 @@ def run(plan: RulerPlan, done: list[dict] = (), on_case: Callable[[dict], None] 
         frame = question_frame(choose_format(vocab, qa._settings_prompt(known)))
         count = lambda t: len(vocab.tokenize(t))  # noqa: E731
         say("generating the samples")
-        made = {(n, t): samples(t, plan.seed, count, n, plan.samples) for n in plan.lengths for t in plan.tasks}
+        made: dict[tuple[int, str], list[Sample]] = {}
+        unmade: dict[tuple[int, str], str] = {}
+        for n in plan.lengths:
+            for t in plan.tasks:
+                try:
+                    made[(n, t)] = samples(t, plan.seed, count, n, plan.samples)
+                except ValueError as e:  # a length this machine's texts cannot fill for the task: said, not run
+                    made[(n, t)], unmade[(n, t)] = [], str(e)
+                    say(f"{t} at {n:,}: {e}")
     finally:
         vocab.close()
     # cases asked with another prompt (an older kvpot's) are asked again, not mixed in
@@ -101,6 +109,14 @@ def run(plan: RulerPlan, done: list[dict] = (), on_case: Callable[[dict], None] 
     for r in results:
         if "resolved_policy" in r:
             readings.setdefault(_reading_key(r), {})[r["id"]] = r
+    for (n, t), why in unmade.items():
+        for spec in plan.policies:
+            if (name, spec, n, plan.seed, t, 0, f"{t}-0") not in have:
+                r = {"model": name, "policy": spec, "length": n, "seed": plan.seed, "task": t, "sample": 0,
+                     "id": f"{t}-0", "frame": frame, "skipped": why}
+                results.append(r)
+                have.add(case_key(r))
+                on_case(r)
     specs = ([CLOSED] if plan.closed_book and "qa" in plan.tasks else []) + [p for p in plan.policies if p != CLOSED]
     closed = {(r["length"], r["id"]): r["score"] for r in results if r["policy"] == CLOSED}
     with tempfile.TemporaryDirectory(prefix="kvpot-ruler-") as tmp:
