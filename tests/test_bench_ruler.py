@@ -206,3 +206,11 @@ def test_tiny_run_through_the_cli(smollm2_path, tmp_path):
         assert row["score"] == pytest.approx(100 * sum(mine) / len(mine), abs=0.06)
     assert {(r["policy"], r["task"]) for r in data["summary"]} >= {("full", "niah_single_1"), ("full", "qa"),
                                                                   ("default", "qa"), ("none", "qa")}
+
+
+def test_common_words_draw_from_a_larger_list_only_where_needed():
+    # 8K and 32K draw from words(); a 128K list (about 5,300 distinct words) from more_words(), which keeps
+    # words() first, so the shorter lengths' samples do not change with it
+    base, more = ruler.words(), ruler.more_words()
+    assert len(base) > 2000 and more[:len(base)] == base and len(more) > 6000
+    assert len(set(more)) == len(more)
