@@ -135,8 +135,10 @@ def run(plan: RulerPlan, done: list[dict] = (), on_case: Callable[[dict], None] 
                         if not todo:
                             continue
                         say(f"{spec} {n:,}: {task} sample {i + 1}/{plan.samples}")
-                        path = Path(tmp) / f"{task}-{n}-{i}.txt"
-                        write_text_file(path, NO_DOCUMENT if spec == CLOSED else sample.text, "a sample")
+                        # each document written once: a file read is never written again (kvpot.safe_write)
+                        path = Path(tmp) / ("no-document.txt" if spec == CLOSED else f"{task}-{n}-{i}.txt")
+                        if not path.exists():
+                            write_text_file(path, NO_DOCUMENT if spec == CLOSED else sample.text, "a sample")
                         for r in _sample_cases(plan, facts, known, name, spec, sample, todo, path, readings, frame,
                                                on_read):
                             if spec == CLOSED:
