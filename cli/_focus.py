@@ -108,7 +108,8 @@ def focused_turn(session: Session, question: str, history: list[tuple[str, str]]
     suspended (its model and cache freed, its state kept), the passages read with full attention in a session of
     their own with the conversation so far after them, and the question answered there; then the pot's session
     loaded again with the exchange added, so follow-ups and /save have it. (what was said, the passages the answer
-    drew on or None), or None where the pot answers (nothing left out, inputs that cannot be read again, a
+    drew on: ranked by its own attention with `want_sources`, else the passages read again for it, each marked
+    `read_for_the_answer`), or None where the pot answers (nothing left out, inputs that cannot be read again, a
     locator that needs the pot's own answer)."""
     if locator_for(session)[0] == "pot":  # the pot's locating answer would stay in the conversation
         return None
@@ -129,4 +130,5 @@ def focused_turn(session: Session, question: str, history: list[tuple[str, str]]
         with err.status(f"loading {facts.name} and the pot again"):
             session.resume()
     session.add_exchange(question, said.text)
-    return said, passages
+    # without --sources the answer's own attention was not tapped: /sources names the passages it was read from
+    return said, passages if passages is not None else [dict(p, read_for_the_answer=True) for p in found.passages]

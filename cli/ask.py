@@ -365,7 +365,12 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
     elif cmd == "/stats":
         err.print(_stats_table(session))
     elif cmd == "/sources":
-        if state.last is not None:
+        if state.last is not None and state.last and state.last[0].get("read_for_the_answer"):
+            # a focused read's answer, not tapped: the passages it was read from, in the locator's order
+            err.print("the last answer was read from these passages, in the order the locator ranked them (chat "
+                      "--sources ranks them by the answer's own attention):", soft_wrap=True)
+            write_out(sources_text([{k: v for k, v in p.items() if k != "read_for_the_answer"} for p in state.last]))
+        elif state.last is not None:
             write_out(sources_text(state.last))  # where --sources prints them: after the answers, on stdout
         elif state.track:
             err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
@@ -496,10 +501,9 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             else:
                 said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
             state.history.append((line, said.text))
-            if found is not None:
-                state.last = found
-                if state.show_sources and not said.stopped:
-                    write_out(sources_text(found))
+            state.last = found
+            if found is not None and state.show_sources and not said.stopped:
+                write_out(sources_text(found))
         except OutputFailed:
             raise  # no later answer could be written either
         except KvpotError as e:

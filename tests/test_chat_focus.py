@@ -6,6 +6,8 @@ References are computed in the same run: a session never suspended, the tokens a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -49,8 +51,12 @@ def test_chat_answers_each_question_from_a_focused_read_and_keeps_the_conversati
 
 
 def test_chat_locates_by_keywords_by_default(logbook_doc, smollm2_path):
-    _, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256"], smollm2_path, f"{Q2}\n/quit\n")
+    out, err = _chat([str(logbook_doc), "-P", "infinipot", "-b", "256"], smollm2_path, f"{Q2}\n/sources\n/quit\n")
     assert _squash(FOCUS_EACH_QUESTION.format(how=HOW["bm25"])) in err and f"found ({HOW['bm25']})" in err, err
+    # /sources without --sources: the passages the focused read was given, as its focus line names them
+    assert "the last answer was read from these passages" in err, err
+    first = re.search(r"read again with full attention: \S+ (line [\d,]+)", err)[1]   # the best passage's place
+    assert f"{first} (" in out.split("sources:", 1)[1], (first, out)
 
 
 def test_chat_with_the_pot_locator_answers_from_the_pot(logbook_doc, smollm2_path):
