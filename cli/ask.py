@@ -40,7 +40,7 @@ from ._common import (
     user_errors,
     write_out,
 )
-from ._focus import focus_report, focused_turn
+from ._focus import ON_TERMINAL, focus_report, focused_turn
 from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
@@ -262,7 +262,7 @@ def ask(
     # is closed when the answer is given, and before a focused read loads the model afresh
     if focus:
         said = past_the_pot(session, question, answer, read_with_progress, keep=False,
-                            locator=locator if locator is not None else "pot")
+                            locator=locator if locator is not None else "pot", **ON_TERMINAL)
     else:
         with session:
             said = answer(session, None)

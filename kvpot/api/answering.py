@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from kvpot.api.focusing import Locating, Notice, Working, find_passages, never_stopped, no_status, open_focused, quiet
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.session.sampling import Sampler
@@ -83,7 +84,8 @@ def conversation_tokens(session: Session, history: list[tuple[str, str]]) -> int
 
 def past_the_pot(session: Session, question: str, answer: Callable[[Session, object], R],
                  read: Callable[[Session, SourceSet], object], locator: str | None = None,
-                 history: list[tuple[str, str]] = (), keep: bool = True) -> R:
+                 history: list[tuple[str, str]] = (), keep: bool = True, notice: Notice = quiet,
+                 working: Working = no_status, locating: Locating = never_stopped) -> R:
     """Answer `question` from the document `session` read: where the pot left part of an input that can be
     read again out, the passages the question needs are located (`locator`, else the session's:
     kvpot.session.locating), the pot's session is suspended (`keep`: loaded again afterwards with the
@@ -91,15 +93,13 @@ def past_the_pot(session: Session, question: str, answer: Callable[[Session, obj
     attention (`read(session, text)`) in a session of their own, the conversation so far (`history`) after
     them, where `answer(session, found)` answers; else `answer(session, None)` answers from the pot.
     `keep` False: the pot's session is closed by the time this returns, whichever way it ends.
-    The passages are found, said and read as on the terminal (cli/_focus.py)."""
-    # the terminal's finding and its focused session, which say on stderr what they found: imported when a
-    # question is answered, so that importing the API never imports the terminal's layer (Rich, Typer)
-    from kvpot.cli._focus import find_passages, focused_session
-
+    `notice`, `working`, `locating`: what is said and shown while it works (kvpot.api.focusing; the terminal's
+    are cli/_focus.ON_TERMINAL)."""
     located = False
     try:
         extra = conversation_tokens(session, history) if history else 0
-        found = find_passages(session, question, extra_tokens=extra, locator=locator)
+        found = find_passages(session, question, extra_tokens=extra, locator=locator, notice=notice,
+                              locating=locating)
         located = found is not None
         if not located:
             return answer(session, None)
@@ -112,14 +112,15 @@ def past_the_pot(session: Session, question: str, answer: Callable[[Session, obj
     else:
         session.close()  # the two sessions never share the device's memory
     try:
-        with focused_session(found, facts, name) as focused:
+        with open_focused(found, facts, name, notice, working) as focused:
             read(focused, found.text)
             for q, a in history:
                 focused.add_exchange(q, a)
             said = answer(focused, found)
     finally:
         if keep:
-            session.resume()
+            with working(f"loading {facts.name} and the pot again"):
+                session.resume()
     if keep:
         session.add_exchange(question, said.text)
     return said
