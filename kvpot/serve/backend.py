@@ -195,26 +195,20 @@ class Backend:
 
     def _focus(self, s, conv):
         """(the focused read's input, its settings) for the conversation's last question, or None where the pot
-        answers: nothing was left out, the inputs cannot be read again, the locator needs the pot's own answer
-        (`--locator pot`), or it routes the question to the pot (kvpot.session.locating). The conversation so far
-        is read after the passages, so its tokens are counted in the focused read's room."""
-        from kvpot.session.focus import Located, focus_for, why_not
-        from kvpot.session.locating import locate_with, locator_for
+        answers (kvpot.api.focusing.find_passages; said in the server's log), or where the locator needs the
+        pot's own answer (`--locator pot`). The conversation before the last question is read after the
+        passages, so its tokens are counted in the focused read's room."""
+        from kvpot.api.focusing import find_passages
+        from kvpot.session.locating import locator_for
 
-        if why_not(s) is not None:
+        if locator_for(s)[0] == "pot":
             return None
-        name, _ = locator_for(s)
-        if name == "pot":
-            return None
-        try:
-            located = locate_with(name, s, conv.turns[-1][1])
-            history = after_document(s.format, conv)
-            extra = sum(len(s.engine.model.tokenize(seg.text, special=seg.special)) for seg in history)
-            located = Located(located.answer, located.mass, extra, located.stopped, located.locator)
-            return focus_for(s, located)
-        except KvpotError as e:
-            self.log(f"the pot answers: {e}")
-            return None
+        question = conv.turns[-1][1]
+        tokens = lambda segs: sum(len(s.engine.model.tokenize(g.text, special=g.special)) for g in segs)  # noqa: E731
+        extra = max(0, tokens(after_document(s.format, conv)) - tokens(s.format.first_question(question)))
+        found = find_passages(s, question, extra_tokens=extra, notice=lambda kind, text: self.log(
+            f"the pot answers: {text}" if kind == "pot" else text))
+        return None if found is None else (found.text, found.settings)
 
     def _stream(self, s, segs, doc_tokens: int, doc, params, sampler, cancel, result) -> Iterator[str]:
         """Prompt `s` with `segs` and stream the answer's text (stopping at `cancel`), `result` filled in."""
