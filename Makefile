@@ -577,7 +577,7 @@ clean-venv:
 # scores"), 70 % of it the methods' 128K reads: each case is written to its JSON as it ends and --resume goes on
 # where a run stopped. RULER_SAMPLES samples per task and length (the time scales with it).
 RULER_SAMPLES ?= 10
-RULER_METHODS := -P infinipot -P imdc -P locret -P edgeinfinite -P infllm -P streaming -P snapkv -P h2o
+RULER_METHODS := -P infinipot -P imdc:pruner=snapkv -P locret -P edgeinfinite -P infllm -P streaming -P snapkv -P h2o
 bench-ruler: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
 	mkdir -p $(BENCH_DIR)/ruler

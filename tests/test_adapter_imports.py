@@ -44,11 +44,15 @@ def _is_module(name: str) -> bool:
 
 def _imports(module: str) -> set[str]:
     """Every kvpot module `module` imports, anywhere in its file (functions included), as written in
-    its import statements: `from a import b` names a.b where that is a module, else a."""
+    its import statements: `from a import b` names a.b where that is a module, else a. A module-level
+    `__getattr__` (PEP 562: kvpot/__init__.py's lazy API names) is left out: it runs when its attribute is
+    asked for, which importing a module never does."""
     path = _source(module)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -21,7 +21,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpot.bench import answer_taps_speed, memory_limit, qa_budget, qa_source_at1, texts
+from kvpot.bench import answer_taps_speed, infllm_cache, memory_limit, qa_budget, qa_source_at1, texts
 from kvpot.bench.qa import CLOSED as QA_CLOSED
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
@@ -36,7 +36,7 @@ PY_RECIPES = {"studies.curve": curve, "studies.needle_trace": needle_trace,
               "studies.nuc_head": nuc_head, "studies.locret_trace": locret_trace,
               "kvpot.bench.qa_budget": qa_budget,
               "kvpot.bench.memory_limit": memory_limit, "kvpot.bench.qa_source_at1": qa_source_at1,
-              "kvpot.bench.answer_taps_speed": answer_taps_speed,
+              "kvpot.bench.answer_taps_speed": answer_taps_speed, "kvpot.bench.infllm_cache": infllm_cache,
               "studies.nuc_shortlist": nuc_shortlist, "studies.attn_speed": attn_speed}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
@@ -82,7 +82,8 @@ def parse_bench(args: list[str]) -> tuple[str, dict]:
 
 def check_params(name: str, params: dict) -> None:
     """The values an option parser cannot judge: policy specs, known models, adapters that exist."""
-    specs = params["policy"] if isinstance(params["policy"], list) else [params["policy"]]
+    given = params.get("policy")  # bench route reads no document: it has no policy
+    specs = [] if given is None else given if isinstance(given, list) else [given]
     for spec in specs:
         if spec not in (QA_DEFAULT, QA_CLOSED):  # bench qa's "what `kvpot ask` chooses", and closed book
             make_policy(spec)
