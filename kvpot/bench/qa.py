@@ -87,6 +87,16 @@ def with_closed_book(results: list[dict]) -> None:
             r["closed_book_correct"] = closed[closed_key(r)]
 
 
+def same_reading(base: dict, todo: list, readings: dict, resolved: str, budget, key: Callable[[dict], tuple]):
+    """(the cases another spec's reading of this input already answered, as this spec's; the asks left): a spec
+    that resolves to the same policy and budget reads and answers the same (greedy), so its cases are copied
+    (`same_reading_as` names the spec that read). `key`: what decides a reading (reading_key, or a bench's own)."""
+    same = readings.get(key({**base, "resolved_policy": resolved, "budget": budget}), {})
+    copies = [{**same[a.id], **base, "same_reading_as": same[a.id].get("same_reading_as", same[a.id]["policy"])}
+              for a in todo if a.id in same]
+    return copies, [a for a in todo if a.id not in same]
+
+
 def reading_key(r: dict) -> tuple:
     """What decides a case's reading and answer besides the question: two policy specs that resolve to
     the same policy and budget for the same input (`-P default` is full attention wherever the input
@@ -289,12 +299,9 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
         for a in todo:
             yield {**base, **_ask_fields(a), "skipped": str(e)}
         return
-    # another spec already read this input the same way: its answers are this spec's (greedy, same reading)
     resolved = CLOSED if closed else settings.policy
-    same = readings.get(reading_key({**base, "resolved_policy": resolved, "budget": settings.budget}), {})
-    for a in [a for a in todo if a.id in same]:
-        yield {**same[a.id], **base, "same_reading_as": same[a.id].get("same_reading_as", same[a.id]["policy"])}
-    todo = [a for a in todo if a.id not in same]
+    copies, todo = same_reading(base, todo, readings, resolved, settings.budget, reading_key)
+    yield from copies
     if not todo:
         return
     # question first (as `kvpot ask` reads): one read per question for a pot, and for full attention too when

@@ -184,10 +184,8 @@ def _sample_cases(plan: RulerPlan, facts, known, name: str, spec: str, sample: S
             yield {**base, **_ask_fields(a), "skipped": str(e)}
         return
     resolved = CLOSED if closed else settings.policy
-    same = readings.get(_reading_key({**base, "resolved_policy": resolved, "budget": settings.budget}), {})
-    for a in [a for a in todo if a.id in same]:
-        yield {**same[a.id], **base, "same_reading_as": same[a.id].get("same_reading_as", same[a.id]["policy"])}
-    todo = [a for a in todo if a.id not in same]
+    copies, todo = qa.same_reading(base, todo, readings, resolved, settings.budget, _reading_key)
+    yield from copies
     if not todo:
         return
     qa_plan = qa.Plan(model=plan.model, policies=plan.policies, lengths=plan.lengths, threads=plan.threads)
