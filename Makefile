@@ -312,7 +312,7 @@ bench-infllm-cache: install
 # 2 cores; --resume continues
 BEYOND_METHODS := -P infinipot -P infllm -P locret -P edgeinfinite -P streaming
 # accuracy, reading speed and peak RSS against budget, per method, from both targets' JSON files
-beyond_plot = $(BENCH_PY) -m kvpot.bench.qa_budget $(BENCH_DIR)/beyond/qa-qwen15-48k-*.json \
+beyond_plot = $(BENCH_PY) -m studies.qa_budget $(BENCH_DIR)/beyond/qa-qwen15-48k-*.json \
 	--png $(BENCH_DIR)/beyond/qa-qwen15-48k-budget.png
 bench-beyond: install
 	$(KVPOT) pull qwen2.5-coder-1.5b
@@ -400,9 +400,9 @@ bench-sources: pull-test-models
 		--chunk 512 -t 2 -P full $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-8k-passkey.json --resume
 	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 32768 $(D3) --seed 0 --budget 2048 \
 		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-32k-passkey.json --resume
-	$(BENCH_PY) -m kvpot.bench.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 -t 2 \
+	$(BENCH_PY) -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 -t 2 \
 		--json $(BENCH_DIR)/sources/qa-source-at1-0.5b-8k.json
-	$(BENCH_PY) -m kvpot.bench.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \
+	$(BENCH_PY) -m studies.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \
 		--arms off on -t 2 --json $(BENCH_DIR)/sources/answer-taps-speed-0.5b-8k.json
 
 # How well each locator finds a question's passages after one read past the pot (issue 89): keys, bm25 (12, 24

@@ -314,11 +314,11 @@ def test_peak_rss_resets_to_what_the_process_holds_now():
 
 
 def test_budget_lines_count_a_shared_reading_once():
-    """kvpot.bench.qa_budget: one line per method as it read, one point per budget; `-P default` resolved to
+    """studies.qa_budget: one line per method as it read, one point per budget; `-P default` resolved to
     a policy joins that policy's line, a reading two specs share counts once, and a reading per question
     is a reading each."""
     from kvpot.bench.qa import CLOSED
-    from kvpot.bench.qa_budget import points, table
+    from studies.qa_budget import points, table
 
     def case(policy, resolved, budget, qid, correct, per_question=False, secs=100.0, peak=None, task="qa"):
         return {"model": "m", "policy": policy, "resolved_policy": resolved, "budget": budget, "length": 49152,
@@ -344,7 +344,7 @@ def test_budget_lines_count_a_shared_reading_once():
 
 
 def test_budget_plot_refuses_what_is_not_bench_qa_json_in_one_line(tmp_path, capsys):
-    from kvpot.bench.qa_budget import main
+    from studies.qa_budget import main
 
     bad = tmp_path / "bad.json"
     for text in ("{}", "not json", '[{"answer": "x"}]'):

@@ -21,22 +21,34 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpot.bench import answer_taps_speed, infllm_cache, memory_limit, qa_budget, qa_source_at1, texts
+from kvpot.bench import infllm_cache, memory_limit, texts
 from kvpot.bench.qa import CLOSED as QA_CLOSED
 from kvpot.bench.qa import DEFAULT as QA_DEFAULT
 from kvpot.cli.main import app
 from kvpot.models.registry import KNOWN
 from kvpot.policies import make_policy
-from studies import attn_speed, curve, locret_hidden, locret_trace, needle_trace, nuc_head, nuc_shortlist, store_cost
+from studies import (
+    answer_taps_speed,
+    attn_speed,
+    curve,
+    locret_hidden,
+    locret_trace,
+    needle_trace,
+    nuc_head,
+    nuc_shortlist,
+    qa_budget,
+    qa_source_at1,
+    store_cost,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = sorted(set(re.findall(r"^(bench-[\w-]+):", (REPO / "Makefile").read_text(), re.M)))
 PY_RECIPES = {"studies.curve": curve, "studies.needle_trace": needle_trace,
               "studies.locret_hidden": locret_hidden, "studies.store_cost": store_cost,
               "studies.nuc_head": nuc_head, "studies.locret_trace": locret_trace,
-              "kvpot.bench.qa_budget": qa_budget,
-              "kvpot.bench.memory_limit": memory_limit, "kvpot.bench.qa_source_at1": qa_source_at1,
-              "kvpot.bench.answer_taps_speed": answer_taps_speed, "kvpot.bench.infllm_cache": infllm_cache,
+              "studies.qa_budget": qa_budget,
+              "kvpot.bench.memory_limit": memory_limit, "studies.qa_source_at1": qa_source_at1,
+              "studies.answer_taps_speed": answer_taps_speed, "kvpot.bench.infllm_cache": infllm_cache,
               "studies.nuc_shortlist": nuc_shortlist, "studies.attn_speed": attn_speed}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")

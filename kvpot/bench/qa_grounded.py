@@ -28,8 +28,8 @@ from pathlib import Path
 from kvpot.bench.qa import MAX_TOKENS, NO_DOCUMENT, Plan, _scored, _settings, questions_for
 from kvpot.bench.qa_inputs import build_inputs
 from kvpot.bench.qa_questions import load_set
+from kvpot.bench.qa_report import wilson
 from kvpot.bench.qa_score import declines, question_facts
-from kvpot.bench.qa_source_at1 import wilson
 from kvpot.session.prompting import GROUNDING, CompletionFormat, choose_format, question_frame
 
 ARMS = {"plain": "", "grounded": GROUNDING}
@@ -66,7 +66,7 @@ def summary(cases: list[dict]) -> dict:
     def share(sel: list[dict], key: str = "correct") -> dict:
         k = sum(bool(c[key]) for c in sel)
         return {"right": k, "n": len(sel), "share": round(k / len(sel), 4) if sel else None,
-                "interval_95": wilson(k, len(sel))}
+                "interval_95": [round(x, 4) for x in wilson(k, len(sel))]}
 
     out: dict = {}
     for arm in ARMS:

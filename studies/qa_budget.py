@@ -1,9 +1,9 @@
 """Accuracy, reading speed and peak RSS against budget, per method, from `kvpot bench qa` JSON files
-(issue 34, item 2: which method and budget to read with past the window). A line is one method (the
+(which method and budget to read with past the window). A line is one method (the
 policy as it read, and whether the question was known first) for one model and input length; its points
 are the budgets it read at. Closed book (`-P none`) is a dashed level in the accuracy panel.
 
-    .venv/bin/python -m kvpot.bench.qa_budget docs/bench/beyond/qa-qwen15-48k-*.json --png PNG
+    .venv/bin/python -m studies.qa_budget docs/bench/beyond/qa-qwen15-48k-*.json --png PNG
 
 (the last step of `make bench-beyond`). Accuracy counts the document questions (the multi-key case is
 its own column in the table); speed is tokens read over seconds read, every reading of the line; peak RSS

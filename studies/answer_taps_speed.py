@@ -5,7 +5,7 @@ the runtime sums each answer row's attention per cell, read back once per answer
 after every token (what the tracking cost when each row was read back and mapped to stream positions on its
 own). The decode rate of each, and each one's ratio to the answer without tracking measured beside it.
 
-    python -m kvpot.bench.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \\
+    python -m studies.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \\
         --json docs/bench/sources/answer-taps-speed-0.5b-8k.json
 """
 
@@ -31,7 +31,7 @@ ARMS = ("off", "on", "per-token")  # --arms picks some
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.answer_taps_speed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.answer_taps_speed", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", default="qwen2.5-coder-0.5b", help="a known model name or a .gguf path")
     p.add_argument("--document", default=DOCUMENT, help="the text read (repeated until it holds --tokens tokens)")
     p.add_argument("--tokens", type=int, default=8000, help="tokens of the document read")
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {arm: [round(b["tok_s"] / a["tok_s"], 4) for a, b in zip([x for x in runs if x["arm"] == "off"],
                                                                        [x for x in runs if x["arm"] == arm])]
              for arm in ns.arms if arm != "off"}
-    out = {"command": "python -m kvpot.bench.answer_taps_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": _commit(), "cpu": describe_host(), "model": name, "document_tokens": doc_tokens,
+    out = {"command": "python -m studies.answer_taps_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "commit": commit(), "cpu": describe_host(), "model": name, "document_tokens": doc_tokens,
            "answer_tokens": ns.answer, "repeats": ns.repeats, "threads": ns.threads,
            "median_tok_s": rate, "ratio_to_off_per_round": ratio,
            "median_ratio_to_off": {arm: round(statistics.median(v), 4) for arm, v in ratio.items()}, "runs": runs}
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _commit() -> str:
+def commit() -> str:
     run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent)
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvpot", "ggml_ext", "patches"], capture_output=True,

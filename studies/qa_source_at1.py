@@ -5,7 +5,7 @@ as `kvpot ask` reads it, its questions asked in turn (the conversation reset bet
 (Engine.track_answer_attention) and ranked as `--sources` ranks it (kvpot.session.sources.ranked_passages).
 A passage is the question's when their characters overlap in the joined input.
 
-    python -m kvpot.bench.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 6 \\
+    python -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 6 \\
         --json docs/bench/sources/qa-source-at1-0.5b-8k.json
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import tempfile
@@ -23,14 +22,16 @@ from pathlib import Path
 from kvpot.bench.qa import MAX_TOKENS
 from kvpot.bench.qa_inputs import build_inputs
 from kvpot.bench.qa_questions import load_set
+from kvpot.bench.qa_report import wilson
 from kvpot.bench.qa_score import contains
 from kvpot.bench.qa_sources import find_passage
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import write_text_file
+from studies.answer_taps_speed import commit
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvpot.bench.qa_source_at1", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m studies.qa_source_at1", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", default="qwen2.5-coder-0.5b", help="a known model name or a .gguf path")
     p.add_argument("--length", type=int, default=8192, help="tokens of each joined input")
     p.add_argument("--inputs", type=int, default=None, help="a seeded sample of this many inputs (all without it)")
@@ -38,16 +39,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write the cases and the figure here")
     return p
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
-    """The 95 % Wilson score interval of k successes in n."""
-    if not n:
-        return [0.0, 1.0]
-    p = k / n
-    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,23 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
     right = [c for c in cases if c["correct"]]
     k = sum(c["source_at1"] for c in right)
-    out = {"command": "python -m kvpot.bench.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": _commit(), "cpu": describe_host(), "model": name, "policy": "full", "length": ns.length,
+    out = {"command": "python -m studies.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "commit": commit(), "cpu": describe_host(), "model": name, "policy": "full", "length": ns.length,
            "inputs": [j.index for j in inputs], "questions_asked": len(cases), "answered_right": len(right),
            "n": len(right), "source_at1": k, "source_at1_share": round(k / len(right), 4) if right else None,
-           "interval_95": wilson(k, len(right)),
+           "interval_95": [round(x, 4) for x in wilson(k, len(right))],
            "source_at1_all_answers": sum(c["source_at1"] for c in cases), "seconds": round(time.perf_counter() - t_all, 1),
            "cases": cases}
     print(json.dumps({x: out[x] for x in ("questions_asked", "n", "source_at1", "source_at1_share", "interval_95")}))
     if ns.json is not None:
         write_text_file(ns.json, json.dumps(out, indent=1) + "\n", "benchmark JSON")
     return 0
-
-
-def _commit() -> str:
-    from kvpot.bench.answer_taps_speed import _commit as commit
-
-    return commit()
 
 
 if __name__ == "__main__":
