@@ -1,7 +1,8 @@
 """The Engine: reads token streams chunk by chunk into the pot, asks its policy what to keep, answers.
 
-The engine never asks what kind of policy it holds: it calls the hooks of
-`kvpot.policies.base.Policy` at fixed points and applies what they return.
+The engine never asks what kind of policy it holds: it calls the core hooks of
+`kvpot.policies.base.Policy` at fixed points, asks the capabilities some policies have through
+`Capability.of` (whose defaults do nothing where the policy has none), and applies what they return.
 """
 
 from __future__ import annotations
@@ -15,7 +16,21 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.locator.keys import BlockKeys
 from kvpot.models.gguf_file import read_model_facts
-from kvpot.policies.base import DEAD, PAD, Policy, PotView, Recall, TapRequest, check_keep, keep_ends
+from kvpot.policies.base import (
+    DEAD,
+    PAD,
+    Catalyst,
+    ExternalMemory,
+    GraphPieces,
+    LengthAware,
+    Policy,
+    PotView,
+    QuestionFirst,
+    Recall,
+    TapRequest,
+    check_keep,
+    keep_ends,
+)
 from kvpot.recall_cells import RecallCells
 from kvpot.runtime import abort
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
@@ -65,8 +80,9 @@ class Engine:
         facts = read_model_facts(model_path)  # a bad file never reaches llama.cpp
         if config.budget < 1 or config.chunk < 1:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
+        pieces = GraphPieces.of(policy)
         # EdgeInfinite's gate, checked against the model; its memory counts against the budget
-        gate = policy.memory_gate(model_path)
+        gate = pieces.memory_gate(model_path)
         # the one place --budget and --chunk reach the policy: it sizes itself or refuses
         policy.fit(config.budget, config.chunk)
         need = policy.cache_cells(config.budget, config.chunk)
@@ -83,7 +99,7 @@ class Engine:
         self.model = LlamaModel(model_path)
         # the compute buffer holds the output head for the rows the engine uses: the last row of a step,
         # and NuC's block of rows where the policy (or measure_nll) asks for every row's log-prob
-        logprobs = config.measure_nll or policy.wants_logprobs()
+        logprobs = config.measure_nll or pieces.wants_logprobs()
         self.ctx = LlamaContext(self.model, ContextParams(
             n_ctx=n_ctx, n_batch=config.chunk, n_threads=config.n_threads,
             flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
@@ -91,7 +107,7 @@ class Engine:
         self.pot = Pot(self.ctx)
         self.pot.reset()
         # trained graph pieces the policy brings (Locret's retaining heads), checked against the model
-        self.heads = policy.retaining_heads(model_path)
+        self.heads = pieces.retaining_heads(model_path)
         if self.heads is not None:
             self.pot.set_heads(self.heads)
             self.pot.enable_heads(False)  # scored only while reading chunks that ask for it
@@ -126,7 +142,8 @@ class Engine:
         self._answer_mass: dict[int, float] | None = None
         self._answer_taps = False  # the runtime is summing answer rows' attention per cell, not yet read back
         # recalled cells the runtime treats apart until the next compaction (Recall.fetch, Recall.distance)
-        self.recall_cells = RecallCells(self.pot, self.policy)
+        # (the policy's external memory, whose lookup_store the in-graph lookup reads)
+        self.recall_cells = RecallCells(self.pot, ExternalMemory.of(self.policy))
         # the read-once locator (kvpot.locator.keys): every block read, whatever the pot keeps of it
         self.block_keys = (BlockKeys(L, H, self.facts.head_dim_k, self.config.locator_block)
                            if self.config.locator_block else None)
@@ -186,7 +203,7 @@ class Engine:
 
     def set_question(self, text: str) -> None:
         """Tell the policy the question before reading (InfiniPot uses it as its catalyst, CaP-Q)."""
-        self.policy.set_question(text)
+        QuestionFirst.of(self.policy).set_question(text)
 
     def feed(self, tokens: Sequence[int], on_chunk: Callable[[FeedEvent], None] | None = None) -> None:
         """Read tokens (the BOS is added before the first one) chunk by chunk, compacting as needed."""
@@ -206,7 +223,7 @@ class Engine:
             buf = self.model.bos()
             self._bos_done = True
         if expected is not None:
-            self.policy.set_expected_length(self.tokens_seen + len(buf) + expected)
+            LengthAware.of(self.policy).set_expected_length(self.tokens_seen + len(buf) + expected)
         it = iter(pieces)
         ended = False
         while True:
@@ -242,7 +259,7 @@ class Engine:
         """Tokens the next chunk may hold: up to the policy's capacity less the catalyst that may have
         to follow (so InfiniPot's pot fills to |M| - |P| before it distills), or into the answer
         reserve when a question and its answer used part of it."""
-        cat = len(self._catalyst_tokens(self.policy.catalyst_text()))
+        cat = len(self._catalyst_tokens(self.catalyst_text()))
         room = self._capacity() - self.n_cells - cat
         if room < 1:
             room = self.ctx.n_ctx - self.n_cells - cat
@@ -334,6 +351,10 @@ class Engine:
             raise KvpotError(f"internal: {rows[0].shape[0]} tokens were scored for a chunk of {n}")
         return np.stack([r.T for r in rows]) if n else None
 
+    def catalyst_text(self) -> str | None:
+        """The text the policy has decoded and tapped before each selection (InfiniPot's CaP), or None."""
+        return Catalyst.of(self.policy).catalyst_text()
+
     def _catalyst_tokens(self, text: str | None) -> list[int]:
         if not text:
             return []
@@ -343,7 +364,7 @@ class Engine:
 
     def _maybe_compact(self, view: PotView, next_size: int) -> bool:
         budget = self.policy.budget_at(self.step, self.config.budget)
-        catalyst = self.policy.catalyst_text()
+        catalyst = self.catalyst_text()
         n_cat = len(self._catalyst_tokens(catalyst))
         # the next chunk is cut to the room left (see _room), so while any is left it fits
         fit = self._capacity() - self.n_cells - n_cat
@@ -360,7 +381,7 @@ class Engine:
             if catalyst:
                 raise KvpotError(f"internal: {self.policy.name} read a catalyst but kept every cell")
             return False
-        fold = self.policy.memory_fold()
+        fold = GraphPieces.of(self.policy).memory_fold()
         if fold is not None and len(fold):
             self.pot.fold(fold)  # into the gated memory before the compaction drops those cells
         self.compact(keep, self.policy.cr_rope)
@@ -374,7 +395,7 @@ class Engine:
 
     def _recall(self) -> None:
         """Append the cells the policy recalls after a compaction (InfLLM's initial tokens and blocks)."""
-        rec: Recall | None = self.policy.recall(self.pos_next)
+        rec: Recall | None = ExternalMemory.of(self.policy).recall(self.pos_next)
         if rec is None:
             return
         L, H = self.pot.n_layers, self.pot.n_head_kv
@@ -391,7 +412,7 @@ class Engine:
         """A policy that looks its memory up by the question's queries (InfLLM) gets them: the question
         is decoded once with the queries captured, taken back out, and the pot is re-selected and
         recalled for it before the question is decoded for real."""
-        req = self.policy.before_prompt(len(toks))
+        req = ExternalMemory.of(self.policy).before_prompt(len(toks))
         if req.query_angle is None or not self.n_cells:
             return
         pos0 = self.pos_next
@@ -560,7 +581,7 @@ class Engine:
 
     def _turn_room(self) -> int:
         """Cells an answer leaves free so the next chat turn can start a chunk (and a catalyst)."""
-        return len(self._catalyst_tokens(self.policy.catalyst_text())) + MIN_TURN_ROOM
+        return len(self._catalyst_tokens(self.catalyst_text())) + MIN_TURN_ROOM
 
     def _append_cells(self, n: int) -> np.ndarray:
         """Book n tokens just decoded after the pot; returns their stream positions."""

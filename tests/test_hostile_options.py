@@ -16,7 +16,7 @@ from kvpot.cli.main import app
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
-from kvpot.policies import IMDC, POLICIES, PotView, build_policy, make_policy
+from kvpot.policies import IMDC, POLICIES, LengthAware, PotView, build_policy, make_policy
 from kvpot.session.reading_plan import MAX_BYTES_PER_TOKEN, count_tokens
 
 runner = CliRunner()
@@ -37,7 +37,7 @@ def _feed(spec: str, n_tokens: int, budget: int, chunk: int) -> list[tuple[int, 
     random scores: (cells held after the step, the step's budget) for every step."""
     rng = np.random.default_rng(0)
     policy = build_policy(spec, budget, chunk)
-    policy.set_expected_length(n_tokens)
+    LengthAware.of(policy).set_expected_length(n_tokens)  # what the engine tells a policy as it starts
     positions = np.zeros((L, H, 0), dtype=np.int64)
     read, step, held = 0, 0, []
     while read < n_tokens:

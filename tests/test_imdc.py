@@ -23,8 +23,10 @@ from kvpot.errors import KvpotError
 from kvpot.policies import (
     H2O,
     IMDC,
+    Catalyst,
     Policy,
     PotView,
+    QuestionFirst,
     SnapKV,
     StreamingLLM,
     TapRequest,
@@ -270,8 +272,9 @@ def test_feed_loop_reads_exactly_the_input(m_max: int, c: int, function: str):
 # ---------------------------------------------------------------- the pruner
 
 
-class Recorder(Policy):
-    """A pruner that records what it is asked."""
+class Recorder(Policy, QuestionFirst, Catalyst):
+    """A pruner that records what it is asked (with a question and a catalyst, which IMDC does not change:
+    the engine finds them through IMDC)."""
 
     name = "recorder"
     cr_rope = True
@@ -320,10 +323,10 @@ def test_delegates_to_the_pruner():
 
     rec = Recorder()
     policy = IMDC(rec, expected_tokens=5000)
-    policy.set_question("why?")
+    QuestionFirst.of(policy).set_question("why?")
     assert policy.before_chunk(12) == TapRequest(tap_last=3, logprobs=True)
     policy.after_chunk(view)
-    assert policy.catalyst_text() == "catalyst"
+    assert Catalyst.of(policy).catalyst_text() == "catalyst"
     assert policy.select(view, 4).shape == (1, 1, 4)
     policy.after_compaction(np.zeros((1, 1, 4), dtype=np.int64))
     policy.reset()

@@ -12,8 +12,9 @@ from test_imdc import paper_memory, paper_n
 from kvpot.bench.logbook import logbook
 from kvpot.engine import Engine, EngineConfig
 from kvpot.policies import IMDC, PotView, SnapKV, StreamingLLM, Truncate
-from kvpot.policies.base import DEAD, PAD, check_keep, select_per_layer
+from kvpot.policies.base import DEAD, PAD, check_keep
 from kvpot.policies.imdc_schedule import proportional_share, retention_ratio
+from kvpot.policies.wrappers import select_per_layer
 
 
 def planned(n_tokens: int, **kwargs) -> IMDC:

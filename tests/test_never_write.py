@@ -188,7 +188,7 @@ OWN_FILES = {
     "models/pull.py": "models, downloads and locks under KVPOT_HOME/models, each checked before it is renamed in",
     "cli/run.py::demo": "the demo's sample under KVPOT_HOME/samples",
     "models/model_hash.py": "the hash cache under KVPOT_HOME, a file kvpot owns",
-    "kvpot/policies/infllm.py::_copy_borrowed_store": "a new store named by new_store_path under KVPOT_HOME, opened O_EXCL",
+    "kvpot/policies/infllm_store.py::_copy_borrowed_store": "a new store named by new_store_path under KVPOT_HOME, opened O_EXCL",
     "cli/_common.py": "opens /dev/null to quiet a closed stdout",
     "kvpot/bench/qa.py": "the joined benchmark inputs in the run's own temporary folder",
     "kvpot/bench/context.py": "the benchmark's inputs and states in its own temporary folder",

@@ -18,6 +18,7 @@ from kvpot.policies import (
     FullAttention,
     InfiniPot,
     InfLLM,
+    LengthAware,
     Locret,
     Policy,
     PotView,
@@ -98,7 +99,7 @@ def ready(p: Policy, budget: int, chunk: int, expected: int) -> tuple[Policy, in
     p = copy.deepcopy(p)
     p.reset()
     p.fit(budget, chunk)
-    p.set_expected_length(expected)
+    LengthAware.of(p).set_expected_length(expected)
     return p, p.budget_at(0, budget)
 
 

@@ -283,7 +283,7 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
     there (kvpot.bench.read_checkpoint); `say` hears where the read is at each save."""
     from kvpot.bench.read_checkpoint import timed_read
     from kvpot.engine import DEFAULT_ANSWER_RESERVE, Engine, EngineConfig
-    from kvpot.policies import make_policy
+    from kvpot.policies import ExternalMemory, make_policy
 
     # room for the question, the answer and the next turn's start (the default reserve holds 32 tokens)
     reserve = max(DEFAULT_ANSWER_RESERVE, decode + 192)
@@ -301,8 +301,8 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
         res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": read.seconds,
                "tok_s": eng.tokens_seen / read.seconds, "peak_rss_mb": read.peak_rss_mb,
                "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
-               "kv_bytes_allocated": st.bytes_total, "disk_bytes": eng.policy.disk_bytes(),
-               "block_cache": eng.policy.cache_stats(),
+               "kv_bytes_allocated": st.bytes_total, "disk_bytes": ExternalMemory.of(eng.policy).disk_bytes(),
+               "block_cache": ExternalMemory.of(eng.policy).cache_stats(),
                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
                "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus,
                **_end_of_read(memory_status())}

@@ -1,5 +1,10 @@
 """Pot policies: which cells each (layer, KV head) keeps when the pot is over budget.
 
+Every policy is a `Policy` (the core hooks) and declares the capabilities it has (`QuestionFirst`,
+`Catalyst`, `LengthAware`, `GraphPieces`, `ExternalMemory`; kvpot.policies.base says why they are
+apart); wrappers that change one thing about any policy are in kvpot.policies.wrappers. A new
+method is its own file plus one line in `POLICIES` (or `register_policy(cls)` from outside kvpot).
+
 `make_policy("snapkv:window=16,kernel=7")` builds one from a command-line spec. A parameter typed
 `X | None` also takes "none"; IMDC's `pruner` takes a registry name and builds that policy with
 its default parameters (`imdc:pruner=snapkv,m_max=1024,chunk=512,function=sqrt`).
@@ -11,7 +16,19 @@ import dataclasses
 import typing
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import NO_TAPS, BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.base import (
+    NO_TAPS,
+    BudgetTooSmall,
+    Catalyst,
+    ExternalMemory,
+    GraphPieces,
+    LengthAware,
+    Policy,
+    PotView,
+    QuestionFirst,
+    TapRequest,
+    Wrapping,
+)
 from kvpot.policies.edgeinfinite import EdgeInfinite
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.h2o import H2O
@@ -32,17 +49,23 @@ __all__ = [
     "NO_TAPS",
     "POLICIES",
     "BudgetTooSmall",
+    "Catalyst",
     "EdgeInfinite",
+    "ExternalMemory",
     "FullAttention",
+    "GraphPieces",
     "InfLLM",
     "InfiniPot",
+    "LengthAware",
     "Locret",
     "Policy",
     "PotView",
+    "QuestionFirst",
     "SnapKV",
     "StreamingLLM",
     "TapRequest",
     "Truncate",
+    "Wrapping",
     "build_policy",
     "make_policy",
     "policy_parameters",

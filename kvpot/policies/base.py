@@ -1,10 +1,41 @@
-"""What a policy sees and answers. The engine calls every policy through these hooks only.
+"""What a policy sees and answers: a small core every policy has, and the capabilities some declare.
 
 Shapes use L = pot layers (model layers whose KV lives in the pot), H = KV heads,
 N = cells currently in the pot. Every (layer, head) has the same N cells; which tokens those
 cells hold may differ per (layer, head), and after a compaction with per-layer budgets (IMDC's
 adaptive and square-sqrt schedules) a layer may hold fewer: its other cells are DEAD there
 (masked out of that layer's attention) until the next compaction frees them.
+
+Why the split. The engine's reading loop asks every policy the same few things at every chunk:
+how many tokens to read, what to tap, when to compact, how many cells to keep and which, and what
+to forget or save. Those are `Policy`, the core, and every method answers them (the defaults keep
+everything). The rest was asked of every policy too but answered by one or two methods only, each
+time for a part the others do not have; those parts are capabilities, small classes a policy
+declares by subclassing, whose defaults say "not here":
+
+  QuestionFirst   what it keeps depends on the question when it is known before reading (InfiniPot's
+                  CaP-Q): `kvpot chat`, which reads before any question, says so
+  Catalyst        text decoded after the pot and tapped before each selection, then dropped (CaP)
+  LengthAware     plans its steps by the input's length (IMDC's schedule)
+  GraphPieces     pieces it runs inside llama.cpp's graph: trained weights handed to the pot once
+                  (Locret's retaining heads, EdgeInfinite's memory gate, both checked before the
+                  model loads), cells folded into the gated memory before a compaction, every row's
+                  log-prob (InfiniPot's NuC, which sizes llama.cpp's output rows)
+  ExternalMemory  a memory outside the pot with a file on disk (InfLLM's block store): cells
+                  recalled after each compaction and the store the graph's lookup reads, a question
+                  looked up before it is read, the disk it needs before reading and uses after, the
+                  file kept when a saved context references it, its caches' counts
+
+The engine, the session and the checks ask a capability of a policy with `Cap.of(policy)`, which
+answers with the policy's part that has it, or with the capability's defaults (nothing to recall,
+no disk, no catalyst, ...), and `Cap.held_by(policy)` where the question is yes or no. They never
+ask which policy they hold.
+
+Cross-cutting behaviour is a wrapper, in the manner of kvpress's presses around a press
+(`kvpot.policies.wrappers`: `KeyRerotation`, CR-RoPE after every compaction whatever the wrapped
+policy keeps; `PerLayerBudgets`, a per-(layer, head) policy run one layer at a time with a budget
+per layer). A `Wrapping` forwards every core hook to the policy it wraps and overrides only what
+it changes; capabilities are found through wrappers, so a wrapper that changes one declares it.
 """
 
 from __future__ import annotations
@@ -13,6 +44,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -152,7 +184,8 @@ def _refits_after_gate(memory_gate):
 
 
 class Policy:
-    """Base: keeps everything. Subclasses are small dataclasses that override what they need.
+    """The core every policy answers: keeps everything unless a subclass says otherwise. Subclasses
+    are small dataclasses that override what they need and declare the capabilities they have.
 
     Before anything loads, where settings are validated:
       check_budget(budget)       -> raise BudgetTooSmall when the budget can never work (SnapKV's window,
@@ -165,55 +198,31 @@ class Policy:
                                     does nothing (every subclass's fit is wrapped so), so the session
                                     fits it before the model loads and the engine's call is free;
                                     a memory_gate that returns a gate makes the next fit run again
-      set_question(text)         -> the question, when known before reading (InfiniPot's CaP-Q)
-      set_expected_length(n)     -> tokens about to be read, when known (IMDC's number of chunks)
-      disk_need(facts, n)        -> (bytes, folder, how to write less or elsewhere) the policy writes to
-                                    disk reading n tokens of this model (InfLLM's block store), or None;
-                                    asked before reading so a read that would fill the disk is refused
-                                    up front
-      retaining_heads(model)     -> trained graph pieces the policy runs in llama.cpp (Locret's heads,
-                                    checked against the model), or None
-      memory_gate(model)         -> EdgeInfinite's memory-gating module to run in llama.cpp (checked
-                                    against the model; called before fit and before the cache is sized), or None
       cache_cells(budget, chunk) -> the most cells the pot ever holds while reading (default budget +
                                     chunk: the budget kept, and the chunk being read)
       chunk_size(step, chunk)    -> tokens to read at step `step` (default: the configured chunk)
       before_chunk(n_tokens)     -> TapRequest for the chunk about to be decoded
-      wants_logprobs()           -> whether its chunks ask for every row's log-prob (TapRequest.logprobs,
-                                    NuC), answered without side effects before reading: the engine
-                                    sizes llama.cpp's output rows and the planner their memory from it
       after_chunk(view)          -> observe the chunk's taps and log-probs (e.g. accumulate, H2O)
-      wants_compaction(n_cells, budget, next_chunk) -> compact now? (default: n_cells > budget)
-      catalyst_text()            -> text appended before select, its rows tapped, then dropped (CaP)
       budget_at(step, budget)    -> cells to keep after step `step` (default: the configured budget);
                                     an int, or an int array [L] for a different budget per pot layer
+      wants_compaction(n_cells, budget, next_chunk) -> compact now? (default: n_cells > budget)
       select(view, budget)       -> int array [L, H, n] of cell indices to keep (each row sorted,
                                     no duplicates, no catalyst or dead cell), or None to keep
                                     everything; a layer that keeps fewer than n cells ends each of
                                     its rows with PAD (the same count in every head of the layer)
-      memory_fold()              -> cells (the same in every layer and head) to fold into the gated
-                                    memory before the compaction select just chose, or None
       after_compaction(keep)     -> the engine moved cells: keep[l, h, j] is now cell j
-      recall(pos_next)           -> a Recall: cells appended after the kept ones (InfLLM's memory), or None;
-                                    with Recall.fetch, part of them the graph refills per ubatch from
-      lookup_store()             -> the open block store those fetches read (kvpot.runtime.blocks)
-      before_prompt(n_tokens)    -> TapRequest for a question about to be decoded: with query_angle
-                                    set, the engine decodes it once to capture its queries, takes it
-                                    back out, lets the policy select (view.queries) and recall, then
-                                    decodes it for real (InfLLM's lookup for the question)
       reset()                    -> forget the document
     Any time:
-      disk_bytes()               -> bytes the policy keeps on disk beside the pot (InfLLM's block store)
-      cache_stats()              -> a dict of what the policy's own caches did (InfLLM's per-layer block
-                                    caches: rule, size, hits and misses per layer), or None
-      keep_on_disk()             -> a saved context file now references that data: never delete it
+      sink_tokens()              -> the stream's first tokens it keeps as attention sinks
+      state_dict() / load_state_dict(state) -> per-document state, for saved contexts
+      cr_rope                    -> whether kept keys are re-rotated to 0..n-1 after each compaction
     """
 
     name = "base"
     # re-rotate kept keys so cell j sits at position j after each compaction (InfiniPot's CR-RoPE;
     # StreamingLLM's positions-within-the-cache); False keeps every token at its original position.
-    # One way to set it: a dataclass field `cr_rope: bool = ...` (a parameter of the spec, e.g.
-    # infinipot:cr_rope=0); a Wrapping policy forwards its wrapped policy's
+    # A policy's own choice is a dataclass field `cr_rope: bool = ...` (a parameter of the spec, e.g.
+    # infinipot:cr_rope=0); around any policy, KeyRerotation (kvpot.policies.wrappers) sets it
     cr_rope = False
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -240,38 +249,6 @@ class Policy:
         if budget < 1:
             raise BudgetTooSmall(f"{self.name} needs a budget of at least 1 cell, got {budget}", least=1)
 
-    def set_question(self, text: str) -> None:
-        pass
-
-    def reads_with_question(self) -> bool:
-        """Whether what this policy keeps depends on the question when it is known before reading
-        (InfiniPot's CaP-Q): then a read without it (`kvpot chat`) keeps what no question chose."""
-        return False
-
-    def set_expected_length(self, n_tokens: int) -> None:
-        pass
-
-    def disk_need(self, facts, n_tokens: int):
-        return None
-
-    def retaining_heads(self, model_path):
-        return None
-
-    def memory_gate(self, model_path):
-        return None
-
-    def memory_fold(self):
-        return None
-
-    def disk_bytes(self) -> int:
-        return 0
-
-    def cache_stats(self) -> dict | None:
-        return None
-
-    def keep_on_disk(self) -> None:
-        pass
-
     def cache_cells(self, budget: int, chunk: int) -> int:
         return budget + chunk
 
@@ -281,26 +258,14 @@ class Policy:
     def before_chunk(self, n_tokens: int) -> TapRequest:
         return NO_TAPS
 
-    def wants_logprobs(self) -> bool:
-        return False
-
-    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
-        return n_cells > budget
-
-    def catalyst_text(self) -> str | None:
-        return None
-
-    def sink_tokens(self) -> int:
-        """The stream's first tokens this policy keeps as attention sinks whatever they say (StreamingLLM's
-        n_sink, InfLLM's initial tokens): every query attends to them, so they never tell where an
-        answer comes from (kvpot.session.sources leaves them out)."""
-        return 0
+    def after_chunk(self, view: PotView) -> None:
+        pass
 
     def budget_at(self, step: int, budget: int) -> int:
         return budget
 
-    def after_chunk(self, view: PotView) -> None:
-        pass
+    def wants_compaction(self, n_cells: int, budget: int, next_chunk: int) -> bool:
+        return n_cells > budget
 
     def select(self, view: PotView, budget: int) -> np.ndarray | None:
         return None
@@ -308,14 +273,11 @@ class Policy:
     def after_compaction(self, keep: np.ndarray) -> None:
         pass
 
-    def recall(self, pos_next: int) -> Recall | None:
-        return None
-
-    def lookup_store(self):
-        return None
-
-    def before_prompt(self, n_tokens: int) -> TapRequest:
-        return NO_TAPS
+    def sink_tokens(self) -> int:
+        """The stream's first tokens this policy keeps as attention sinks whatever they say (StreamingLLM's
+        n_sink, InfLLM's initial tokens): every query attends to them, so they never tell where an
+        answer comes from (kvpot.session.sources leaves them out)."""
+        return 0
 
     def reset(self) -> None:
         """Forget per-document state (the engine calls this on reset)."""
@@ -344,6 +306,126 @@ class Policy:
                 getattr(self, name).load_state_dict(value["wrapped"])
             else:
                 setattr(self, name, value)
+
+
+# -- capabilities: what some policies have and most do not ----------------------------------------
+
+C = TypeVar("C", bound="Capability")
+
+
+class Capability:
+    """An optional part of a policy, declared by subclassing (`class InfLLM(Policy, ExternalMemory)`).
+    Its methods' bodies are the defaults a policy without it answers with."""
+
+    @classmethod
+    def of(cls: type[C], policy: Policy) -> C:
+        """The part of `policy` that has this capability: the policy itself, or the nearest policy it
+        wraps that has it (a wrapper that changes a capability declares it itself); else this
+        capability's defaults, which do nothing."""
+        found = _find(policy, cls)
+        return found if found is not None else _absent(cls)
+
+    @classmethod
+    def held_by(cls, policy: Policy) -> bool:
+        """Whether `policy`, or a policy it wraps, has this capability."""
+        return _find(policy, cls) is not None
+
+
+def _find(policy, cap: type[C]) -> C | None:
+    while policy is not None:
+        if isinstance(policy, cap):
+            return policy
+        policy = policy.wrapped if isinstance(policy, Wrapping) else None
+    return None
+
+
+@functools.cache
+def _absent(cap: type[C]) -> C:
+    return cap()
+
+
+class QuestionFirst(Capability):
+    """What the policy keeps depends on the question when it is known before reading (InfiniPot's
+    CaP-Q): a read without it (`kvpot chat`) keeps what no question chose."""
+
+    def set_question(self, text: str) -> None:
+        """The question, told before reading."""
+
+
+class Catalyst(Capability):
+    """Text the engine decodes after the pot before each selection, taps (its rows' attention is
+    the view's scores), then drops (InfiniPot's CaP). The engine leaves room for it in every chunk."""
+
+    def catalyst_text(self) -> str | None:
+        return None
+
+
+class LengthAware(Capability):
+    """Plans its steps by the input's length (IMDC's number of chunks)."""
+
+    def set_expected_length(self, n_tokens: int) -> None:
+        """Tokens about to be read, when known or estimated (before reading, and as reading starts)."""
+
+
+class GraphPieces(Capability):
+    """Pieces the policy runs inside llama.cpp's graph."""
+
+    def retaining_heads(self, model_path):
+        """Trained retaining heads (Locret's), checked against the model, or None; handed to the pot once."""
+        return None
+
+    def memory_gate(self, model_path):
+        """EdgeInfinite's memory-gating module, checked against the model, or None; asked before fit
+        and before the cache is sized (the memory counts against the budget)."""
+        return None
+
+    def memory_fold(self) -> np.ndarray | None:
+        """Cells (the same in every layer and head) to fold into the gated memory before the compaction
+        select just chose, or None."""
+        return None
+
+    def wants_logprobs(self) -> bool:
+        """Whether its chunks ask for every row's log-prob (TapRequest.logprobs, NuC), answered without
+        side effects before reading: the engine sizes llama.cpp's output rows and the planner their
+        memory from it."""
+        return False
+
+
+class ExternalMemory(Capability):
+    """A memory outside the pot (InfLLM's block store, a file on disk)."""
+
+    def recall(self, pos_next: int) -> Recall | None:
+        """Cells appended after the kept ones after a compaction, or None; with Recall.fetch, part of
+        them the graph refills per ubatch from `lookup_store()`."""
+        return None
+
+    def lookup_store(self):
+        """The open block store the graph's lookup reads (kvpot.runtime.blocks), or None."""
+        return None
+
+    def before_prompt(self, n_tokens: int) -> TapRequest:
+        """TapRequest for a question about to be decoded: with query_angle set, the engine decodes it
+        once to capture its queries, takes it back out, lets the policy select (view.queries) and
+        recall, then decodes it for real (InfLLM's lookup for the question)."""
+        return NO_TAPS
+
+    def disk_need(self, facts, n_tokens: int):
+        """(bytes, folder, how to write less or elsewhere) written to disk reading n_tokens of a model
+        with these ModelFacts, or None; asked before reading so a read that would fill the disk is
+        refused up front."""
+        return None
+
+    def disk_bytes(self) -> int:
+        """Bytes kept on disk beside the pot now."""
+        return 0
+
+    def keep_on_disk(self) -> None:
+        """A saved context file now references the data on disk: never delete it."""
+
+    def cache_stats(self) -> dict | None:
+        """What the memory's own caches did (InfLLM's per-layer block caches: rule, size, hits and
+        misses per layer), or None."""
+        return None
 
 
 class BudgetTooSmall(KvpotError, ValueError):
@@ -383,9 +465,18 @@ def keep_top_and_recent(positions: np.ndarray, n_top: int, n_recent: int, rank_o
     return np.sort(kept, axis=-1).astype(np.int64, copy=False)
 
 
+
+# the core hooks a Wrapping hands to the policy it wraps unless it overrides them (state_dict and
+# load_state_dict follow the wrapped policy through its dataclass field; capabilities through _find)
+FORWARDED = ("check_budget", "fit", "cache_cells", "chunk_size", "before_chunk", "after_chunk", "budget_at",
+             "wants_compaction", "select", "after_compaction", "sink_tokens", "reset")
+
+
 class Wrapping(Policy):
-    """A policy around another one (kvpress's ChunkPress(press)): every hook goes to the wrapped
-    policy unless the wrapper overrides it, so a wrapper states only what it changes."""
+    """A policy around another one (kvpress's presses around a press: ChunkPress, KeyRerotationPress):
+    every core hook goes to the wrapped policy unless the wrapper overrides it, so a wrapper states
+    only what it changes. The wrapped policy's capabilities are found through it (`Capability.of`);
+    a wrapper that changes one declares it and calls the wrapped policy's part itself."""
 
     @property
     def wrapped(self) -> Policy:
@@ -395,77 +486,18 @@ class Wrapping(Policy):
     def cr_rope(self) -> bool:  # type: ignore[override]
         return self.wrapped.cr_rope
 
-    def fit(self, budget: int, chunk: int) -> None:
-        self.wrapped.fit(budget, chunk)
 
-    def check_budget(self, budget: int) -> None:
-        self.wrapped.check_budget(budget)
+def _forwarding(hook: str):
+    def forward(self, *args):
+        return getattr(self.wrapped, hook)(*args)
 
-    def set_question(self, text: str) -> None:
-        self.wrapped.set_question(text)
+    forward.__name__ = forward.__qualname__ = hook
+    forward.__doc__ = f"The wrapped policy's `{hook}`."
+    return forward
 
-    def reads_with_question(self) -> bool:
-        return self.wrapped.reads_with_question()
 
-    def set_expected_length(self, n_tokens: int) -> None:
-        self.wrapped.set_expected_length(n_tokens)
-
-    def disk_need(self, facts, n_tokens: int):
-        return self.wrapped.disk_need(facts, n_tokens)
-
-    def retaining_heads(self, model_path):
-        return self.wrapped.retaining_heads(model_path)
-
-    def memory_gate(self, model_path):
-        return self.wrapped.memory_gate(model_path)
-
-    def memory_fold(self):
-        return self.wrapped.memory_fold()
-
-    def cache_cells(self, budget: int, chunk: int) -> int:
-        return self.wrapped.cache_cells(budget, chunk)
-
-    def chunk_size(self, step: int, chunk: int) -> int:
-        return self.wrapped.chunk_size(step, chunk)
-
-    def before_chunk(self, n_tokens: int) -> TapRequest:
-        return self.wrapped.before_chunk(n_tokens)
-
-    def wants_logprobs(self) -> bool:
-        return self.wrapped.wants_logprobs()
-
-    def wants_compaction(self, n_cells: int, budget, next_chunk: int) -> bool:
-        return self.wrapped.wants_compaction(n_cells, budget, next_chunk)
-
-    def catalyst_text(self) -> str | None:
-        return self.wrapped.catalyst_text()
-
-    def sink_tokens(self) -> int:
-        return self.wrapped.sink_tokens()
-
-    def budget_at(self, step: int, budget: int):
-        return self.wrapped.budget_at(step, budget)
-
-    def after_chunk(self, view: PotView) -> None:
-        self.wrapped.after_chunk(view)
-
-    def select(self, view: PotView, budget) -> np.ndarray | None:
-        return self.wrapped.select(view, budget)
-
-    def after_compaction(self, keep: np.ndarray) -> None:
-        self.wrapped.after_compaction(keep)
-
-    def recall(self, pos_next: int) -> Recall | None:
-        return self.wrapped.recall(pos_next)
-
-    def lookup_store(self):
-        return self.wrapped.lookup_store()
-
-    def before_prompt(self, n_tokens: int) -> TapRequest:
-        return self.wrapped.before_prompt(n_tokens)
-
-    def reset(self) -> None:
-        self.wrapped.reset()
+for _hook in FORWARDED:
+    setattr(Wrapping, _hook, _forwarding(_hook))
 
 
 def check_keep(keep: np.ndarray, positions: np.ndarray, who: str) -> np.ndarray:
@@ -488,30 +520,3 @@ def check_keep(keep: np.ndarray, positions: np.ndarray, who: str) -> np.ndarray:
         raise KvpotError(f"internal: {who} kept a catalyst or dead cell")
     return n_live[:, 0]
 
-
-def layer_view(view: PotView, layer: int) -> tuple[PotView, np.ndarray]:
-    """One layer of a view with its dead cells left out, and the cell index each sub-view cell has in
-    the full view (dead cells are the same in every head of a layer)."""
-    cells = np.flatnonzero(view.positions[layer, 0] != DEAD)
-    sub = PotView(n_layer=1, n_head_kv=view.n_head_kv, n_cells=int(cells.size),
-                  positions=view.positions[layer:layer + 1][..., cells],
-                  scores=None if view.scores is None else view.scores[layer:layer + 1][..., cells],
-                  logprobs=view.logprobs, chunk_positions=view.chunk_positions, tokens_seen=view.tokens_seen)
-    return sub, cells
-
-
-def select_per_layer(policy: Policy, view: PotView, budgets: np.ndarray) -> np.ndarray:
-    """Run a per-(layer, head) policy one layer at a time on the cells that layer holds, keeping
-    budgets[l] cells in layer l (all it holds when that is fewer); rows padded with PAD."""
-    rows = []
-    for layer in range(view.n_layer):
-        sub, cells = layer_view(view, layer)
-        kept = policy.select(sub, int(budgets[layer])) if sub.n_cells > budgets[layer] else None
-        if kept is None:
-            kept = np.broadcast_to(np.arange(sub.n_cells), (1, view.n_head_kv, sub.n_cells))
-        rows.append(cells[np.asarray(kept)[0]])
-    width = max(r.shape[1] for r in rows)
-    keep = np.full((view.n_layer, view.n_head_kv, width), PAD, dtype=np.int64)
-    for layer, r in enumerate(rows):
-        keep[layer, :, :r.shape[1]] = r
-    return keep

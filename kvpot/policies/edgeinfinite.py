@@ -10,7 +10,7 @@ import numpy as np
 
 from kvpot.converters.adapter import MemoryGate, initial_memory_gate, read_memory_gate
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView
+from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView
 
 # the paper's defaults (section 4.1) and their ratio, used to scale unset lengths to a budget
 PAPER_SINK, PAPER_WINDOW, PAPER_SEG = 300, 200, 2048
@@ -21,7 +21,7 @@ CLOSED_G = -30.0
 
 
 @dataclass
-class EdgeInfinite(Policy):
+class EdgeInfinite(Policy, GraphPieces):
     """EdgeInfinite (Chen et al. 2025, "EdgeInfinite: A Memory-Efficient Infinite-Context Transformer for
     Edge Devices", section 3.2 and Algorithm 1) on the pot.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import DEAD, BudgetTooSmall, Policy, PotView, Wrapping, select_per_layer
+from kvpot.policies.base import BudgetTooSmall, ExternalMemory, GraphPieces, LengthAware, Policy, PotView, Wrapping
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.imdc_schedule import (
     FUNCTIONS,
@@ -19,17 +19,18 @@ from kvpot.policies.imdc_schedule import (
     retention_ratio,
     square_sqrt_layers,
 )
+from kvpot.policies.wrappers import KeyRerotation, PerLayerBudgets
 
 # IMDC sizes every step itself: the tokens it reads (chunk_size), when it compacts (wants_compaction) and
 # the cells that survive (budget_at); its pruner only chooses which cells those are, within the budget it
 # is handed. A policy that sizes one of these its own way, or keeps cells outside that budget, would hold
-# more than m_i (or m_max): it cannot be IMDC's pruner.
+# more than m_i (or m_max): it cannot be IMDC's pruner. hook -> (where its default is, why)
 _OWN_SIZING = {
-    "budget_at": "keeps a number of cells of its own after each step (not IMDC's m_i)",
-    "chunk_size": "reads in steps of its own size (not IMDC's c_i)",
-    "wants_compaction": "decides its own compactions",
-    "recall": "brings back cells from a memory outside the pot after each compaction",
-    "memory_fold": "folds cells into a memory of its own",
+    "budget_at": (Policy, "keeps a number of cells of its own after each step (not IMDC's m_i)"),
+    "chunk_size": (Policy, "reads in steps of its own size (not IMDC's c_i)"),
+    "wants_compaction": (Policy, "decides its own compactions"),
+    "recall": (ExternalMemory, "brings back cells from a memory outside the pot after each compaction"),
+    "memory_fold": (GraphPieces, "folds cells into a memory of its own"),
 }
 
 # where the cells' RoPE positions go after each compaction (IMDC's `positions`)
@@ -40,14 +41,14 @@ def unfit_pruner(cls: type) -> str | None:
     """Why a pruner of policy class `cls` cannot keep within the budgets IMDC hands it, or None when it can."""
     if cls.select in (Policy.select, FullAttention.select):
         return "keeps every cell it reads"
-    for hook, why in _OWN_SIZING.items():
-        if getattr(cls, hook) is not getattr(Policy, hook):
+    for hook, (owner, why) in _OWN_SIZING.items():
+        if getattr(cls, hook, None) not in (None, getattr(owner, hook)):
             return why
     return None
 
 
 @dataclass
-class IMDC(Wrapping):
+class IMDC(Wrapping, LengthAware):
     """IMDC ("Memorize Step by Step: Efficient Long-Context Prefilling with Incremental Memory and
     Decremental Chunk", section 3 and appendix A.1) around a pruner, as kvpress's ChunkPress(press):
     IMDC decides how many tokens each step reads and how many cells survive it; the pruner
@@ -267,7 +268,7 @@ class IMDC(Wrapping):
             raise KvpotError(f"imdc: the input length must be positive, got {n_tokens}")
         self._declared = n_tokens
         self._schedule_arrays()  # an infeasible schedule fails before any decoding
-        self.pruner.set_expected_length(n_tokens)
+        LengthAware.of(self.pruner).set_expected_length(n_tokens)
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         # the engine's budget and chunk are IMDC's m_max and c; c + m_max bounds every schedule
@@ -288,36 +289,27 @@ class IMDC(Wrapping):
     def wants_compaction(self, n_cells: int, budget: int | np.ndarray, next_chunk: int) -> bool:
         return n_cells > int(np.min(budget))
 
-    # -- the pruner's hooks: set_question, before_chunk, catalyst_text and after_compaction go
-    # to the pruner (Wrapping); IMDC adds to these, and decides cr_rope unless positions=pruner ----
+    # -- the pruner as IMDC runs it: every other hook (before_chunk, after_compaction, sink_tokens, ...)
+    # goes to it through Wrapping, and its capabilities (a question, a catalyst) are found through IMDC --
 
     @property
     def wrapped(self) -> Policy:
-        return self.pruner
-
-    @property
-    def cr_rope(self) -> bool:  # type: ignore[override]
-        return True if self.positions == "reencode" else self.pruner.cr_rope
+        """The pruner with IMDC's two cross-cutting changes around it (kvpot.policies.wrappers): one layer
+        at a time where the schedule sizes each layer apart (PerLayerBudgets), and with positions=reencode
+        its kept keys re-rotated to 0..m_i-1 after every compaction, whatever the pruner's own choice
+        (KeyRerotation); positions=pruner leaves the pruner's cr_rope."""
+        per_layer = PerLayerBudgets(self.pruner)
+        return KeyRerotation(per_layer) if self.positions == "reencode" else per_layer
 
     def after_chunk(self, view: PotView) -> None:
         self._n_layer = view.n_layer
         self.pruner.after_chunk(view)
 
-    def catalyst_text(self) -> str | None:
-        return self.pruner.catalyst_text()
-
     def select(self, view: PotView, budget: int | np.ndarray) -> np.ndarray | None:
-        budgets = np.asarray(budget, dtype=np.int64)
-        if budgets.ndim == 0 and not np.any(view.positions == DEAD):
-            keep = self.pruner.select(view, int(budgets))
-        else:  # per-layer sizes, or cells an earlier per-layer step left dead
-            keep = select_per_layer(self.pruner, view, np.broadcast_to(budgets, (view.n_layer,)))
+        keep = self.wrapped.select(view, budget)
         if keep is not None and self.function == "adaptive":
             self._retention = retention_ratio(view, np.asarray(keep))
         return keep
-
-    def after_compaction(self, keep: np.ndarray) -> None:
-        self.pruner.after_compaction(keep)
 
     def reset(self) -> None:
         self._declared = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.base import BudgetTooSmall, Catalyst, GraphPieces, Policy, PotView, QuestionFirst, TapRequest
 from kvpot.policies.snapkv import POOLINGS, pool1d
 
 # Table 2 of the paper. CaP-Q's row is partly illegible in our copy; we append the question to CaP-G.
@@ -26,7 +26,7 @@ def cap_q(question: str) -> str:
 
 
 @dataclass
-class InfiniPot(Policy):
+class InfiniPot(Policy, QuestionFirst, Catalyst, GraphPieces):
     """InfiniPot (Kim et al. 2024), section 3 and appendix B.
 
     pot:        |M|, cells the memory pot holds before a distillation (default: --budget, so the pot
@@ -133,9 +133,6 @@ class InfiniPot(Policy):
 
     def set_question(self, text: str) -> None:
         self._question = text
-
-    def reads_with_question(self) -> bool:
-        return True
 
     def cache_cells(self, budget: int, chunk: int) -> int:
         return self._sizes()[0]  # the pot never grows past |M|

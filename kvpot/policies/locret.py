@@ -9,11 +9,11 @@ import numpy as np
 
 from kvpot.converters.adapter import RetainingHeads, read_retaining_heads
 from kvpot.errors import KvpotError
-from kvpot.policies.base import BudgetTooSmall, Policy, PotView, TapRequest
+from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView, TapRequest
 
 
 @dataclass
-class Locret(Policy):
+class Locret(Policy, GraphPieces):
     """Locret (Huang et al. 2025, "Locret: Enhancing Eviction in Long-Context LLM Inference with Trained
     Retaining Heads", section 3.3 and Algorithm 1) on the pot.
 

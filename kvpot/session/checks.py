@@ -60,7 +60,7 @@ def check_budget(policy: Policy | str, budget: int, chunk: int, option: str = "-
     fit then does nothing), or a spec, built for this check alone (commands that start the engine
     elsewhere, a benchmark's worker). `expected_tokens`: the input's estimated length, where a
     policy's smallest step depends on it (IMDC's m_0). Returns the fitted policy."""
-    from kvpot.policies import BudgetTooSmall, make_policy
+    from kvpot.policies import BudgetTooSmall, LengthAware, make_policy
 
     try:
         if isinstance(policy, str):
@@ -70,7 +70,7 @@ def check_budget(policy: Policy | str, budget: int, chunk: int, option: str = "-
             # declared on a copy: a declared length shrinks IMDC's cache_cells to this estimate's
             # schedule, while the engine sizes its context for every schedule (c + m_max) and the session
             # declares the length it counts as reading starts
-            copy.deepcopy(policy).set_expected_length(expected_tokens)
+            LengthAware.of(copy.deepcopy(policy)).set_expected_length(expected_tokens)
     except BudgetTooSmall as e:
         if e.least is None:  # another parameter of the policy must change, not the budget
             raise
@@ -83,9 +83,11 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
     free space of their folder, with the numbers and what would fit. `n_tokens`: the input's estimated
     length (None: unknown, e.g. a pipe, and nothing is checked); `free_bytes`: the folder's free bytes
     (default: what the file system says)."""
+    from kvpot.policies import ExternalMemory
+
     if not n_tokens:
         return
-    need = policy.disk_need(facts, n_tokens)
+    need = ExternalMemory.of(policy).disk_need(facts, n_tokens)
     if need is None:
         return
     nbytes, folder, ways = need
@@ -133,12 +135,13 @@ def check_adapters(policy: Policy | str, model_path) -> None:
     gate), read and checked against the model: for commands that do work before they build the engine
     (a benchmark measures stock llama.cpp first, `ask` plans the budget and says so), so that a wrong or
     missing adapter is said first, as the only line. `policy`: the policy or its spec."""
-    from kvpot.policies import make_policy
+    from kvpot.policies import GraphPieces, make_policy
 
     if isinstance(policy, str):
         policy = make_policy(policy)
-    policy.retaining_heads(model_path)
-    policy.memory_gate(model_path)
+    pieces = GraphPieces.of(policy)
+    pieces.retaining_heads(model_path)
+    pieces.memory_gate(model_path)
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -246,7 +249,7 @@ def check_pot_room(engine, budget_option: str = "--budget") -> None:
     engine would read past the budget (into the answer reserve) or a policy would find nothing to
     drop. Said before reading, with the question's share when the catalyst holds it."""
     policy = engine.policy
-    text = policy.catalyst_text()
+    text = engine.catalyst_text()
     n_cat = len(engine.model.tokenize(text)) if text else 0
     if not n_cat:
         return

@@ -21,7 +21,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.locator.keys import keys_bytes, uses_keys
 from kvpot.models.gguf_file import ModelFacts
-from kvpot.policies import Policy, make_policy
+from kvpot.policies import GraphPieces, Policy, make_policy
 from kvpot.session import auto_budget as device_budget
 from kvpot.session.beyond_window import Asking, measured_pot
 from kvpot.session.settings import AUTO, RunSettings, reads_in_full
@@ -148,7 +148,7 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
     full = reads_in_full(settings.policy)
     chunk = settings.chunk
     steps = None if full else policy if policy is not None else make_policy(settings.policy)
-    wants_logprobs = steps is not None and steps.wants_logprobs()
+    wants_logprobs = steps is not None and GraphPieces.of(steps).wants_logprobs()
     flash_note, mem = None, memory
     asked_auto = settings.flash_attn == "auto"
     if settings.flash_attn == "auto" or settings.budget == AUTO:

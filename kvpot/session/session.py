@@ -20,7 +20,7 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.locator.keys import DEFAULT_BLOCK, uses_keys
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
-from kvpot.policies import Policy, make_policy
+from kvpot.policies import ExternalMemory, Policy, make_policy
 from kvpot.runtime import abort, library
 from kvpot.session.answer import AnswerText
 from kvpot.session.context_file import FORMAT_NAME, SavedContext, read_context, write_context
@@ -357,6 +357,11 @@ class Session:
 
     # -- saving ----------------------------------------------------------------------------------
 
+    def disk_need(self, n_tokens: int):
+        """(bytes, folder, how to write less) the policy writes to disk beside the pot reading n_tokens of
+        this model (InfLLM's block store, which a saved context references rather than holds), or None."""
+        return ExternalMemory.of(self.engine.policy).disk_need(self.facts, n_tokens)
+
     def save(self, path: Path) -> int:
         rt = library.info()
         header = {
@@ -384,7 +389,7 @@ class Session:
         # the file will reference the policy's disk data (InfLLM's store): mark it kept before the file exists,
         # so no moment has a saved context whose store a signal's cleanup would delete (a save that then
         # fails leaves a kept store behind, never a context without its store)
-        self.engine.policy.keep_on_disk()
+        ExternalMemory.of(self.engine.policy).keep_on_disk()
         return write_context(path, SavedContext(header=header, state=state))
 
     @classmethod

@@ -97,6 +97,14 @@ def reads_in_full(policy_spec: str) -> bool:
     return policy_spec.strip().partition(":")[0].strip().lower() == "full"
 
 
+def reads_with_question(policy: Policy) -> bool:
+    """What the policy keeps depends on the question when it is known before reading (InfiniPot's CaP-Q,
+    kvpot.policies.QuestionFirst): a read before any question (`kvpot chat`) keeps what no question chose."""
+    from kvpot.policies import QuestionFirst
+
+    return QuestionFirst.held_by(policy)
+
+
 def default_threads() -> int:
     """Threads when none are asked for: every core (llama.cpp's own default is the same)."""
     return max(1, os.cpu_count() or 1)
