@@ -21,6 +21,7 @@ from rich.markup import escape
 from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.paths import home
+from kvpot.session.settings import reads_with_question
 from kvpot.session.session import Session
 
 from ._common import err
@@ -53,7 +54,7 @@ class Reread:
 def worth_reading_again(session: Session) -> str | None:
     """None when reading again with the question first can keep other cells; else why not, to say."""
     policy = session.engine.policy
-    if not policy.reads_with_question():
+    if not reads_with_question(policy):
         return NOT_STEERED.format(spec=session.policy_spec)
     if session.engine.stats().n_compactions == 0:
         return WHOLE_INPUT_HELD

@@ -20,7 +20,7 @@ from kvpot.session.checks import check_pot_room
 from kvpot.session.locating import HOW
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
-from kvpot.session.settings import reads_in_full
+from kvpot.session.settings import reads_in_full, reads_with_question
 from kvpot.wording import plural
 
 from ._common import err, is_verbose, print_error, write_out
@@ -61,7 +61,7 @@ def new_session(inputs: list[str], glob: str | list[str], model: str, question: 
     if question is None and (expected is None or expected > settings.budget) and not reads_in_full(settings.policy):
         if settings.locator != "pot" and sources.can_read_again():
             err.print(FOCUS_EACH_QUESTION.format(how=HOW[settings.locator]), soft_wrap=True)
-        elif plan.policy.reads_with_question():
+        elif reads_with_question(plan.policy):
             err.print(READ_BEFORE_THE_QUESTION, soft_wrap=True)
     with err.status(f"loading {plan.facts.name}"):
         session = plan.open()

@@ -400,7 +400,7 @@ def _read(plan: Plan, facts, name: str, settings, asks, path: Path, what: str, s
             peak.restart(so_far.peak_rss_mib or 0.0)  # the restore's own peak (the saved state beside the cache) is not the reading's
         if len(asks) == 1 and plan.per_question:
             s.set_question(asks[0].question)  # CaP-Q, as `kvpot ask` reads
-        if saving is not None and s.engine.policy.disk_need(facts, s.engine.ctx.n_ctx) is not None:
+        if saving is not None and s.disk_need(s.engine.ctx.n_ctx) is not None:
             saving = None  # its block store is not in the context (kvpot.bench.qa_read_save)
         point = s.read_point if so_far is not None else None
         sources = collect_sources([str(path)])
