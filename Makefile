@@ -82,7 +82,7 @@ bench-qa-long: install
 		--json $(BENCH_DIR)/qa-1.5b-128k.json --resume
 	# as `kvpot ask` reads a pipe: the question first, one read per question (9 reads, each 78 minutes on a 2-core
 	# AVX-512 Xeon and over 2 hours on a 2-core AVX2 EPYC), into a file of that default's pot (16,384
-	# cells; qa-1.5b-128k-ask.json holds four reads made with 8,192, the default then). Each reading is
+	# cells). Each reading is
 	# saved every 10 minutes and on Ctrl-C or SIGTERM: the same line with --resume goes on from its save
 	$(KVPOT) bench qa -m qwen2.5-coder-1.5b -P default --per-question --length 131072 --sample 8 -t 2 \
 		--json $(BENCH_DIR)/qa-1.5b-128k-ask-16384.json --resume
@@ -194,8 +194,7 @@ bench-locret-trace: pull-test-models
 	$(BENCH_PY) -m studies.locret_trace -m gemma3-270m -n 7900 -d 0.5 --budget 2048 --keep-digits \
 		--json $(BENCH_DIR)/locret/trace-gemma3-prose-7900-2048-oracle.json
 
-# Locret's needle grids beside the other policies. The Gemma-3 32K file started as a copy of
-# niah-gemma3-32k.json, so only Locret's cases ran into it
+# Locret's needle grids beside the other policies
 bench-locret: pull-test-models
 	mkdir -p $(BENCH_DIR)/locret
 	$(KVPOT) bench niah -m gemma3-270m --length 32768 $(D5) --seed 0 --budget 1024 --chunk 512 --task passkey \

@@ -128,10 +128,11 @@ QWEN25_CODER_15B = KnownModel(
     beyond_window_pot_asked=16384,
     beyond_window_pot_focused=2048,
     expect=("the best answers: 88 % of kvpot's 67 questions on real 8K documents and 84 % at 32K, in one "
-            "sentence; past its 32K window, in ask on files (its focused read), 8 of 9 at 48K and 8 of 9 at "
-            "128K; in chat 3 of 8 at 128K and 2 of 8 at 256K, no more than it knows without the document; "
-            "the slowest reader: ~60 tokens/s on 2 cores within its window, past it 57-116 in the 2,048-cell pot "
-            "of chat and of ask on files and 16-57 in the 16,384-cell one ask reads a pipe with, by CPU"),
+            "sentence; past its 32K window, in ask on files (its focused read), 7 of 8 questions and the "
+            "multi-key code at 48K and at 128K; in chat 3 of 8 at 128K and 2 of 8 at 256K, no more than it "
+            "knows without the document; the slowest reader: 51 tokens/s for 8K tokens within its window and "
+            "56-67 past it in ask's 2,048-cell pot, on 2-core AVX-512 CPUs (docs/benchmarks.md, \"Models: what "
+            "kvpot models says\")"),
 )
 
 QWEN25_CODER_05B = KnownModel(
