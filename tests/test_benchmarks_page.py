@@ -181,9 +181,8 @@ def test_every_cited_json_says_how_it_was_made():
     assert not gaps, f"cited JSON without its command, commit, CPU or sample size: {gaps}"
 
 
-@pytest.mark.xfail(strict=True, reason="studies/README.md's JSON predate recorded provenance and are not completed "
-                   "yet: complete them from git history or measure again, then drop this mark")
 def test_the_studies_json_say_how_they_were_made():
+    """studies/README.md: each study's JSON holds its command, commit, CPU and sample size."""
     gaps = provenance_report(cited_json(["studies/README.md"]))
     assert not gaps, f"{len(gaps)} study JSON without their command, commit, CPU or sample size: {sorted(gaps)}"
 
