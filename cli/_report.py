@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvpot.display import printable
 from kvpot.session.sampling import Sampler
-from kvpot.session.session import Session
 from kvpot.session.sources import format_passages, top_passages
 
 from ._common import elapsed, write_out
 from ._session import Answered, answer
+
+if TYPE_CHECKING:
+    from kvpot.session.session import Session
 
 # the options ask and run share (chat takes --sources too)
 JsonOpt = Annotated[bool, typer.Option(

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -22,9 +23,11 @@ from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.paths import home
 from kvpot.session.settings import reads_with_question
-from kvpot.session.session import Session
 
 from ._common import err
+
+if TYPE_CHECKING:  # opened by kvpot.api through the chat's reader, never assembled here
+    from kvpot.session.session import Session
 
 # said when /ask would read the same cells again
 WHOLE_INPUT_HELD = ("/ask: nothing of the input was left out of memory, so reading it again with the question "

@@ -8,18 +8,17 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from kvpot.api.plan import estimated_tokens as _estimated_tokens  # noqa: F401 (the tests' name for it)
-from kvpot.api.plan import plan_read, reopen
+from kvpot.api.plan import plan_read, reopen, set_question
 from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
-from kvpot.session.checks import check_pot_room
 from kvpot.session.locating import HOW
 from kvpot.session.sampling import Sampler
-from kvpot.session.session import Session
 from kvpot.session.settings import reads_in_full, reads_with_question
 from kvpot.wording import plural
 
@@ -27,8 +26,11 @@ from ._common import err, is_verbose, print_error, write_out
 from ._interrupt import Interrupts
 from .reading import QuestionProgress, plain_every_s, read_with_progress
 
+if TYPE_CHECKING:  # opened by kvpot.api (plan_read → Plan.open, reopen), never assembled here
+    from kvpot.session.session import Session
+
 # said when chat reads through a pot that keeps what the question would have chosen, had it been known
-# chat past the pot, on files (cli/_focus.focused_turn)
+# chat past the pot, on files (kvpot.api.Document.turn, cli/ask.py)
 FOCUS_EACH_QUESTION = (
     "past what the pot keeps, each question finds its passages in the whole input ({how}) and reads them again "
     "with full attention before answering")
@@ -100,8 +102,7 @@ def continue_reading(session: Session, context: Path | str, question: str | None
     notices = []
     sources = reopen_sources(point, notice=notices.append)
     if question:
-        session.set_question(question)
-        check_pot_room(session.engine, budget_option="the --budget the files are read with")
+        set_question(session, question)
     for msg in notices:
         err.print(f"[yellow]{escape(printable(msg))}[/yellow]", soft_wrap=True)
     read_with_progress(session, sources, save=None if save_to is None else lambda: save(session, save_to),

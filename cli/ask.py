@@ -6,14 +6,15 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from kvpot.api.answering import past_the_pot
-from kvpot.api.plan import check_locator
+from kvpot.api.document import Document
+from kvpot.api.plan import check_locator, set_question
 from kvpot.display import printable, require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
@@ -21,9 +22,7 @@ from kvpot.ingest.sources import STDIN, stdin_is_piped
 from kvpot.models.choose import default_model
 from kvpot.models.registry import KNOWN
 from kvpot.safe_write import resolve_target
-from kvpot.session.checks import check_pot_room
 from kvpot.session.sampling import Sampler
-from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
 
 from ._chat_input import ChatInput, history_path
@@ -40,7 +39,7 @@ from ._common import (
     user_errors,
     write_out,
 )
-from ._focus import ON_TERMINAL, focus_report, focused_turn
+from ._focus import ON_TERMINAL, focus_report
 from ._options import ADVANCED, MODEL_DEFAULT, MODEL_HELP, N_PREDICT_HELP, QuietOpt, VerboseOpt
 from ._report import JsonOpt, SourcesOpt, answer_tracked, answer_with_sources, sources_text
 from ._reread import NO_FILES, ReadingLost, Reread, read_again, worth_reading_again
@@ -58,6 +57,9 @@ from ._sampling import (
 )
 from ._session import Answered, continue_reading, new_session, reopen_session, save
 from .reading import read_with_progress
+
+if TYPE_CHECKING:  # the sessions here are opened by kvpot.api (cli/_session.py), never assembled
+    from kvpot.session.session import Session
 
 POLICY_HELP = "what the memory keeps (docs/methods.md)"
 
@@ -237,9 +239,7 @@ def ask(
                             exclude=exclude, verbose=verbose, go_on=go_on, focus=focus, **opts)
     try:
         if context is not None:
-            session.set_question(question)
-            # a question too long for a catalyst that holds it: said before reading it
-            check_pot_room(session.engine, budget_option="the --budget the files are read with")
+            set_question(session, question)  # a question too long for a catalyst that holds it: said before reading it
         saved = save(session, save_context) if save_context is not None else True
     except BaseException:
         session.close()
@@ -316,20 +316,22 @@ def _stats_table(session: Session) -> Table:
 
 
 class _Chat:
-    """The chat's state between turns: the session answering (/ask replaces it), whether each answer's
-    sources are printed after it (--sources), recorded for /sources, and the last answer's; what /ask
-    reads again (None for a reopened context)."""
+    """The chat's state between turns: the document answering (kvpot.api.Document, which keeps the
+    conversation so far; /ask replaces it), whether each answer's sources are printed after it (--sources),
+    recorded for /sources, and the last answer's; what /ask reads again (None for a reopened context)."""
 
     def __init__(self, session: Session, show_sources: bool = False, reread: Reread | None = None):
-        self.session = session
+        self.doc = Document(session)
         self.show_sources = show_sources
         # taps every answer token: on with --sources, or after a /sources (tracking costs the decode: the
         # score tap is an extra attention over every cell per token, measured in docs/benchmarks.md)
         self.track = show_sources
         self.last: list[dict] | None = None
         self.reread = reread
-        # the conversation so far, (question, answer): a focused read puts it after its passages
-        self.history: list[tuple[str, str]] = []
+
+    @property
+    def session(self) -> Session:
+        return self.doc.session
 
 
 def _ask_again(state: _Chat, question: str) -> str | None:
@@ -343,14 +345,13 @@ def _ask_again(state: _Chat, question: str) -> str | None:
         err.print(escape(printable(why)), soft_wrap=True)
         return question
     try:
-        state.session = read_again(state.session, state.reread, question, _open_session)
+        state.doc = Document(read_again(state.session, state.reread, question, _open_session))
     except ReadingLost:
         raise  # the chat has no reading left: its error ends it
     except KvpotError as e:  # not read again: the chat goes on as it was
         err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]", soft_wrap=True)
         return None
     state.last = None
-    state.history = []
     return question
 
 
@@ -380,9 +381,8 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
                       "answer's); from the next answer on, /sources lists them[/yellow]")
     elif cmd == "/reset":
         try:
-            session.reset_conversation()
+            state.doc.reset()
             state.last = None
-            state.history = []
             err.print("conversation forgotten; the document stays")
         except KvpotError as e:  # e.g. a context saved after some turns: the chat goes on
             err.print(f"[yellow]{escape(printable(str(e)))}[/yellow]")
@@ -492,15 +492,10 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             continue
         try:
             try:
-                turn = focused_turn(state.session, line, state.history, sampler, stop, state.track)
+                said, found = _turn(state, line, sampler, stop)
             except KeyboardInterrupt:  # Ctrl-C while finding or reading the passages: the question is dropped
                 err.print("\n(stopped; the question was not answered)")
                 continue
-            if turn is not None:
-                said, found = turn
-            else:
-                said, _, found = answer_tracked(state.session, line, sampler, stop, True, state.track)
-            state.history.append((line, said.text))
             state.last = found
             if found is not None and state.show_sources and not said.stopped:
                 write_out(sources_text(found))
@@ -508,3 +503,21 @@ def _chat_loop(state: _Chat, save_context: Path | None, sampler: Sampler, stop: 
             raise  # no later answer could be written either
         except KvpotError as e:
             print_error(str(e))
+
+
+def _turn(state: _Chat, question: str, sampler: Sampler, stop: tuple[str, ...]) -> tuple[Answered, list[dict] | None]:
+    """One chat turn through the API's (kvpot.api.Document.turn: in the pot, or past it from a focused read of
+    the question's passages with the conversation so far), the answer streamed to stdout: (what was said, the
+    passages it drew on: ranked by its own attention when tracked, else those a focused read was given, each
+    marked `read_for_the_answer`; None for an untracked answer from the pot)."""
+    passages = None
+
+    def answer(session: Session, found) -> Answered:
+        nonlocal passages
+        said, _, got = answer_tracked(session, question, sampler, stop, True, state.track)
+        passages = got if got is not None or found is None else [dict(p, read_for_the_answer=True)
+                                                                  for p in found.passages]
+        return said
+
+    said = state.doc.turn(question, answer, read=read_with_progress, **ON_TERMINAL)
+    return said, passages

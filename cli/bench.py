@@ -7,13 +7,13 @@ from pathlib import Path
 
 import typer
 
+from kvpot.api.plan import check_policy
 from kvpot.bench.report import context_table, heatmap_png, niah_table, ppl_table, throughput_table
 from kvpot.bench.throughput import ThroughputPlan, read_checkpoint_path, run_plan
 from kvpot.errors import KvpotError
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
 from kvpot.paths import bench_reads_dir
-from kvpot.policies import make_policy
 from kvpot.safe_write import atomic_write, protect, resolve_target
 from kvpot.session.checks import check_adapters, check_budget
 from kvpot.session.settings import RunSettings, setting_problem
@@ -250,12 +250,12 @@ def qa(
     for spec in policy:
         if spec not in (DEFAULT, CLOSED):
             try:
-                make_policy(spec)  # a bad spec, before any model loads
+                check_policy(spec)  # a bad spec, before any model loads
             except KvpotError as e:
                 raise KvpotError(f"{e}; bench qa also takes {DEFAULT} (what --budget auto reads with) "
                                  f"and {CLOSED} (closed book)") from None
             if budget:
-                check_budget(spec, budget, RunSettings().chunk)
+                check_policy(spec, budget)
     paths = []
     for m in models:
         facts, _ = resolve_model(m)
@@ -543,7 +543,7 @@ def context(
     from kvpot.bench.context import run_lengths
 
     if policy:  # refuse a bad spec (or a budget it cannot work with) before any process starts
-        check_budget(policy, budget, RunSettings().chunk) if budget else make_policy(policy)
+        check_policy(policy, budget)
     facts, _ = resolve_model(model)
     _outputs_checked({facts.path: "the model"}, json_out)
     with tempfile.TemporaryDirectory(prefix="kvpot-bench-") as tmp:

@@ -1,6 +1,6 @@
-"""The Python API (kvpot.Model, kvpot.Document): it answers as `kvpot ask` does on the same file and settings,
-a saved document reopens to the same answer, bad input is refused in one line before libllama loads, and the
-progress callback counts up to the input's tokens."""
+"""The Python API (kvpot.Model, kvpot.Document): it answers as `kvpot ask` and `kvpot chat` do on the same file
+and settings, a saved document reopens to the same answer, bad input is refused in one line before libllama
+loads, and the progress callback counts up to the input's tokens."""
 
 from __future__ import annotations
 
@@ -61,6 +61,21 @@ def test_a_saved_document_reopens_to_the_same_answer(by_api, doc, smollm2_cut_pa
     with kvpot.Document.open(ctx, kvpot.Model(smollm2_cut_path)) as reopened:
         again = reopened.ask(question)
     assert (again.text, again.stop_reason) == (answer.text, answer.stop_reason)
+
+
+def test_chat_answers_as_kvpot_chat_does(doc, smollm2_cut_path):
+    """Two turns of Document.chat against `kvpot chat` on the same file and settings, its questions typed on
+    stdin: both past the pot, each question's passages read again with the conversation so far after them."""
+    path, question = doc
+    questions = ["Who kept the log?", question]
+    with kvpot.Model(smollm2_cut_path).read([path], policy="infinipot", **SETTINGS) as read:
+        answers = [read.chat(q) for q in questions]
+    res = CliRunner().invoke(app, ["chat", str(path), "-m", str(smollm2_cut_path), "-P", "infinipot", *CLI],
+                             input="".join(q + "\n" for q in questions) + "/quit\n")
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    assert all(a.text for a in answers), "an empty answer compares nothing"
+    assert [line.strip() for line in res.stdout.splitlines()] == [a.text for a in answers], res.stdout
+    assert all(a.focus is not None for a in answers) and res.stderr.count("focus: ") == 2, res.stderr
 
 
 def test_progress_counts_up_to_the_input(by_api):

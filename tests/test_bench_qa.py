@@ -273,7 +273,7 @@ def test_closed_book_asks_each_question_after_a_document_that_holds_nothing(smol
     facts, known = resolve_model(str(smollm2_cut_path))
     nodoc = tmp_path / "nodoc.txt"
     nodoc.write_text(NO_DOCUMENT, encoding="utf-8")
-    settings, _ = _settings(plan, facts, known, "full", nodoc)
+    settings = _settings(plan, facts, known, "full", nodoc)[0].settings  # the reference's session is built apart
     for q in qs:
         with Session(facts, facts.name, settings, resettable=False) as s:
             s.read(collect_sources([str(nodoc)]))

@@ -1,5 +1,5 @@
 """`kvpot chat` reads before any question is asked. Past what the pot keeps, on files, each question then finds
-its passages in the whole input and reads them again (cli/_focus.focused_turn), and chat says so. With the pot
+its passages in the whole input and reads them again (kvpot.api.Document.turn), and chat says so. With the pot
 as the locator (`--locator pot`) the pot answers: through a pot whose choice depends on the question
 (InfiniPot's CaP-Q), that read keeps what no question chose, and chat says so and names `kvpot ask`, which
 reads with the question first; a policy the question does not steer, an input that fits the pot, and

@@ -5,5 +5,6 @@ from kvpot.api.answering import Answer
 from kvpot.api.document import Document, Model
 from kvpot.api.plan import Plan
 from kvpot.errors import KvpotError
+from kvpot.session.session import ReadingStopped  # raised by a read's progress callback, it stops the read there
 
-__all__ = ["Answer", "Document", "KvpotError", "Model", "Plan"]
+__all__ = ["Answer", "Document", "KvpotError", "Model", "Plan", "ReadingStopped"]

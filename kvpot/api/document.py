@@ -14,7 +14,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from kvpot.api.answering import Answer, answer_in, check_question, past_the_pot
+from kvpot.api.answering import Answer, R, answer_in, check_question, past_the_pot
+from kvpot.api.focusing import Focus, Locating, Notice, Working, never_stopped, no_status, quiet
 from kvpot.api.plan import Plan, check_locator, plan_read, reopen
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
@@ -73,7 +74,7 @@ class Document:
 
     def __init__(self, session: Session, plan: Plan | None = None):
         self.session = session
-        self.plan = plan  # how it was read (None: reopened from a file)
+        self.plan = plan  # how it was read (None: reopened from a file, or read where the plan is not kept)
         self.history: list[tuple[str, str]] = []
 
     @classmethod
@@ -126,12 +127,24 @@ class Document:
         """One turn of a conversation, as `kvpot chat` answers it: past what the pot kept, the session's
         locator finds the passages, read again with the conversation so far after them; the exchange stays."""
         check_question(question)
-        answer = self._answerer(question, max_tokens, sampler, stop, sources, on_text)
-        if locator_for(self.session)[0] == "pot":  # the pot's locating answer would stay in the conversation
+        return self.turn(question, self._answerer(question, max_tokens, sampler, stop, sources, on_text),
+                         read=lambda s, text: _read(s, text, progress))
+
+    def turn(self, question: str, answer: Callable[[Session, Focus | None], R],
+             read: Callable[[Session, SourceSet], object] | None = None, notice: Notice = quiet,
+             working: Working = no_status, locating: Locating = never_stopped) -> R:
+        """One turn of the conversation (`chat`), answered by the caller's own `answer(session, found)`: in the
+        pot's session (`found` None) where the session's locator is the pot (its locating answer would stay in
+        the conversation) or nothing needs reading again, else in the session that read the question's
+        passages (`read(session, text)`; default: no progress) with the conversation so far after them
+        (kvpot.api.answering.past_the_pot). What `answer` returns has the answer's `text`, which the
+        conversation keeps. `notice`, `working`, `locating`: what is said and shown meanwhile (kvpot.api.focusing;
+        `kvpot chat` passes the terminal's)."""
+        if locator_for(self.session)[0] == "pot":
             said = answer(self.session, None)
         else:
-            said = past_the_pot(self.session, question, answer, lambda s, text: _read(s, text, progress),
-                                history=list(self.history))
+            said = past_the_pot(self.session, question, answer, read or (lambda s, text: _read(s, text, None)),
+                                history=list(self.history), notice=notice, working=working, locating=locating)
         self.history.append((question, said.text))
         return said
 

@@ -11,6 +11,7 @@ to the `notice` callback or into `Plan.notes`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -58,7 +59,8 @@ Notice = Callable[[str], None]
 class Plan:
     """One reading, decided: the merged and resolved settings (the budget a number), the policy built
     from them and fitted to that budget, the model's facts, the inputs, and why the budget is what it is.
-    Opened once (`open`): the policy belongs to the one engine that runs it."""
+    Opened once (`open`): the policy belongs to the one engine that runs it (`again` copies the plan for
+    another session)."""
 
     settings: RunSettings
     policy: Policy
@@ -71,6 +73,12 @@ class Plan:
     question: str | None           # known before reading: InfiniPot's catalyst (CaP-Q)
     resettable: bool               # a copy of the read state is kept for a reset (chat's /reset)
     notes: tuple[str, ...] = ()    # what the inputs and the settings gave, to say once nothing is refused
+
+    def again(self, resettable: bool | None = None) -> Plan:
+        """The same reading for another session (a benchmark reads one input once per question): its own copy
+        of the fitted policy, since a policy belongs to the one engine that runs it; `resettable` as given."""
+        return dataclasses.replace(self, policy=copy.deepcopy(self.policy),
+                                   resettable=self.resettable if resettable is None else resettable)
 
     def open(self) -> Session:
         """Load the model and make the session that reads the inputs (the question set where it is known)."""
@@ -119,6 +127,18 @@ def run_settings(model: str, policy=None, budget=None, chunk=None, threads=None,
              "max_tokens": max_tokens, "flash_attn": flash_attn, "question_before": question_before,
              "locator": locator}
     return resolve_settings_and_policy(known.name if known else None, known.defaults if known else {}, given)
+
+
+def check_policy(spec: str, budget: int | None = None, chunk: int | None = None, model_path: Path | None = None,
+                 expected_tokens: int | None = None) -> Policy:
+    """A policy spec as a bench names it, built and checked before any model loads: fitted to `budget` where one
+    is given (read `chunk` tokens a step: RunSettings' default where None; `expected_tokens`: the longest input,
+    for a policy whose smallest step depends on it), and its adapters checked against the model at `model_path`."""
+    chunk = RunSettings.chunk if chunk is None else chunk
+    policy = check_budget(spec, budget, chunk, expected_tokens=expected_tokens) if budget else make_policy(spec)
+    if model_path is not None:
+        check_adapters(policy, model_path)
+    return policy
 
 
 def check_option_names(options: dict) -> None:
@@ -177,15 +197,17 @@ def estimated_tokens(sources: SourceSet) -> int | None:
 def plan_read(inputs: list[str], model: str, question: str | None = None, *, glob: str | Iterable[str] = ("*",),
               exclude: Iterable[str] = (), save_to: Path | str | None = None, resettable: bool | None = None,
               focus: bool = False, verbose: bool = False, notice: Notice = lambda msg: None, stdin=None,
-              **options) -> Plan:
+              question_first: bool | None = None, **options) -> Plan:
     """The plan for reading `inputs` (files, folders, or "-" for `stdin`, a binary stream) with `model` (a
     registry name or a GGUF path), with everything that can be refused refused before the model loads:
     the options (RunSettings' keys; None: not given), the inputs, the budget, the memory and the disk, a
     save that would replace a file the reading reads. `question`: known before reading (`kvpot ask`), it
     steers the pot; `resettable`: keep a copy of the read state for a reset (default: when no question is
     given); `focus`: questions past the pot are answered from a focused read of the inputs, which the
-    default pot is sized for where the inputs can be read again. `notice` hears what must be said at once
-    (a prompt to type the document, a stream read ahead); the rest waits in Plan.notes."""
+    default pot is sized for where the inputs can be read again; `question_first`: a question is known before
+    reading though not given here (a benchmark plans one reading before it sets each question; None: when
+    `question` is given), which the default pot is sized for. `notice` hears what must be said at once (a prompt
+    to type the document, a stream read ahead); the rest waits in Plan.notes."""
     check_option_names(options)
     settings, policy = run_settings(model, **options)  # options first: they are cheap to check
     notes: list[str] = []
@@ -210,7 +232,8 @@ def plan_read(inputs: list[str], model: str, question: str | None = None, *, glo
     resettable = question is None if resettable is None else resettable
     reading = plan_reading(settings, facts, sources, policy_chosen=chosen, reserve=answer_reserve(settings),
                            notice=notice, policy=policy, keeps_copy=resettable,
-                           asking=Asking.of(question is not None, focus and sources.can_read_again()),
+                           asking=Asking.of(question is not None if question_first is None else question_first,
+                                            focus and sources.can_read_again()),
                            question=question)
     settings, policy = reading.settings, reading.policy
     # the policy fitted to the budget now that it is known (auto, full attention's), and a policy whose
@@ -275,3 +298,11 @@ def reopen(context: Path | str, model: str | None = None, threads: int | None = 
     if max_tokens is not None:  # the answer's length is not part of the saved state
         session.set_max_tokens(max_tokens)
     return session
+
+
+def set_question(session: Session, question: str) -> None:
+    """The question a reopened reading answers next (or reads the rest of its inputs with), set as its catalyst
+    where the policy has one: a question the pot cannot take beside the catalyst is refused before it is read,
+    naming the budget the files were read with."""
+    session.set_question(question)
+    check_pot_room(session.engine, budget_option="the --budget the files are read with")

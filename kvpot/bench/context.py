@@ -48,32 +48,24 @@ def run_lengths(model: str, lengths: list[int], out: Path, threads: int, policy:
 
 def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threads: int, policy: str | None = None,
                              budget: int | None = None) -> dict:
-    """kvpot: read the logbook as `kvpot ask --save-context` does, answer, save, reopen, answer again."""
-    from kvpot.ingest import collect_sources
+    """kvpot: read the logbook as `kvpot ask --save-context` does, answer, save, reopen, answer again: planned and
+    reopened through kvpot.api (the settings, the budget `ask` resolves and its checks), as `ask` plans it."""
+    from kvpot.api.plan import plan_read, reopen
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
-    from kvpot.session.session import Session
-    from kvpot.session.settings import resolve_settings
 
-    facts, known = resolve_model(model_spec)
-    name = known.name if known else facts.name
-    cli = {"threads": threads, "policy": policy, "budget": budget}
-    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
+    facts, _ = resolve_model(model_spec)
     vocab = LlamaModel(str(facts.path))
     doc, question, code = write_document(vocab, n_tokens, Path(out_dir))
     vocab.close()
-    # the budget as `kvpot ask` resolves it (auto: full attention where the document fits)
-    from kvpot.session.beyond_window import Asking
-    from kvpot.session.reading_plan import plan_reading
-    from kvpot.session.session import answer_reserve
-
-    settings = plan_reading(settings, facts, collect_sources([str(doc)]), policy is not None,
-                            answer_reserve(settings), asking=Asking.FIRST).settings  # it sets the question first
+    # the question known before reading, the pot answering (as `ask --no-focus`: a focused read would time
+    # another session's reading); the budget as `ask` resolves it (auto: full attention where the document fits)
+    plan = plan_read([str(doc)], model_spec, question, threads=threads, policy=policy, budget=budget)
+    name = plan.model_name
 
     t0 = time.perf_counter()
-    s = Session(facts, name, settings, resettable=False)
-    s.set_question(question)
-    s.read(collect_sources([str(doc)]))
+    s = plan.open()  # it sets the question first
+    s.read(plan.sources)
     t_read = time.perf_counter()
     # saved after reading and before the answer, as `kvpot ask --save-context` saves: the reopened context
     # then answers from the same state (saved after the answer, it would hold the first answer's turn)
@@ -90,7 +82,7 @@ def kvpot_read_answer_reopen(model_spec: str, n_tokens: int, out_dir: str, threa
     s.engine.close()
 
     t1 = time.perf_counter()
-    r = Session.reopen(ctx_path, facts, name, threads)
+    r = reopen(ctx_path, model_spec, threads)
     pieces = r.ask(question)
     first_again = next(pieces, "")
     t_reopen = time.perf_counter()

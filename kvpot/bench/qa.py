@@ -27,13 +27,13 @@ from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar
 from kvpot.bench.qa_score import contains, exact, judge, normalize, question_facts
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
-from kvpot.session.beyond_window import Asking
 from kvpot.session.focus import focus_for, locate, ranked_spans, why_not, windows
 from kvpot.session.locating import locate_with
 from kvpot.session.prompting import choose_format, question_frame
 from kvpot.session.sources import reread
 
 if TYPE_CHECKING:
+    from kvpot.api.plan import Plan as ReadingPlan
     from kvpot.session.session import ReadProgress, Session
 
 DEFAULT = "default"    # the policy and budget `kvpot ask` chooses for this model and input
@@ -224,7 +224,8 @@ def _stale_default_cases(plan: Plan, facts, known, name: str, n: int, joined: Jo
     if not mine:
         return set()
     path.write_text(joined.text, encoding="utf-8")
-    settings, full = _settings(plan, facts, known, DEFAULT, path)
+    reading, full = _settings(plan, facts, known, DEFAULT, path)
+    settings = reading.settings
     # full attention's budget is the input's own size (with the question when it goes first), not a choice
     return {id(r) for r in mine if r.get("resolved_policy") != settings.policy
             or (not full and r["budget"] != settings.budget)}
@@ -246,12 +247,6 @@ def _locator(plan: Plan, spec: str) -> str | None:
     return plan.locator if _focus(plan, spec) and not plan.per_question else None
 
 
-def _asking(plan: Plan, spec: str) -> Asking:
-    """How this spec's cases are asked, for the default pot: question first with `--per-question` (as `kvpot ask`
-    reads; focused as it reads files), else after reading (as `kvpot chat`)."""
-    return Asking.of(plan.per_question, _focus(plan, spec))
-
-
 def _settings_prompt(known) -> str:
     """The prompt format `kvpot ask` would use for this model (registry, then the user's config)."""
     from kvpot.session.settings import resolve_settings
@@ -260,23 +255,22 @@ def _settings_prompt(known) -> str:
 
 
 def _settings(plan: Plan, facts, known, spec: str, path: Path, question: str | None = None):
-    """The settings `kvpot ask` would read this input with (`question`: the one asked, known before
-    reading), and whether they are full attention."""
-    from kvpot.ingest import collect_sources
-    from kvpot.session.reading_plan import plan_reading
-    from kvpot.session.session import answer_reserve
-    from kvpot.session.settings import resolve_settings
+    """The reading `kvpot ask` would plan for this input (kvpot.api.plan: the settings merged and checked, the
+    budget resolved, the policy built and fitted; `question`: the one asked, counted where it goes before the
+    document), and whether it is full attention. Planned as a reading that keeps no copy: `_read` opens it
+    resettable where one read is asked several questions."""
+    from kvpot.api.plan import plan_read
 
     chosen = spec != DEFAULT
-    cli = {"threads": plan.threads, "max_tokens": MAX_TOKENS, "policy": spec if chosen else None,
-           "question_before": "on" if _before(plan, spec) else "off",
-           "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None,
-           "locator": plan.locator}  # the reading keeps the keys where the locator scores them
-    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    # a focused case sizes the default pot as `kvpot ask` does on files (kvpot.session.beyond_window)
-    settings = plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
-                            asking=_asking(plan, spec), question=question).settings
-    return settings, settings.policy.partition(":")[0].strip().lower() == "full"
+    # the reading keeps the keys where the locator scores them; a focused case sizes the default pot as `kvpot ask`
+    # does on files (kvpot.session.beyond_window)
+    reading = plan_read([str(path)], known.name if known else str(facts.path), question, resettable=False,
+                        focus=_focus(plan, spec), question_first=plan.per_question, threads=plan.threads,
+                        max_tokens=MAX_TOKENS, policy=spec if chosen else None,
+                        question_before="on" if _before(plan, spec) else "off",
+                        budget=plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None,
+                        locator=plan.locator)
+    return reading, reading.settings.policy.partition(":")[0].strip().lower() == "full"
 
 
 def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: JoinedInput, todo, path: Path,
@@ -294,11 +288,12 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
         path = path.with_name("no-document.txt")
         path.write_text(NO_DOCUMENT, encoding="utf-8")
     try:
-        settings, full = _settings(plan, facts, known, "full" if closed else spec, path)
+        reading, full = _settings(plan, facts, known, "full" if closed else spec, path)
     except KvpotError as e:  # full attention past the window or the memory: recorded, not retried
         for a in todo:
             yield {**base, **_ask_fields(a), "skipped": str(e)}
         return
+    settings = reading.settings
     resolved = CLOSED if closed else settings.policy
     copies, todo = same_reading(base, todo, readings, resolved, settings.budget, reading_key)
     yield from copies
@@ -310,14 +305,15 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
     reads = [[a] for a in todo] if plan.per_question and (before or not full) else [todo]
     for asks in reads:
         if before and full:  # the question is counted in the input, as ask counts it
-            settings, full = _settings(plan, facts, known, spec, path, asks[0].question)
+            reading, full = _settings(plan, facts, known, spec, path, asks[0].question)
+            settings = reading.settings
         # a read per question is named by its question, one read asked in turn by its input
         label = asks[0].id if plan.per_question and len(asks) == 1 else f"input {joined.index + 1}"
         saving = None
         if how.saves is not None and not closed:
             saving = how.saves.read({**base, "resolved_policy": resolved, "budget": settings.budget,
                                      "ids": [a.id for a in asks], "text_sha256": _sha256(joined.text)})
-        s, part, peak = _read(plan, facts, name, settings, asks, path, f"{spec} {n:,}, {label}", saving, how, on_read)
+        s, part, peak = _read(plan, facts, name, reading, asks, path, f"{spec} {n:,}, {label}", saving, how, on_read)
         with s:
             st = s.stats()
             seconds = part.seconds + s.read_seconds
@@ -355,7 +351,8 @@ def _run_input(plan: Plan, facts, known, name: str, spec: str, n: int, joined: J
                     yield {**base, **_ask_fields(asks[0]), **read, **_scored(located.answer, asks[0], facts_of),
                            "focus_refused": str(e), "answer_seconds": round(time.perf_counter() - t0, 2)}
         if focusing:  # the pot's session is closed: the focused read loads the model afresh, as `kvpot ask` does
-            yield {**base, **_ask_fields(asks[0]), **read, **_focused(facts, name, focused, text, asks[0], t0, facts_of)}
+            yield {**base, **_ask_fields(asks[0]), **read,
+                   **_focused(facts, name, focused, text, located, asks[0], t0, facts_of)}
         if saving is not None:  # its cases are written down: the save has done its job
             saving.drop()
 
@@ -368,17 +365,18 @@ class _Reading:
     say: Callable[[str], None]
 
 
-def _read(plan: Plan, facts, name: str, settings, asks, path: Path, what: str, saving: QaReadSave | None,
+def _read(plan: Plan, facts, name: str, reading: ReadingPlan, asks, path: Path, what: str, saving: QaReadSave | None,
           how: _Reading, on_read: Callable[[str], None]) -> tuple[Session, QaSoFar, float | None]:
-    """A Session that has read `path` (the caller closes it), gone on from its save where there is one;
+    """A Session that has read `path` as `reading` plans it (opened through kvpot.api: the caller closes it),
+    gone on from its save where there is one;
     the reading's figures before this process's part (and this part counted), and its peak RSS in MiB
     (None where the peak cannot be reset: it would hold the readings before it).
 
     With `saving`, the reading stops every `saves.every` seconds to save and goes on at once; `stop()`
     stops it at the next chunk (a signal: at once) with QaReadStopped, after a save where it can."""
+    from kvpot.api import ReadingStopped
     from kvpot.bench.process import ReadingPeak
     from kvpot.ingest import collect_sources
-    from kvpot.session.session import ReadingStopped, Session
 
     if how.stop():
         raise QaReadStopped(what, 0, None)
@@ -392,7 +390,7 @@ def _read(plan: Plan, facts, name: str, settings, asks, path: Path, what: str, s
     s = saving.reopen(facts, name, plan.threads, resettable, so_far, how.say) if so_far is not None else None
     if s is None:
         so_far = None
-        s = Session(facts, name, settings, resettable=resettable)
+        s = reading.again(resettable=resettable).open()
     part = this_part(so_far)
     try:
         if so_far is not None:
@@ -479,13 +477,13 @@ def _ranked(s, located, a) -> list[dict]:
             for (lo, hi, share), w in zip(ranked, texts)]
 
 
-def _focused(facts, name: str, settings, text, a, t0: float, facts_of: dict[str, dict]) -> dict:
-    """The answer of the focused read of `text` (the passages the pot's answer drew on, `settings` its own),
-    with its figures;
+def _focused(facts, name: str, settings, text, located, a, t0: float, facts_of: dict[str, dict]) -> dict:
+    """The answer of the focused read of `text` (the passages the pot's answer drew on, `located` by it, `settings`
+    its own), opened through kvpot.api.focusing as `kvpot ask` opens it, with its figures;
     t0: when locating began (focus_seconds counts locating, loading, reading and answering)."""
-    from kvpot.session.session import Session
+    from kvpot.api.focusing import Focus, open_focused
 
-    with Session(facts, name, settings, resettable=False) as f:
+    with open_focused(Focus(text, settings, located, {}), facts, name) as f:
         f.read(text)
         answer = "".join(f.ask(a.question, max_tokens=MAX_TOKENS)).strip()
         got = {"focus_passages": len(text.windows), "focus_tokens": f.doc_tokens,
@@ -494,7 +492,7 @@ def _focused(facts, name: str, settings, text, a, t0: float, facts_of: dict[str,
 
 
 def _located_answers(s, asks, locator: str, base: dict, read: dict, facts, name: str, facts_of: dict[str, dict]):
-    """One read asked every question as `kvpot chat` past the pot asks them (cli/_focus.focused_turn): each
+    """One read asked every question as `kvpot chat` past the pot asks them (kvpot.api.Document.turn): each
     question's passages located by `locator` in what the read kept, read again with full attention in a session
     of their own, and answered there; where nothing was left out (or the passages cannot be read again) the pot
     answers, as chat's would. Each case records where the passages lay and the locating's own seconds."""
@@ -519,7 +517,8 @@ def _located_answers(s, asks, locator: str, base: dict, read: dict, facts, name:
         whole = max(s.source_map.end_char, 1)
         where = {"focus_spans": [[round(w.start / whole, 4), round(w.end / whole, 4)] for w in text.windows],
                  "focus_ranked": _ranked(s, located, a), "locate_seconds": round(locate_seconds, 2)}
-        yield {**base, **_ask_fields(a), **read, **where, **_focused(facts, name, focused, text, a, t0, facts_of)}
+        yield {**base, **_ask_fields(a), **read, **where,
+               **_focused(facts, name, focused, text, located, a, t0, facts_of)}
 
 
 def _ask_fields(a) -> dict:

@@ -93,11 +93,9 @@ def summary(cases: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     from kvpot.bench.throughput import run_meta
-    from kvpot.ingest import collect_sources
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
     from kvpot.safe_write import write_text_file
-    from kvpot.session.session import Session
 
     command = "python -m kvpot.bench.qa_grounded " + " ".join(argv if argv is not None else sys.argv[1:])
     if ns.rescore:
@@ -139,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvpot-grounded-") as tmp:
         closed_path = Path(tmp) / "no-document.txt"
         closed_path.write_text(NO_DOCUMENT, encoding="utf-8")
-        settings, _ = _settings(plan, facts, known, "full", closed_path)
-        closed = Session(facts, name, settings, resettable=True)
-        closed.read(collect_sources([str(closed_path)]))
+        reading, _ = _settings(plan, facts, known, "full", closed_path)
+        closed = reading.again(resettable=True).open()
+        closed.read(reading.sources)
         formats = {arm: arm_format(closed.engine.model, closed.settings.prompt, g) for arm, g in ARMS.items()}
         frames = {arm: question_frame(f) for arm, f in formats.items()}
         try:
@@ -150,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 path = Path(tmp) / f"qa-{ns.length}-{joined.index}.txt"
                 path.write_text(joined.text, encoding="utf-8")
-                settings, full = _settings(plan, facts, known, "full", path)
+                reading, full = _settings(plan, facts, known, "full", path)
                 if not full:
                     raise SystemExit(f"input {joined.index} does not fit full attention on this machine")
-                with Session(facts, name, settings, resettable=True) as s:
-                    s.read(collect_sources([str(path)]), _reading_line(joined.index))
+                with reading.again(resettable=True).open() as s:
+                    s.read(reading.sources, _reading_line(joined.index))
                     read = {"tokens": s.doc_tokens, "read_seconds": round(s.read_seconds, 2)}
                     for arm, fmt in formats.items():
                         for a in joined.asks:

@@ -89,10 +89,10 @@ class QaReadSave:
 
     def reopen(self, facts, name: str, threads: int, resettable: bool, so_far: QaSoFar, say):
         """The saved context as a Session whose read goes on, or None (said, and the save deleted)."""
-        from kvpot.session.session import Session
+        from kvpot.api.plan import reopen
 
-        try:
-            s = Session.reopen(self.context, facts, name, threads, resettable=resettable)
+        try:  # reopened as `kvpot ask --context` reopens it (kvpot.api.plan.reopen: checked before the model loads)
+            s = reopen(self.context, str(facts.path), threads, resettable=resettable)
         except KvpotError as e:  # another runtime or model, a damaged file
             self.drop()
             say(f"the save of this reading cannot be reopened ({e}); reading from the start")

@@ -48,9 +48,7 @@ class RulerPlan:
 
 def check_plan(plan: RulerPlan) -> None:
     """Refuse a bad task or policy spec before any model loads."""
-    from kvpot.policies import make_policy
-    from kvpot.session.checks import check_budget
-    from kvpot.session.settings import RunSettings
+    from kvpot.api.plan import check_policy
 
     bad = [t for t in plan.tasks if t not in TASKS]
     if bad:
@@ -59,11 +57,11 @@ def check_plan(plan: RulerPlan) -> None:
         if spec == DEFAULT:
             continue
         try:
-            make_policy(spec)
+            check_policy(spec)
         except KvpotError as e:
             raise KvpotError(f"{e}; bench ruler also takes {DEFAULT} (as `kvpot ask` reads)") from None
         if plan.budget:
-            check_budget(spec, plan.budget, RunSettings().chunk)
+            check_policy(spec, plan.budget)
 
 
 def case_key(r: dict) -> tuple:
@@ -154,21 +152,15 @@ def run(plan: RulerPlan, done: list[dict] = (), on_case: Callable[[dict], None] 
 
 
 def _settings(plan: RulerPlan, facts, known, spec: str, path: Path, max_tokens: int):
-    """The settings `kvpot chat` would read this document with (the question unknown while reading), with
-    room for `max_tokens` of answer."""
-    from kvpot.ingest import collect_sources
-    from kvpot.session.beyond_window import Asking
-    from kvpot.session.reading_plan import plan_reading
-    from kvpot.session.session import answer_reserve
-    from kvpot.session.settings import resolve_settings
+    """The reading `kvpot chat` would plan for this document (kvpot.api.plan; the question unknown while reading),
+    with room for `max_tokens` of answer."""
+    from kvpot.api.plan import plan_read
 
     chosen = spec != DEFAULT
-    cli = {"threads": plan.threads, "max_tokens": max_tokens, "policy": spec if chosen else None,
-           "question_before": "off",
-           "budget": plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None}
-    settings = resolve_settings(known.name if known else None, known.defaults if known else {}, cli)
-    return plan_reading(settings, facts, collect_sources([str(path)]), chosen, answer_reserve(settings),
-                        asking=Asking.of(False, False)).settings
+    return plan_read([str(path)], known.name if known else str(facts.path), None, resettable=False,
+                     threads=plan.threads, max_tokens=max_tokens, policy=spec if chosen else None,
+                     question_before="off",
+                     budget=plan.budget if chosen and spec.partition(":")[0].strip() != "full" else None)
 
 
 def _sample_cases(plan: RulerPlan, facts, known, name: str, spec: str, sample: Sample, todo, path: Path,
@@ -178,11 +170,12 @@ def _sample_cases(plan: RulerPlan, facts, known, name: str, spec: str, sample: S
     closed = spec == CLOSED
     max_tokens = max(a.max_tokens for a in todo)
     try:
-        settings = _settings(plan, facts, known, "full" if closed else spec, path, max_tokens)
+        reading = _settings(plan, facts, known, "full" if closed else spec, path, max_tokens)
     except KvpotError as e:  # full attention past the window or the memory: recorded, not retried
         for a in todo:
             yield {**base, **_ask_fields(a), "skipped": str(e)}
         return
+    settings = reading.settings
     resolved = CLOSED if closed else settings.policy
     copies, todo = qa.same_reading(base, todo, readings, resolved, settings.budget, _reading_key)
     yield from copies
@@ -190,7 +183,7 @@ def _sample_cases(plan: RulerPlan, facts, known, name: str, spec: str, sample: S
         return
     qa_plan = qa.Plan(model=plan.model, policies=plan.policies, lengths=plan.lengths, threads=plan.threads)
     what = f"{spec} {sample.length:,}, {sample.task} {sample.index + 1}"
-    s, part, peak = qa._read(qa_plan, facts, name, settings, todo, path, what, None,
+    s, part, peak = qa._read(qa_plan, facts, name, reading, todo, path, what, None,
                              qa._Reading(None, lambda: False, lambda m: None), on_read)
     with s:
         seconds = part.seconds + s.read_seconds

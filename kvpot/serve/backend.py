@@ -169,12 +169,12 @@ class Backend:
         s = self._session_for(doc)
         focus = self._focus(s, conv) if doc is not None else None
         if focus is not None:  # the passages read again with full attention answer, as `kvpot chat` past the pot
-            text, settings = focus
+            from kvpot.api.focusing import open_focused
+
+            text = focus.text
             s.suspend()  # the pot's model and cache freed while the focused session runs: one model in memory
             try:
-                from kvpot.session.session import Session
-
-                with Session(s.facts, s.model_name, settings, resettable=False) as f:
+                with open_focused(focus, s.facts, s.model_name) as f:
                     f.read(text)
                     self.log(f"focused read of {len(text.windows)} passages ({f.doc_tokens:,} tokens) for "
                              f"{DOCUMENT_PREFIX + doc}")
@@ -194,7 +194,7 @@ class Backend:
         yield from self._stream(s, segs, s.doc_tokens if doc is not None else 0, doc, params, sampler, cancel, result)
 
     def _focus(self, s, conv):
-        """(the focused read's input, its settings) for the conversation's last question, or None where the pot
+        """The focused read (kvpot.api.focusing.Focus) for the conversation's last question, or None where the pot
         answers (kvpot.api.focusing.find_passages; said in the server's log), or where the locator needs the
         pot's own answer (`--locator pot`). The conversation before the last question is read after the
         passages, so its tokens are counted in the focused read's room."""
@@ -208,7 +208,7 @@ class Backend:
         extra = max(0, tokens(after_document(s.format, conv)) - tokens(s.format.first_question(question)))
         found = find_passages(s, question, extra_tokens=extra, notice=lambda kind, text: self.log(
             f"the pot answers: {text}" if kind == "pot" else text))
-        return None if found is None else (found.text, found.settings)
+        return found
 
     def _stream(self, s, segs, doc_tokens: int, doc, params, sampler, cancel, result) -> Iterator[str]:
         """Prompt `s` with `segs` and stream the answer's text (stopping at `cancel`), `result` filled in."""
