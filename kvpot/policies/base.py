@@ -9,9 +9,9 @@ adaptive and square-sqrt schedules) a layer may hold fewer: its other cells are 
 Why the split. The engine's reading loop asks every policy the same few things at every chunk:
 how many tokens to read, what to tap, when to compact, how many cells to keep and which, and what
 to forget or save. Those are `Policy`, the core, and every method answers them (the defaults keep
-everything). The rest was asked of every policy too but answered by one or two methods only, each
-time for a part the others do not have; those parts are capabilities, small classes a policy
-declares by subclassing, whose defaults say "not here":
+everything). Every other question concerns a part that one or two methods have and the rest do not;
+each such part is a capability, a small class a policy declares by subclassing, whose defaults say
+"not here":
 
   QuestionFirst   what it keeps depends on the question when it is known before reading (InfiniPot's
                   CaP-Q): `kvpot chat`, which reads before any question, says so
