@@ -1,7 +1,9 @@
 """docs/benchmarks.md as a results page, and the JSON behind every figure: every docs/bench path a page names
 exists; every file under docs/bench is named by a page, a test, the Makefile or the code that reads it (an orphan
-fails); every JSON a page cites holds its command, commit, CPU and sample size; no heading of the page names an
-issue; the page stays a ten-minute read. No model: reads text and JSON only."""
+fails), by its path or a glob: a folder a page names (`docs/bench/x/`, or `--dir docs/bench/x` in a command) is
+no citation, since it would keep every file under it whatever the page's figures use; every JSON a page cites
+holds its command, commit, CPU and sample size; no heading of the page names an issue; the page stays a
+ten-minute read. No model: reads text and JSON only."""
 
 from __future__ import annotations
 
@@ -87,6 +89,11 @@ def missing_paths(patterns: list[str], files: list[str]) -> list[str]:
     return [p for p in patterns if not any(covers(p, f) for f in files)]
 
 
+def names_files(pattern: str) -> bool:
+    """Whether a named pattern names files (a path or a glob whose last part has a dot), not a folder."""
+    return not pattern.endswith("/") and "." in pattern.rsplit("/", 1)[-1]
+
+
 def orphans(files: list[str], patterns: list[str]) -> list[str]:
     return [f for f in files if not any(covers(p, f) for p in patterns)]
 
@@ -146,11 +153,11 @@ def test_every_named_bench_path_exists():
 
 def test_no_orphan_file_under_docs_bench():
     """A file no page, test, Makefile line or reading code names backs no figure: it goes (git keeps it)."""
-    patterns = [p for pats in page_patterns().values() for p in pats]
+    patterns = [p for pats in page_patterns().values() for p in pats if names_files(p)]
     for f in OTHER_NAMERS:
         text = f.read_text(errors="replace")
         found = named(makefile_reads(text), literal_only=True) if f.name == "Makefile" else named(text)
-        patterns += [p for p in found if "." in p.rsplit("/", 1)[-1]]  # files; a folder is a page's to cite
+        patterns += [p for p in found if names_files(p)]
     # code that globs docs/bench itself, e.g. Path(...) / "docs" / "bench" then .glob("speed/x-*.json")
     for f in OTHER_NAMERS[1:]:
         text = f.read_text(errors="replace")
@@ -162,10 +169,9 @@ def test_no_orphan_file_under_docs_bench():
 
 
 def cited_json(pages: list[str]) -> list[str]:
-    """The JSON files the pages cite: by path or glob (a folder is an index of a study's files, not a citation)."""
+    """The JSON files the pages cite: by path or glob (a folder is no citation)."""
     files = [f for f in bench_files() if f.endswith(".json")]
-    pats = [p for page, ps in page_patterns().items() if page in pages for p in ps if not p.endswith("/")
-            and "." in p.rsplit("/", 1)[-1]]
+    pats = [p for page, ps in page_patterns().items() if page in pages for p in ps if names_files(p)]
     return sorted({f for p in pats for f in files if covers(p, f)})
 
 
@@ -223,6 +229,14 @@ def test_variables_globs_and_folders_name_files():
 def test_an_orphan_is_found():
     files = ["docs/bench/a.json", "docs/bench/old/b.json", "docs/bench/c.png"]
     assert orphans(files, named("`docs/bench/a.json`, docs/bench/*.png")) == ["docs/bench/old/b.json"]
+
+
+def test_a_cited_folder_is_no_citation():
+    """A page that names a folder keeps none of its files: each file is named by its path or a glob."""
+    pats = named("JSON in `docs/bench/old/`; `python -m studies.x --dir docs/bench/old`; docs/bench/old/*.json")
+    assert [names_files(p) for p in pats] == [False, False, True]
+    files = ["docs/bench/old/b.json", "docs/bench/old/c.png"]
+    assert orphans(files, [p for p in pats if names_files(p)]) == ["docs/bench/old/c.png"]
 
 
 @pytest.mark.parametrize("data, gaps", [
