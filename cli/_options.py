@@ -158,9 +158,9 @@ def aliased(aliases: dict[str, str]) -> type[KvpotCommand]:
 
 def policy_names() -> str:
     """Every policy kvpot runs, from the registry, for help texts."""
-    from kvpot.policies import POLICIES
+    from kvpot.api.plan import known_policies
 
-    return ", ".join(POLICIES)
+    return ", ".join(known_policies())
 
 
 # the help panel of the options a user rarely needs: every command lists its everyday options first, these after

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from kvpot.api.plan import check_policy
+from kvpot.api.engine_plan import plan_engine
+from kvpot.api.plan import check_adapters, check_policy
 from kvpot.bench.report import context_table, heatmap_png, niah_table, ppl_table, throughput_table
 from kvpot.bench.throughput import ThroughputPlan, read_checkpoint_path, run_plan
 from kvpot.errors import KvpotError
@@ -15,8 +16,7 @@ from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
 from kvpot.paths import bench_reads_dir
 from kvpot.safe_write import atomic_write, protect, resolve_target
-from kvpot.session.checks import check_adapters, check_budget
-from kvpot.session.settings import RunSettings, setting_problem
+from kvpot.session.settings import setting_problem
 
 from ._common import at_most_every, err, steps, user_errors
 from ._options import ADVANCED, KvpotGroup, aliased
@@ -58,14 +58,11 @@ def throughput(
     --decode asks a short question after each read and times that many greedy answer tokens. --flash-attn is off by default, as `kvpot ask` reads where the device holds the model's window (llama.cpp's own -fa auto turns it on for a CPU).
 
     A read of hours can stop (Ctrl-C, a session's end) and go on: with --json the parts done are written as they end and each read is saved every --save-every seconds; --resume keeps them and goes on from the last save (while a read is still to do, parts measured on another CPU are measured again). A read in parts reports its reading time summed and the largest part's peak RSS."""
-    # a bad spec or an impossible budget is refused before any process starts, at the longest read (IMDC's
-    # smallest step shrinks as the input grows)
-    check_budget(policy, budget, chunk, expected_tokens=max(tokens))
-    facts, _ = resolve_model(model)
-    check_adapters(policy, facts.path)
+    # a bad spec, an impossible budget or a foreign adapter is refused before any process starts, at the longest
+    # read (IMDC's smallest step shrinks as the input grows); each worker plans its read's engine alike
+    facts = plan_engine(model, policy, budget, chunk, threads, flash_attn=flash_attn,
+                        expected_tokens=max(tokens)).facts
     _outputs_checked({facts.path: "the model"}, json_out)
-    if budget + chunk > 1 << 20:
-        raise KvpotError(f"budget {budget} + chunk {chunk} is larger than any context kvpot can allocate")
     fits = min(max(tokens), facts.n_ctx_train or max(tokens))
     plan = ThroughputPlan(model=str(facts.path), policy=policy, budget=budget, chunk=chunk, threads=threads,
                           flash_attn=flash_attn, pot_tokens=tuple(tokens), stock_tokens=stock_tokens or fits,
@@ -140,16 +137,14 @@ def niah(
     """Needle retrieval over a grid of lengths x depths x policies x seeds (plain completion prompt).
 
     `-P full` reads each haystack whole with full attention (stock llama.cpp's computation). Tasks: multikey, four access codes in varied prose, the question names one (RULER); prose, one code in that prose; passkey, one key in a repeated filler sentence. --sources ranks the passages each answer drew on, as `kvpot ask --sources` does, and records whether the top one is the needle (source_hit, source_rank); with --resume, cases recorded without them run again."""
-    from kvpot.bench.grid import niah_grid
+    from kvpot.bench.grid import niah_grid, niah_plans
     from kvpot.bench.niah import TASKS
 
     if task not in TASKS:
         raise KvpotError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
-    for spec in policy:  # a bad spec or an impossible budget, before any haystack is read
-        check_budget(spec, budget, chunk, expected_tokens=max(lengths))
-    facts, _ = resolve_model(model)
-    for spec in policy:
-        check_adapters(spec, facts.path)
+    # a bad spec, an impossible budget or a foreign adapter, before any haystack is read
+    plans = niah_plans(model, policy, budget, chunk, threads, max(lengths))
+    facts = plans[0].facts
     _outputs_checked({facts.path: "the model"}, json_out, png_out)
     total = len(policy) * len(lengths) * len(depths) * len(seeds)
     previous = [r for r in _load_cases(json_out) if r.get("task", "passkey") == task] if resume else []
@@ -169,9 +164,8 @@ def niah(
         on_case = _recorder(results, json_out, status, lambda r: (
             f"{done()}/{total} cases; last: {r['policy']} {r['length']} @ {r['depth']}: "
             f"{'found' if r['correct'] else 'missed'}"))
-        results = niah_grid(str(facts.path), facts.name, policy, lengths, depths, seeds, budget, chunk, threads,
-                            on_case=on_case, done=previous, task=task, sources=sources,
-                            say=lambda m: status.update(f"case {done() + 1}/{total}: {m}"),
+        results = niah_grid(plans, facts.name, lengths, depths, seeds, on_case=on_case, done=previous, task=task,
+                            sources=sources, say=lambda m: status.update(f"case {done() + 1}/{total}: {m}"),
                             on_read=_reading_lines(status))
     err.print(niah_table(results, facts.name, task, policy, lengths, depths, sources=sources))
     if json_out:
@@ -335,7 +329,7 @@ def ruler(
     facts, _ = resolve_model(model)
     for spec in policy:
         if spec != "default":
-            check_adapters(spec, facts.path)
+            check_policy(spec, model_path=facts.path)
     _outputs_checked({facts.path: "the model"}, json_out)
     if resume and json_out is None:
         raise KvpotError("--resume needs --json PATH (the file holding the cases already run)")
@@ -394,7 +388,7 @@ def locate(
     from kvpot.bench.locate import LocatePlan
     from kvpot.bench.locate import main as locate_main
 
-    check_budget(policy, budget, RunSettings().chunk)
+    check_policy(policy, budget)  # each input's reading is planned as chat plans one (kvpot.api.plan.plan_read)
     if resume and json_out is None:
         raise KvpotError("--resume needs --json PATH (the file holding the inputs already read)")
     facts, _ = resolve_model(model)
@@ -498,15 +492,13 @@ def ppl(
                                  help="also write the results here as JSON"),
 ) -> None:
     """Perplexity of a long text read under each policy (every token scored given the compressed past)."""
-    from kvpot.bench.grid import ppl_run
+    from kvpot.bench.grid import ppl_plans, ppl_run
     from kvpot.ingest.textfile import read_document
     from kvpot.runtime.llama import LlamaModel
 
-    for spec in policy:
-        check_budget(spec, budget, chunk)  # a bad spec, or a budget it cannot honour: said before any work
-    facts, _ = resolve_model(model)
-    for spec in policy:  # a missing or foreign adapter, before the first policy's run
-        check_adapters(spec, facts.path)
+    # a bad spec, a budget it cannot honour, a missing or foreign adapter: said before any work
+    plans = ppl_plans(model, policy, budget, chunk, threads)
+    facts = plans[0].facts
     _outputs_checked({facts.path: "the model", file: "the input"}, json_out)
     text = read_document(file)
     lm = LlamaModel(str(facts.path))
@@ -514,9 +506,9 @@ def ppl(
     lm.close()
     results = []
     with steps("measuring") as status:
-        for spec in policy:
-            status.update(f"{spec}: {len(tokens)} tokens")
-            results.append(ppl_run(str(facts.path), tokens, spec, budget, chunk, threads))
+        for plan in plans:
+            status.update(f"{plan.spec}: {len(tokens)} tokens")
+            results.append(ppl_run(plan, tokens))
     err.print(ppl_table(results, facts.name, len(tokens), file.name))
     if json_out:
         _write_json(json_out, results)

@@ -6,22 +6,26 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from kvpot.api import ReadingStopped, ReadPoint, ReadProgress
+from kvpot.api.plan import estimated_tokens
 from kvpot.display import printable
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.ingest.sources import STDIN
-from kvpot.session.read_point import ReadPoint
-from kvpot.session.session import BYTES_PER_TOKEN_GUESS, ReadingStopped, ReadProgress, Session
 from kvpot.session.settings import reads_in_full
 from kvpot.wording import plural
 
 from ._common import err, is_verbose
 from ._interrupt import Interrupts
+
+if TYPE_CHECKING:
+    from kvpot.session.session import Session
 
 PLAIN_EVERY_S = 5.0   # seconds between progress lines when stderr is not a terminal
 EVERY_ENV = "KVPOT_PROGRESS_EVERY"  # another interval for those lines (0: after every chunk)
@@ -72,8 +76,8 @@ def _length(session: Session, sources: SourceSet) -> tuple[str, int | None]:
     counted = session.counted
     if counted is not None:
         return (plural(counted.tokens, "token") if counted.complete else f"more than {counted.tokens:,} tokens"), counted.tokens
-    if sources.text_bytes:
-        guess = int(sources.text_bytes / BYTES_PER_TOKEN_GUESS)
+    guess = estimated_tokens(sources)  # what the session declares to the policy as reading starts
+    if guess is not None:
         return f"about {guess:,} tokens", None
     return "length unknown (a stream)", None
 

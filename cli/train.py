@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from kvpot.api.plan import check_threads
 from kvpot.errors import KvpotError
 from kvpot.models.resolve import resolve_model
-from kvpot.session.checks import check_threads
 
 from ._common import err, user_errors
 from ._options import KvpotCommand, KvpotGroup

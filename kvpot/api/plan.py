@@ -52,6 +52,12 @@ from kvpot.session.settings import (
     setting_problem,
 )
 
+# what a command imports from here: the plan and its parts, and the checks a command that plans no reading runs
+# through the API too (check_adapters: a bench's adapters against its model; check_threads: `kvpot train`'s)
+__all__ = ["Notice", "Plan", "check_adapters", "check_locator", "check_option_names", "check_policy", "check_threads",
+           "estimated_tokens", "known_policies", "parse_budget", "plan_read", "policy_files", "protect_recorded_inputs",
+           "protect_session_files", "reopen", "run_settings", "set_question"]
+
 Notice = Callable[[str], None]
 
 
@@ -139,6 +145,14 @@ def check_policy(spec: str, budget: int | None = None, chunk: int | None = None,
     if model_path is not None:
         check_adapters(policy, model_path)
     return policy
+
+
+def known_policies() -> list[str]:
+    """Every policy kvpot runs by name, the ones registered from outside kvpot included (for help texts): the
+    registry as it is when asked."""
+    import kvpot.policies
+
+    return list(kvpot.policies.POLICIES)
 
 
 def check_option_names(options: dict) -> None:

@@ -6,9 +6,8 @@ import math
 import time
 from dataclasses import asdict
 
+from kvpot.api.engine_plan import EnginePlan, plan_engines
 from kvpot.bench.niah import read_and_ask
-from kvpot.engine import Engine, EngineConfig
-from kvpot.policies import make_policy
 
 # the grids read as `kvpot ask` does on a device that holds the model's window (flash_attn = auto: off)
 FLASH_ATTN = False
@@ -18,26 +17,31 @@ FLASH_ATTN = False
 FULL_ROOM = 256
 
 
-def niah_grid(model_path: str, model_name: str, policies: list[str], lengths: list[int], depths: list[float],
-              seeds: list[int], budget: int, chunk: int, threads: int, on_case=lambda r: None,
-              done: list[dict] = (), task: str = "passkey", sources: bool = False, say=lambda m: None,
-              on_read=lambda m: None) -> list[dict]:
-    """Every policy x length x depth x seed; one engine per (policy, length), reset between cases.
-    Cases already in `done` (same task, policy, length, depth, seed) are kept and not run again.
+def niah_plans(model: str, specs: list[str], budget: int, chunk: int, threads: int, longest: int) -> list[EnginePlan]:
+    """The engines niah_grid reads with, one per spec, every refusal said before any haystack is made
+    (kvpot.api.engine_plan; `longest`: the longest haystack, for a policy whose smallest step shrinks as the
+    input grows)."""
+    return plan_engines(model, specs, budget, chunk, threads, flash_attn=FLASH_ATTN, expected_tokens=longest)
+
+
+def niah_grid(plans: list[EnginePlan], model_name: str, lengths: list[int], depths: list[float], seeds: list[int],
+              on_case=lambda r: None, done: list[dict] = (), task: str = "passkey", sources: bool = False,
+              say=lambda m: None, on_read=lambda m: None) -> list[dict]:
+    """Every policy (`plans`: niah_plans) x length x depth x seed; one engine per (policy, length), reset between
+    cases. Cases already in `done` (same task, policy, length, depth, seed) are kept and not run again.
     `sources`: each case also records where its answer's attention went (niah.source_check).
     `say` is told each case as it starts (a case reads the whole haystack: minutes on a large model),
     `on_read` how far its read is after every chunk (niah.read_and_ask).
     `full` gets a context of the haystack's length (stock llama.cpp's whole-prompt prefill)."""
     results = list(done)
     have = {case_key(r) for r in results}
-    for spec in policies:
+    for plan in plans:
+        spec = plan.spec
         for n in lengths:
             todo = [(d, s) for d in depths for s in seeds if (task, spec, n, d, s) not in have]
             if not todo:
                 continue
-            cells = n + FULL_ROOM if spec.strip() == "full" else budget
-            eng = Engine(model_path, make_policy(spec), EngineConfig(budget=cells, chunk=chunk, n_threads=threads,
-                                                                  flash_attn=FLASH_ATTN))
+            eng = plan.again(budget=n + FULL_ROOM if spec.strip() == "full" else None).open()
             try:
                 for depth, seed in todo:
                     say(f"{spec} {n:,} @ {depth}, seed {seed}")
@@ -54,9 +58,15 @@ def case_key(r: dict) -> tuple:
     return (r.get("task", "passkey"), r["policy"], r["length"], r["depth"], r["seed"])
 
 
-def ppl_run(model_path: str, tokens: list[int], spec: str, budget: int, chunk: int, threads: int) -> dict:
-    eng = Engine(model_path, make_policy(spec), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
-                                                              flash_attn=FLASH_ATTN, measure_nll=True))
+def ppl_plans(model: str, specs: list[str], budget: int, chunk: int, threads: int) -> list[EnginePlan]:
+    """The engines ppl_run reads with, one per spec, every refusal said before any reads (kvpot.api.engine_plan)."""
+    return plan_engines(model, specs, budget, chunk, threads, flash_attn=FLASH_ATTN, measure_nll=True)
+
+
+def ppl_run(plan: EnginePlan, tokens: list[int]) -> dict:
+    """Perplexity of `tokens` read by the planned engine (ppl_plans), every token scored given the kept past."""
+    spec = plan.spec
+    eng = plan.open()
     try:
         t0 = time.perf_counter()
         eng.feed(tokens)

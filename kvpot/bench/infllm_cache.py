@@ -58,11 +58,9 @@ def text_of(spec: str) -> str:
 
 def read_once(model_path: str, spec: str, tokens: list[int], ns) -> dict:
     """One read of `tokens` with policy `spec`: its speed, cache counts per layer, question logits and answer."""
-    from kvpot.engine import Engine, EngineConfig
-    from kvpot.policies import make_policy
+    from kvpot.api.engine_plan import plan_engine
 
-    eng = Engine(model_path, make_policy(spec), EngineConfig(budget=ns.budget, chunk=ns.chunk, n_threads=ns.threads))
-    with eng:
+    with plan_engine(model_path, spec, ns.budget, ns.chunk, ns.threads).open() as eng:
         t0 = time.perf_counter()
         eng.feed(tokens)
         seconds = time.perf_counter() - t0
@@ -82,12 +80,14 @@ def read_once(model_path: str, spec: str, tokens: list[int], ns) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
+    from kvpot.api.engine_plan import plan_engine
     from kvpot.bench.throughput import run_meta
-    from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
 
     rules = ns.rule or list(RULES)
-    facts, known = resolve_model(ns.model)
+    # the policy, the budget and the model checked before the text is tokenized; each rule's read is planned alike
+    warming = plan_engine(ns.model, ns.policy, ns.budget, ns.chunk, ns.threads)
+    facts = warming.facts
     vocab = LlamaModel(str(facts.path))
     try:
         tokens = vocab.tokenize(text_of(ns.text))
@@ -96,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(tokens) < ns.tokens:
         raise SystemExit(f"--text {ns.text} holds {len(tokens)} tokens, fewer than --tokens {ns.tokens}")
     tokens = tokens[:ns.tokens]
-    from kvpot.engine import Engine, EngineConfig
-    from kvpot.policies import make_policy
-
-    with Engine(str(facts.path), make_policy(ns.policy), EngineConfig(budget=ns.budget, chunk=ns.chunk,
-                                                                       n_threads=ns.threads)) as warm:
+    with warming.open() as warm:
         warm.feed(tokens[:2048])
     runs: list[dict] = []
     first_logits = None
@@ -127,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[rule]["speed_ratio_to_" + rules[0]] = round(summary[rule]["median_tok_s"] / base, 3)
     out = run_meta() | {
         "command": "python -m kvpot.bench.infllm_cache " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "model": known.name if known else facts.name, "text": ns.text, "tokens": ns.tokens, "budget": ns.budget,
+        "model": warming.model_name, "text": ns.text, "tokens": ns.tokens, "budget": ns.budget,
         "chunk": ns.chunk, "threads": ns.threads, "repeats": ns.repeats, "n": ns.repeats,
         "question": QUESTION.strip(), "same_logits_every_rule": all(x["logits_max_abs_diff_to_first"] == 0 for x in runs),
         "same_answer_every_rule": len({x["answer"] for x in runs}) == 1, "summary": summary, "runs": runs}

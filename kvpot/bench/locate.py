@@ -151,17 +151,15 @@ def table(summ: dict) -> str:
 
 
 def run(plan: LocatePlan, json_out: Path | None, say=lambda msg: None) -> dict:
+    from kvpot.api.plan import plan_read
     from kvpot.bench.qa_inputs import build_inputs
     from kvpot.bench.qa_questions import load_set
     from kvpot.bench.qa_sources import find_passage
     from kvpot.bench.throughput import run_meta
-    from kvpot.ingest import collect_sources
     from kvpot.locator.lexical import LINES, index_for
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
     from kvpot.safe_write import write_text_file
-    from kvpot.session.session import Session
-    from kvpot.session.settings import resolve_settings
     from kvpot.session.sources import position_at
 
     meta = run_meta()
@@ -180,8 +178,8 @@ def run(plan: LocatePlan, json_out: Path | None, say=lambda msg: None) -> dict:
     by_id = {q.id: q for q in qs}
     locators = plan.locators()
     # the keys are kept only for a locator that scores them: "mix" scores them, and every locator is asked here
-    cli = {"threads": plan.threads, "policy": plan.policy, "budget": plan.budget, "chunk": plan.chunk, "locator": "mix"}
-    settings = resolve_settings(name if known else None, known.defaults if known else {}, cli)
+    options = {"threads": plan.threads, "policy": plan.policy, "budget": plan.budget, "chunk": plan.chunk,
+               "locator": "mix"}
     rows: list[dict] = []
     reads: list[dict] = []
     if plan.resume and json_out is not None and json_out.exists():
@@ -209,9 +207,12 @@ def run(plan: LocatePlan, json_out: Path | None, say=lambda msg: None) -> dict:
                 continue
             path = Path(tmp) / f"locate-{plan.length}-{joined.index}.txt"
             path.write_text(joined.text, encoding="utf-8")
-            with Session(facts, name, settings, resettable=True) as s:
+            # planned as `kvpot chat` plans a reading (kvpot.api.plan): the settings merged over the config file and
+            # the model's defaults, every check before the model loads; kept resettable, each locator asked first
+            reading = plan_read([str(path)], name if known else str(facts.path), resettable=True, **options)
+            with reading.open() as s:
                 t0 = time.perf_counter()
-                s.read(collect_sources([str(path)]))
+                s.read(reading.sources)
                 read = {"input": joined.index, "tokens": s.doc_tokens, "read_seconds": round(time.perf_counter() - t0, 2),
                         "compactions": s.engine.stats().n_compactions,
                         "keys_bytes": s.engine.block_keys.nbytes if s.engine.block_keys is not None else 0,

@@ -277,18 +277,17 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
                  say=lambda msg: None) -> dict:
     """The pot reading the same generated text under `policy` at `budget` cells; with `decode`, then
     the question and `decode` greedy answer tokens through the engine's answer path (Engine.prompt,
-    Engine.generate: what `kvpot ask` runs, the policy's work while answering included).
+    Engine.generate: what `kvpot ask` runs, the policy's work while answering included). The engine is planned and
+    opened through kvpot.api.engine_plan: the budget, chunk and threads exactly as given, no session around it.
 
     `checkpoint`: a file the read is saved to every `save_every` seconds and goes on from when it is
     there (kvpot.bench.read_checkpoint); `say` hears where the read is at each save."""
+    from kvpot.api.engine_plan import DEFAULT_ANSWER_RESERVE, beside_the_pot, plan_engine
     from kvpot.bench.read_checkpoint import timed_read
-    from kvpot.engine import DEFAULT_ANSWER_RESERVE, Engine, EngineConfig
-    from kvpot.policies import ExternalMemory, make_policy
 
     # room for the question, the answer and the next turn's start (the default reserve holds 32 tokens)
     reserve = max(DEFAULT_ANSWER_RESERVE, decode + 192)
-    eng = Engine(model_path, make_policy(policy), EngineConfig(budget=budget, chunk=chunk, n_threads=threads,
-                                                                flash_attn=flash_attn, answer_reserve=reserve))
+    eng = plan_engine(model_path, policy, budget, chunk, threads, flash_attn=flash_attn, answer_reserve=reserve).open()
     # what a saved part must have been read with to be gone on from
     key = {"model": model_path, "model_bytes": Path(model_path).stat().st_size, "policy": policy, "budget": budget,
            "chunk": chunk, "threads": threads, "flash_attn": flash_attn, "tokens": n_tokens, "decode": decode}
@@ -298,11 +297,11 @@ def kvpot_ingest(model_path: str, n_tokens: int, policy: str, budget: int, chunk
         # (a 1M-token one is ~40 MiB)
         read = timed_read(eng, n_tokens, key, Path(checkpoint) if checkpoint else None, save_every, say)
         st = eng.stats()
+        disk_bytes, block_cache = beside_the_pot(eng)
         res = {"mode": "pot", "policy": policy, "budget": budget, "tokens": eng.tokens_seen, "seconds": read.seconds,
                "tok_s": eng.tokens_seen / read.seconds, "peak_rss_mb": read.peak_rss_mb,
                "rss_start_mb": read.rss_start_mb, "rss_end_mb": rss_mb(), "kv_bytes": read.kv_bytes,
-               "kv_bytes_allocated": st.bytes_total, "disk_bytes": ExternalMemory.of(eng.policy).disk_bytes(),
-               "block_cache": ExternalMemory.of(eng.policy).cache_stats(),
+               "kv_bytes_allocated": st.bytes_total, "disk_bytes": disk_bytes, "block_cache": block_cache,
                "compactions": st.n_compactions, "compact_seconds": eng.compact_seconds, "flash_attn": flash_attn,
                "read_parts": read.parts, "read_saves": read.saves, "read_cpus": read.cpus,
                **_end_of_read(memory_status())}
