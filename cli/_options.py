@@ -166,7 +166,7 @@ def policy_names() -> str:
 # the help panel of the options a user rarely needs: every command lists its everyday options first, these after
 ADVANCED = "Advanced"
 
-# -m in ask, chat and run: a saved context's model comes first where --context is given (kvpot.models.choose)
+# -m in ask, chat and run: a saved context's model comes first where --context is given (kvpot.session.default_model)
 MODEL_HELP = "a `kvpot models` name or a .gguf path, else $KVPOT_MODEL"
 MODEL_DEFAULT = "the most capable downloaded"
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvpot.display import printable
+from kvpot.locator.sources import format_passages, top_passages
 from kvpot.session.sampling import Sampler
-from kvpot.session.sources import format_passages, top_passages
 
 from ._common import elapsed, write_out
 from ._session import Answered, answer

@@ -74,7 +74,7 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
                    save_to: Path | str | None = None, resettable: bool = True, go_on: bool = False) -> Session:
     """A saved context reopened (kvpot.api.plan.reopen), with what it holds said on stderr; `resettable`
     False for `ask`, which answers once (no copy kept for /reset); `go_on`: it is to read on (`--continue`)."""
-    from kvpot.session.read_point import why_no_rest
+    from kvpot.state.read_point import why_no_rest
 
     session = reopen(context, model, threads, max_tokens, save_to=save_to, resettable=resettable, go_on=go_on,
                      notice=lambda msg: err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True),
@@ -92,11 +92,11 @@ def reopen_session(context: str, model: str | None, threads: int | None, max_tok
 def continue_reading(session: Session, context: Path | str, question: str | None, save_to: Path | str | None) -> None:
     """Read the rest of the inputs a reopened context stopped in (`--continue`), with the question as the
     catalyst when it is known, as `ask` reads; saved again when stopped, as a new read is."""
-    from kvpot.session.read_point import reopen_sources
+    from kvpot.state.read_point import reopen_sources
 
     point = session.read_point
     if point is None:
-        from kvpot.session.read_point import cannot_continue
+        from kvpot.state.read_point import cannot_continue
 
         raise KvpotError(cannot_continue(context, session.read_stopped, session.turns))
     notices = []

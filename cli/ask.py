@@ -19,9 +19,9 @@ from kvpot.display import printable, require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest import looks_like_input
 from kvpot.ingest.sources import STDIN, stdin_is_piped
-from kvpot.models.choose import default_model
 from kvpot.models.registry import KNOWN
 from kvpot.safe_write import resolve_target
+from kvpot.session.default_model import default_model
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings
 

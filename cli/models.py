@@ -11,10 +11,10 @@ from rich.table import Table
 
 from kvpot import paths
 from kvpot.errors import KvpotError
-from kvpot.models.choose import by_capability
 from kvpot.models.pull import cached_path
 from kvpot.models.pull import pull as pull_model
 from kvpot.models.registry import KNOWN
+from kvpot.session.default_model import by_capability
 
 from ._common import err, out, steps, user_errors
 

@@ -14,8 +14,8 @@ from kvpot.bench.logbook import logbook
 from kvpot.display import require_utf8
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import STDIN, stat_input
-from kvpot.models.choose import default_model
 from kvpot.models.pull import pull as pull_model
+from kvpot.session.default_model import default_model
 from kvpot.session.settings import RunSettings, setting_problem
 
 from ._common import (

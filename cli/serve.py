@@ -145,10 +145,10 @@ def serve(
 def _read_documents(docs: dict[str, Path], model: str | None, threads, max_tokens, opts: dict):
     """Each document's saved context reopened, or its input read and saved first; the backend holds the
     last one open."""
-    from kvpot.models.choose import default_model
     from kvpot.models.registry import KNOWN
     from kvpot.models.resolve import resolve_model
     from kvpot.serve.backend import Backend, Document, context_path, contexts_dir
+    from kvpot.session.default_model import default_model
 
     from ._session import new_session, reopen_session, save
     from .reading import read_with_progress

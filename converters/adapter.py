@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.models.gguf_file import check_gguf_header, read_header
+from kvpot.models.gguf_file import check_gguf_header, read_header, read_model_facts
 from kvpot.models.model_hash import model_sha256
 from kvpot.safe_write import atomic_write, resolve_target
 
@@ -485,8 +485,6 @@ _GATE_TENSORS = ("mg_w1.weight", "mg_w1.bias", "mg_w2.weight", "mg_w2.bias", "mg
 
 def pot_layer_ids(model: Path) -> list[int]:
     """The model layers whose KV lives in the pot (all but the sliding-window ones), as llama.cpp decides."""
-    from kvpot.models.gguf_file import read_model_facts
-
     facts = read_model_facts(model)
     swa = facts.swa_layers or (False,) * facts.n_layer
     return [il for il, s in enumerate(swa) if not s]

@@ -8,10 +8,7 @@ Importing this package is cheap and never loads libllama: the API (kvpot.api) is
 one of its names, and the runtime is loaded when a model is.
 """
 
-__version__ = "0.1.0"
-
-# the kvpot_* ABI this Python package speaks; must equal KVPOT_ABI_VERSION in ggml_ext/kvpot.h
-ABI_VERSION = 16
+from kvpot.version import ABI_VERSION, __version__
 
 # the API's names, imported from kvpot.api when first used
 API = ("Answer", "Document", "KvpotError", "Model", "Plan")
@@ -20,7 +17,7 @@ __all__ = [*API, "ABI_VERSION", "__version__"]
 
 def __getattr__(name: str):
     if name in API:
-        import kvpot.api
+        import kvpot.api  # lazy: importing kvpot loads neither the API nor what it stands on
 
         return getattr(kvpot.api, name)
     raise AttributeError(f"module 'kvpot' has no attribute {name!r}")

@@ -31,12 +31,12 @@ from kvpot.policies.base import (
     check_keep,
     keep_ends,
 )
-from kvpot.recall_cells import RecallCells
 from kvpot.runtime import abort
 from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
 from kvpot.runtime.outputs import outputs_max
 from kvpot.runtime.pot import Pot, PotStats
-from kvpot.session.engine_state import EngineState, SeqInFile, decode_tree, encode_tree
+from kvpot.state.engine_state import EngineState, SeqInFile, decode_tree, encode_tree
+from kvpot.state.recall_cells import RecallCells
 
 # cells kept free past budget + chunk for the question and the answer
 DEFAULT_ANSWER_RESERVE = 256
@@ -138,7 +138,7 @@ class Engine:
         self.stop_kind = ""
         self.answer_tokens = 0    # tokens the last answer generated (the end-of-generation token not counted)
         # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
-        # layers, KV heads and rows (kvpot.session.sources, read through `answer_mass`); None when not tracking
+        # layers, KV heads and rows (kvpot.locator.sources, read through `answer_mass`); None when not tracking
         self._answer_mass: dict[int, float] | None = None
         self._answer_taps = False  # the runtime is summing answer rows' attention per cell, not yet read back
         # recalled cells the runtime treats apart until the next compaction (Recall.fetch, Recall.distance)

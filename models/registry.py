@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpot.models.model_hash import model_sha256
+
 # trained parts shipped in this directory beside the registry (adapter GGUFs, docs/formats.md)
 SHIPPED_DIR = Path(__file__).resolve().parent
 
@@ -34,7 +36,7 @@ class KnownModel:
     adapters: dict = field(default_factory=dict)
     # bytes of the GGUF (the parts joined): what a pull downloads and the weights take in memory
     size_bytes: int = 0
-    # answer quality, higher is better: the order ask and chat choose a default model in (models/choose.py)
+    # answer quality, higher is better: the order ask and chat choose a default model in (kvpot/session/default_model.py)
     rank: int = 0
     # what to expect of it, for `kvpot models`: speed and answers as measured (docs/benchmarks.md, "Models")
     expect: str = ""
@@ -169,8 +171,6 @@ def shipped_adapter(kind: str, sha256: str) -> Path | None:
 def shipped_adapter_for(kind: str, model_path: Path | str) -> Path | None:
     """The adapter of this kind shipped for the model file at model_path (found by its sha256), if any;
     None for a model kvpot ships none for, or a path with no file to hash."""
-    from kvpot.models.model_hash import model_sha256
-
     try:
         return shipped_adapter(kind, model_sha256(model_path))
     except OSError:  # no model file to hash: nothing shipped can be for it

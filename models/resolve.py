@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts, read_model_facts
-from kvpot.models.pull import cached_path
+from kvpot.models.pull import HF_SPEC, cached_path, hf_cached_path
 from kvpot.models.registry import KNOWN, KnownModel
 
 
@@ -18,8 +18,6 @@ def resolve_model(spec: str) -> tuple[ModelFacts, KnownModel | None]:
             raise KvpotError(f"model {spec} is not downloaded yet; run `kvpot pull {spec}`")
         return read_model_facts(path), known
     if spec.startswith("hf:"):  # pulled into the models dir by `kvpot pull hf:...`
-        from kvpot.models.pull import HF_SPEC, hf_cached_path
-
         if not HF_SPEC.match(spec):
             raise KvpotError(f"{spec}: expected hf:OWNER/REPO/FILE.gguf")
         path = hf_cached_path(spec)

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.locator.sources import SourceMap, piece_chars
 from kvpot.safe_write import write_text_file
 from kvpot.session.context_file import read_context
-from kvpot.session.sources import SourceMap, piece_chars
 
 
 def find_line(pieces, needle: str) -> tuple[str, int, int]:

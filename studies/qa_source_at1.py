@@ -2,7 +2,7 @@
 question's passage, over the questions a model answers right. The inputs are `kvpot bench qa`'s joined inputs
 (kvpot.bench.qa_inputs, no multi-key needles), each read once with full attention in the model's chat format
 as `kvpot ask` reads it, its questions asked in turn (the conversation reset between), every answer tracked
-(Engine.track_answer_attention) and ranked as `--sources` ranks it (kvpot.session.sources.ranked_passages).
+(Engine.track_answer_attention) and ranked as `--sources` ranks it (kvpot.locator.sources.ranked_passages).
 A passage is the question's when their characters overlap in the joined input.
 
     python -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 6 \\
@@ -44,12 +44,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     from kvpot.ingest import collect_sources
+    from kvpot.locator.sources import ranked_passages
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
     from kvpot.session.reading_plan import plan_reading
     from kvpot.session.session import Session, answer_reserve
     from kvpot.session.settings import resolve_settings
-    from kvpot.session.sources import ranked_passages
 
     facts, known = resolve_model(ns.model)
     name = known.name if known else facts.name

@@ -10,7 +10,7 @@ from pathlib import Path
 # and a 2-thread decode ran ~18x slower. Passive waiting keeps the suite's speed independent of what
 # else the machine does; it changes no result. Set before libllama (and its libgomp) loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-# ask, chat and run without -m run the most capable downloaded model the machine holds (models/choose.py),
+# ask, chat and run without -m run the most capable downloaded model the machine holds (kvpot/session/default_model.py),
 # which differs between machines; the suite's commands without -m run the test model everywhere.
 # tests/test_default_model.py checks the choice itself, with this variable removed.
 os.environ["KVPOT_MODEL"] = "gemma3-270m"

@@ -19,7 +19,7 @@ from kvpot.errors import KvpotError
 from kvpot.policies import make_policy
 from kvpot.runtime.cpu import describe_host
 from kvpot.session.context_file import read_context
-from kvpot.session.state_container import read_state, write_state
+from kvpot.state.state_container import read_state, write_state
 
 N = 1200
 KEY = {"read": "test"}
@@ -124,7 +124,7 @@ def test_a_save_whose_figures_are_of_another_type_is_refused(smollm2_cut_path, t
 
 
 def test_a_save_and_a_saved_context_are_told_apart(smollm2_cut_path, tmp_path):
-    """Both are kvpot.session.state_container files: each reader names the other kind instead of reading it."""
+    """Both are kvpot.state.state_container files: each reader names the other kind instead of reading it."""
     save = tmp_path / "read.kvstate"
     _stopped_read(smollm2_cut_path, "streaming", save, after_saves=1)
     with pytest.raises(KvpotError, match=r"saved context .* is malformed: header field format is 'kvpot bench read': "

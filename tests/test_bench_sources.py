@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from kvpot.bench.niah import make_case, make_haystack, needle, needle_tokens, overlaps
 from kvpot.cli.main import app
-from kvpot.session.sources import PASSAGE_TOKENS, SINK_TOKENS, SourceMap, rank, rank_between
+from kvpot.locator.sources import PASSAGE_TOKENS, SINK_TOKENS, SourceMap, rank, rank_between
 
 # -- the needle's tokens and the overlap, without a model ---------------------------------------------
 

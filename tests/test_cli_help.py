@@ -290,7 +290,7 @@ def test_ask_and_chat_help_fit_one_screen(command):
 def test_models_lists_one_line_per_model(tmp_path):
     """`kvpot models` at 80 columns: a header, then one line per registry model, most capable first, each
     within the width; nothing downloaded in a fresh home, so each says no."""
-    from kvpot.models.choose import by_capability
+    from kvpot.session.default_model import by_capability
 
     res = run_cli("models", env={"COLUMNS": "80", "KVPOT_HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr

@@ -7,7 +7,7 @@ import pytest
 
 from kvpot.errors import KvpotError
 from kvpot.session.context_file import SavedContext, read_context, write_context
-from kvpot.session.engine_state import EngineState, decode_tree, encode_tree
+from kvpot.state.engine_state import EngineState, decode_tree, encode_tree
 
 
 def _saved() -> SavedContext:

@@ -19,9 +19,9 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.session.context_file import read_context
-from kvpot.session.engine_state import SeqInFile
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
+from kvpot.state.engine_state import SeqInFile
 
 SMALL = RunSettings(budget=512, chunk=128, threads=2, prompt="completion", max_tokens=8, policy="infinipot")
 

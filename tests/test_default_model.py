@@ -1,4 +1,4 @@
-"""ask and chat without -m: the most capable downloaded model the device holds (models/choose.py).
+"""ask and chat without -m: the most capable downloaded model the device holds (kvpot/session/default_model.py).
 
 The machine's memory is given (a DeviceMemory, or KVPOT_DEVICE_MEMORY for the command), and which models
 are "downloaded" is a kvpot home holding links to the test models' files, so the choice is the same on
@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from kvpot.errors import KvpotError
-from kvpot.models import choose
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.models.registry import GEMMA3_270M, KNOWN, QWEN25_CODER_05B, QWEN25_CODER_15B, SMOLLM2_135M
+from kvpot.session import default_model as choose
 from kvpot.session.auto_budget import DeviceMemory
 
 GIB = 1 << 30

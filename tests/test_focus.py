@@ -15,9 +15,9 @@ from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
+from kvpot.locator.sources import SourceMap
 from kvpot.session.beyond_window import Asking
 from kvpot.session.focus import LINE_REACH, FocusText, Window, spans, windows
-from kvpot.session.sources import SourceMap
 
 runner = CliRunner()
 

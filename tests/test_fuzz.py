@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from kvpot.models.gguf_file import GGUF_MAGIC, read_header_from
 from kvpot.session.context_file import parse_context
-from kvpot.session.state_container import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC
+from kvpot.state.state_container import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC
 
 
 def teardown_module(module) -> None:

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from kvpot.models.gguf_file import GGUF_MAGIC, model_facts, read_header_from
 from kvpot.session.context_file import check_saved, parse_context
-from kvpot.session.engine_state import encode_tree
-from kvpot.session.state_container import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, _arrays_bytes
+from kvpot.state.engine_state import encode_tree
+from kvpot.state.state_container import _PREFIX, _SECTION, _TAGS, FORMAT_VERSION, MAGIC, _arrays_bytes
 
 
 def teardown_module(module) -> None:

@@ -17,12 +17,12 @@ from kvpot.engine import _SAVED_SCALARS
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
-from kvpot.recall_cells import RecallCells
 from kvpot.session.checks import MAX_CELLS
 from kvpot.session.context_file import SavedContext, read_context, write_context
-from kvpot.session.engine_state import ENGINE_OPTIONAL, ENGINE_SCALARS
 from kvpot.session.session import Session
 from kvpot.session.settings import RunSettings
+from kvpot.state.engine_state import ENGINE_OPTIONAL, ENGINE_SCALARS
+from kvpot.state.recall_cells import RecallCells
 
 SMALL = RunSettings(policy="h2o", budget=64, chunk=32, threads=2, prompt="completion", max_tokens=2)
 

@@ -18,12 +18,12 @@ from kvpot.cli.main import app
 from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.ingest.sources import STDIN, Mark, Source, SourceSet
+from kvpot.locator.sources import CHANGED, UNCHECKED, Passage, SourceMap, format_passages, quote
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.policies import make_policy
 from kvpot.session.context_file import SavedContext, read_context, write_context
 from kvpot.session.session import ReadingStopped, Session
 from kvpot.session.settings import RunSettings
-from kvpot.session.sources import CHANGED, UNCHECKED, Passage, SourceMap, format_passages, quote
 
 SMALL = RunSettings(policy="h2o", budget=64, chunk=32, threads=1, prompt="completion", max_tokens=2)
 runner = CliRunner()

@@ -19,7 +19,7 @@ from kvpot.ingest.sources import STDIN, collect_sources
 from kvpot.locator import lexical
 from kvpot.locator.lexical import LexicalIndex, bm25_mass, cut, index_for, spread, words
 from kvpot.locator.mix import RRF_K, mix_ranked, passage_ranks
-from kvpot.session.sources import PASSAGE_TOKENS, SourceMap, rank_between
+from kvpot.locator.sources import PASSAGE_TOKENS, SourceMap, rank_between
 
 K1, B = 1.5, 0.75  # bm25s' defaults (Lucene's variant)
 

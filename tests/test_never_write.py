@@ -184,7 +184,7 @@ OWN_FILES = {
     "kvpot/bench/process.py::reset_peak_rss": "/proc/self/clear_refs, the kernel's counter reset",
     "kvpot/bench/memory_limit.py::_control": "a memory cgroup's control files, in the cgroup the run makes for itself",
     "kvpot/session/session.py::ask": "KVPOT_SAVE_LOGITS, a diagnostics folder the tests name",
-    "kvpot/session/state_container.py::_arrays_bytes": "into memory (a BytesIO), not a file",
+    "kvpot/state/state_container.py::_arrays_bytes": "into memory (a BytesIO), not a file",
     "models/pull.py": "models, downloads and locks under KVPOT_HOME/models, each checked before it is renamed in",
     "cli/run.py::demo": "the demo's sample under KVPOT_HOME/samples",
     "models/model_hash.py": "the hash cache under KVPOT_HOME, a file kvpot owns",

@@ -1,4 +1,4 @@
-"""The engine's side of a recall (kvpot.recall_cells) against a recording stand-in for the pot: what it
+"""The engine's side of a recall (kvpot.state.recall_cells) against a recording stand-in for the pot: what it
 hands the runtime, when, and what a saved context holds (tests/test_infllm_lookup.py and
 tests/test_infllm_distance.py check the same calls on the runtime itself)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvpot.policies.base import Fetch, Recall
-from kvpot.recall_cells import SAVED, RecallCells, check_saved
+from kvpot.state.recall_cells import SAVED, RecallCells, check_saved
 
 
 class Recorder:

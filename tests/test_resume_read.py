@@ -15,9 +15,9 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import collect_sources
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.session.context_file import read_context
-from kvpot.session.read_point import reopen_sources
 from kvpot.session.session import ReadingStopped, Session
 from kvpot.session.settings import RunSettings
+from kvpot.state.read_point import reopen_sources
 
 SMALL = RunSettings(budget=512, chunk=128, threads=2, prompt="completion", max_tokens=12)
 POLICIES = ["infinipot", "imdc:pruner=snapkv", "infllm", "streaming", "snapkv", "h2o", "edgeinfinite:gate=init"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.ingest.sources import Mark
-from kvpot.session.sources import GROUP, PASSAGE_TOKENS, SINK_TOKENS, SPIKE, SourceMap, rank
+from kvpot.locator.sources import GROUP, PASSAGE_TOKENS, SINK_TOKENS, SPIKE, SourceMap, rank
 
 runner = CliRunner()
 QUESTION = "What is the code of the strongbox?"
@@ -83,7 +83,7 @@ def test_a_passage_across_many_short_pages_is_quoted(tmp_path):
     from docmaker import write_pdf
 
     from kvpot.ingest import collect_sources
-    from kvpot.session.sources import Passage, quote
+    from kvpot.locator.sources import Passage, quote
 
     pages = [[f"page{i} alpha{i} beta{i}"] for i in range(1, 13)]
     path = write_pdf(tmp_path / "short.pdf", pages)

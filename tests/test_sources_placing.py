@@ -13,7 +13,7 @@ from kvpot.bench.logbook import logbook
 from kvpot.cli.main import app
 from kvpot.ingest import collect_sources
 from kvpot.ingest.sources import header
-from kvpot.session.sources import top_passages
+from kvpot.locator.sources import top_passages
 
 runner = CliRunner()
 

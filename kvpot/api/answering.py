@@ -14,9 +14,9 @@ from typing import Protocol, TypeVar
 from kvpot.api.focusing import Locating, Notice, Working, find_passages, never_stopped, no_status, open_focused, quiet
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
+from kvpot.locator.sources import top_passages
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import Session
-from kvpot.session.sources import top_passages
 
 
 @dataclass(frozen=True)

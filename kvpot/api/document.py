@@ -21,6 +21,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet
 from kvpot.ingest.sources import STDIN
 from kvpot.models.resolve import resolve_model
+from kvpot.session.default_model import default_model
 from kvpot.session.locating import locator_for
 from kvpot.session.sampling import Sampler
 from kvpot.session.session import ReadProgress, Session
@@ -185,8 +186,6 @@ class Model:
 
     def __init__(self, model: str | os.PathLike | None = None):
         if model is None:
-            from kvpot.models.choose import default_model
-
             model = default_model()
         self.spec = os.fspath(model)
         self.facts, known = resolve_model(self.spec)

@@ -14,10 +14,10 @@ from contextlib import AbstractContextManager, contextmanager
 
 from kvpot.display import printable
 from kvpot.errors import KvpotError
+from kvpot.locator.sources import top_passages
 from kvpot.session.focus import READ_ONCE, FocusText, Located, focus_for, why_not
 from kvpot.session.locating import HOW, locate_with, locator_for
 from kvpot.session.session import Session
-from kvpot.session.sources import top_passages
 
 Notice = Callable[[str, str], None]
 Working = Callable[[str], AbstractContextManager]
@@ -48,7 +48,7 @@ class Focus:
 
     def __init__(self, text: FocusText, settings, located: Located, pot: dict, passages: list[dict] | None = None):
         self.text, self.settings, self.located, self.pot = text, settings, located, pot
-        # the passages located, best first, as `--sources` names them (kvpot.session.sources.top_passages: the
+        # the passages located, best first, as `--sources` names them (kvpot.locator.sources.top_passages: the
         # same ranking, lines and offsets); the windows read again are these, widened
         self.passages = passages or []
 

@@ -39,7 +39,6 @@ from kvpot.session.checks import (
     threads_for_machine,
 )
 from kvpot.session.context_file import check_context_path, read_context
-from kvpot.session.read_point import ReadStopped, cannot_continue
 from kvpot.session.reading_plan import TokenCount, plan_reading
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.session.settings import (
@@ -51,6 +50,7 @@ from kvpot.session.settings import (
     set_in_config,
     setting_problem,
 )
+from kvpot.state.read_point import ReadStopped, cannot_continue
 
 # what a command imports from here: the plan and its parts, and the checks a command that plans no reading runs
 # through the API too (check_adapters: a bench's adapters against its model; check_threads: `kvpot train`'s)

@@ -157,10 +157,10 @@ def run(plan: LocatePlan, json_out: Path | None, say=lambda msg: None) -> dict:
     from kvpot.bench.qa_sources import find_passage
     from kvpot.bench.throughput import run_meta
     from kvpot.locator.lexical import LINES, index_for
+    from kvpot.locator.sources import position_at
     from kvpot.models.resolve import resolve_model
     from kvpot.runtime.llama import LlamaModel
     from kvpot.safe_write import write_text_file
-    from kvpot.session.sources import position_at
 
     meta = run_meta()
     facts, known = resolve_model(plan.model)

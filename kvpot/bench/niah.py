@@ -5,7 +5,7 @@ prose:    one access code in varied prose (kvpot.bench.haystack), phrased one of
 multikey: RULER's multi-key NIAH: four access codes for four places in that prose; the question names one
 
 With `sources`, a case also records whether the passage `kvpot ask --sources` would show first is the
-needle's (the answer's attention over the kept cells, ranked as kvpot.session.sources ranks it).
+needle's (the answer's attention over the kept cells, ranked as kvpot.locator.sources ranks it).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def source_check(engine, case: Case, doc_first: int) -> tuple[bool, int | None, 
     needle's stream positions [first, end)) for the answer just tracked (engine.answer_mass), the
     document's tokens at stream positions doc_first.. . Passages are ranked as `kvpot ask --sources`
     ranks them (same passages, same sinks: the policy's sink_tokens())."""
-    from kvpot.session.sources import rank_between
+    from kvpot.locator.sources import rank_between
 
     t0, t1 = needle_tokens(engine.model.piece, case.tokens, case.text, case.needle_chars)
     span = (doc_first + t0, doc_first + t1)

@@ -27,10 +27,10 @@ from kvpot.bench.qa_read_save import QaReadSave, QaReadStopped, QaSaves, QaSoFar
 from kvpot.bench.qa_score import contains, exact, judge, normalize, question_facts
 from kvpot.bench.read_lines import reading_line
 from kvpot.errors import KvpotError
+from kvpot.locator.sources import reread
 from kvpot.session.focus import focus_for, locate, ranked_spans, why_not, windows
 from kvpot.session.locating import locate_with
 from kvpot.session.prompting import choose_format, question_frame
-from kvpot.session.sources import reread
 
 if TYPE_CHECKING:
     from kvpot.api.plan import Plan as ReadingPlan

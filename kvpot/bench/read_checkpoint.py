@@ -21,8 +21,8 @@ from kvpot.bench.process import ReadingPeak, rss_mb
 from kvpot.errors import KvpotError
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import remove_stale_temps
-from kvpot.session.engine_state import check_engine_values, check_policy_state, check_pot_bytes
-from kvpot.session.state_container import one_line, read_state, write_state
+from kvpot.state.engine_state import check_engine_values, check_policy_state, check_pot_bytes
+from kvpot.state.state_container import one_line, read_state, write_state
 
 FORMAT = "kvpot bench read"   # the header's "format": what tells a bench read's save from a saved context
 WHAT = "bench checkpoint"

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-import kvpot
 from kvpot import paths
 from kvpot.build.cache_key import cache_key
 from kvpot.build.native import native_target
@@ -27,6 +26,7 @@ from kvpot.build.patching import apply_series
 from kvpot.build.pins import LLAMA_CPP_COMMIT, SDIST_VERSION, VENDOR_DIR
 from kvpot.build.sdist import extract_pristine, fetch_sdist
 from kvpot.errors import BuildError
+from kvpot.version import __version__
 
 # options kvpot always adds: multimodal (mtmd) is not used and costs a third of the build;
 # the RPC backend (one source file, ggml-rpc) lets `kvpot ask --rpc` spread a model over machines
@@ -45,7 +45,7 @@ class BuildResult:
 
 def source_root() -> Path:
     """The kvpot checkout that holds patches/ and ggml_ext/."""
-    root = Path(kvpot.__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # kvpot/build/runtime.py in the checkout
     if not (root / "patches" / "series").is_file() or not (root / "ggml_ext").is_dir():
         raise BuildError(f"{root} is not a kvpot source checkout (patches/series, ggml_ext/); build from a clone")
     return root
@@ -176,7 +176,7 @@ def build_runtime(cmake_args: str | None = None, jobs: int | None = None, force:
             f"CMAKE_ARGS='{args}'); a cold build takes several minutes")
         say(f"CPU target: {target.describe()}")
         env = dict(os.environ)
-        env["CMAKE_ARGS"] = f"{args} -DKVPOT_VERSION_STR={kvpot.__version__} -DKVPOT_LLAMA_COMMIT={LLAMA_CPP_COMMIT}"
+        env["CMAKE_ARGS"] = f"{args} -DKVPOT_VERSION_STR={__version__} -DKVPOT_LLAMA_COMMIT={LLAMA_CPP_COMMIT}"
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs or os.cpu_count() or 2)
         out = bdir / f"wheel-out-{key[:12]}"  # per key: two backends may build side by side
         shutil.rmtree(out, ignore_errors=True)

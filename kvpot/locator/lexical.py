@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.session.sources import PASSAGE_TOKENS, DigestCheck, SourceMap, position_at, reread
+from kvpot.locator.sources import PASSAGE_TOKENS, DigestCheck, SourceMap, position_at, reread
 
 LINES = 24             # lines per passage: measured against 12 and 48 (`kvpot bench locate --bm25-lines`)
 CHARS_PER_LINE = 100   # a passage holds at most LINES x this many characters: about the focused read's window
@@ -204,7 +204,7 @@ def spread(ranked: list[tuple[int, int, float]], keep: int) -> dict[int, float]:
     """Mass by stream position from a ranking (first position, end, score; best first), as the keys locator
     gives it (kvpot.session.locating.block_mass): the `keep` best, each its score above the first one left out
     (0 where none is), on the middle PASSAGE_TOKENS positions of its span, so the focused read's ranking
-    (kvpot.session.sources.rank) takes one passage from each, in this order."""
+    (kvpot.locator.sources.rank) takes one passage from each, in this order."""
     top = ranked[:keep]
     floor = ranked[keep][2] if len(ranked) > keep else min(0.0, min((s for *_, s in top), default=0.0))
     mass: dict[int, float] = {}

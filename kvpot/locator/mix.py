@@ -16,7 +16,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.locator.lexical import LINES, index_for, spread
 from kvpot.locator.query import block_scores
-from kvpot.session.sources import rank
+from kvpot.locator.sources import rank
 
 RRF_K = 60
 TOP_RANKED = 64   # passages of the pot's ranking listed (`ranked_spans`): its mass names few more

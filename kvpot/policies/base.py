@@ -276,7 +276,7 @@ class Policy:
     def sink_tokens(self) -> int:
         """The stream's first tokens this policy keeps as attention sinks whatever they say (StreamingLLM's
         n_sink, InfLLM's initial tokens): every query attends to them, so they never tell where an
-        answer comes from (kvpot.session.sources leaves them out)."""
+        answer comes from (kvpot.locator.sources leaves them out)."""
         return 0
 
     def reset(self) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvpot.converters.adapter import MemoryGate, initial_memory_gate, read_memory_gate
 from kvpot.errors import KvpotError
+from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView
 
 # the paper's defaults (section 4.1) and their ratio, used to scale unset lengths to a budget
@@ -161,8 +162,6 @@ class EdgeInfinite(Policy, GraphPieces):
     def _gate_path(self, model_path: Path) -> Path:
         if self.gate:
             return Path(self.gate).expanduser()
-        from kvpot.models.registry import shipped_adapter_for
-
         path = shipped_adapter_for("edgeinfinite", model_path)  # the gate shipped for a known model
         if path is None:
             raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "

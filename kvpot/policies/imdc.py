@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.policies import registry
 from kvpot.policies.base import BudgetTooSmall, ExternalMemory, GraphPieces, LengthAware, Policy, PotView, Wrapping
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.imdc_schedule import (
@@ -128,9 +129,7 @@ class IMDC(Wrapping, LengthAware):
             raise KvpotError(f"imdc: pruner must be a pruning policy (e.g. SnapKV()), got {self.pruner!r}")
         unfit = unfit_pruner(type(self.pruner))
         if unfit:
-            from kvpot.policies import POLICIES
-
-            fit = ", ".join(n for n, cls in POLICIES.items() if cls is not IMDC and unfit_pruner(cls) is None)
+            fit = ", ".join(n for n, cls in registry.POLICIES.items() if cls is not IMDC and unfit_pruner(cls) is None)
             raise KvpotError(f"imdc: pruner {self.pruner.name} {unfit}, so the memory would not stay within IMDC's "
                              f"budget; choose a pruner that drops cells to the budget it is given ({fit})")
         if self.function in PER_LAYER and type(self.pruner).after_compaction is not Policy.after_compaction:

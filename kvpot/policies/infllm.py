@@ -23,6 +23,7 @@ from kvpot.policies.base import (
     keep_ends,
 )
 from kvpot.policies.infllm_store import STORE_TYPES, BlockStoreFile
+from kvpot.runtime.blocks import CACHE_RULES, BlockStoreError, format_name, split_format
 
 # the public code's llama-3 configuration (thunlp/InfLLM config/llama-3-inf-llm.yaml), for reference:
 # block_size 128, n_init 128, n_local 4096, topk 16, repr_topk 4, max_cached_block 32, exc_block_size 512,
@@ -154,15 +155,11 @@ class InfLLM(Policy, BlockStoreFile, ExternalMemory):
         if self.distance not in ("constant", "chunk"):
             raise KvpotError(f"infllm: distance must be constant or chunk, got {self.distance!r}")
         if self.store_type is not None:
-            from kvpot.runtime.blocks import BlockStoreError, format_name, split_format
-
             try:
                 self.store_type = format_name(*split_format(self.store_type))  # "q8_0/q8_0" is "q8_0"
             except BlockStoreError:
                 raise KvpotError(f"infllm: store_type must be one of {', '.join(STORE_TYPES)}, or keys/values as "
                                  f"q8_0/q4_0, got {self.store_type!r}") from None
-        from kvpot.runtime.blocks import CACHE_RULES
-
         if self.cache not in CACHE_RULES:
             raise KvpotError(f"infllm: cache must be one of {', '.join(CACHE_RULES)}, got {self.cache!r}")
         if not 0.0 <= self.cache_decay <= 1.0:
@@ -391,7 +388,7 @@ class InfLLM(Policy, BlockStoreFile, ExternalMemory):
         k = np.zeros((L, H, m, d_k), dtype=np.float32)
         v = np.zeros((L, H, m, d_v), dtype=np.float32)
         k[:, :, :n_init], v[:, :, :n_init] = self._init_k, self._init_v
-        # placeholder positions until the first graph's fetch is booked (kvpot.recall_cells, RecallCells.book): the n
+        # placeholder positions until the first graph's fetch is booked (kvpot.state.recall_cells, RecallCells.book): the n
         # blocks evicted last, which end where the local window starts (tokens leave it in stream order)
         guess = np.arange(self._local_start - n * bs, self._local_start)
         pos = np.concatenate([np.arange(n_init), guess]).astype(np.int64)

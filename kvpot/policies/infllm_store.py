@@ -6,7 +6,7 @@ process's), and what it costs on disk before and after reading (docs/formats.md,
 
 `BlockStoreFile` is the part of the InfLLM policy that owns the file, as a dataclass its class
 derives from: its fields are the policy's own, so the three a saved context holds (`_store_path`,
-`_store_blocks`, `_store_hash`) keep their names and declared types (kvpot.session.engine_state
+`_store_blocks`, `_store_hash`) keep their names and declared types (kvpot.state.engine_state
 checks a file against them). It asks of the policy it is part of: the parameters `store`,
 `store_type`, `cache` and `cache_decay`, and `_p(name)` for the fitted sizes (block_size, n_init,
 n_local, max_cached_block). InfLLM's method (eviction into blocks, representative keys, lookup,
@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpot.errors import KvpotError
+from kvpot.paths import blocks_dir
+from kvpot.runtime.blocks import BYTES_PER_VALUE, BlockStore, format_name, split_format
+from kvpot.safe_write import _pid_alive
+from kvpot.wording import size_text
 
 # the row formats a block store may hold (kvpot.runtime.blocks.KV_TYPES), and the default: keys in q8_0,
 # values in q4_0, 0.81 bytes a value (f16: 2). Not q4_0 keys, though they passed the 8K passkey grids:
@@ -43,8 +47,6 @@ STORE_MAGIC = b"KVPOTBLK"
 
 
 def new_store_path() -> Path:
-    from kvpot.paths import blocks_dir
-
     return blocks_dir(create=True) / f"{uuid.uuid4().hex}.{os.getpid()}.kvblk"
 
 
@@ -52,9 +54,6 @@ def reclaim_stores() -> list[Path]:
     """Delete the stores killed processes left under KVPOT_HOME/blocks: kvpot's name, an owner that no
     longer runs, and still writable (a store a saved context references was made read-only when the
     context was saved, so it is never reclaimed; neither is any file of another name)."""
-    from kvpot.paths import blocks_dir
-    from kvpot.safe_write import _pid_alive
-
     folder = blocks_dir()
     try:
         names = os.listdir(folder)
@@ -136,8 +135,6 @@ class BlockStoreFile:
         """At fit: KVPOT_HOME/blocks must be a folder (or not exist yet), and what killed processes left
         there goes; a `store=PATH` this reading could not make is refused now."""
         if self.store is None:
-            from kvpot.paths import blocks_dir
-
             blocks_dir()
             reclaim_stores()
         self._check_store_target(reopening=True)
@@ -196,8 +193,6 @@ class BlockStoreFile:
             return self._blocks
         if self._blocks is not None:
             return self._copy_borrowed_store()
-        from kvpot.runtime.blocks import BlockStore
-
         self._check_store_target()
         if self.store is None:
             path = str(new_store_path())
@@ -221,9 +216,6 @@ class BlockStoreFile:
         """(bytes, folder, how to write less) of the block store after reading n_tokens of a model with
         these ModelFacts: every token past the initial ones and the local window becomes part of a
         block. Every layer is counted (a model's pot layers are at most its layers), so the figure errs high."""
-        from kvpot.paths import blocks_dir
-        from kvpot.session.checks import size_text
-
         past = n_tokens - self._p("n_init") - self._p("n_local")
         if past <= 0:
             return None
@@ -240,8 +232,6 @@ class BlockStoreFile:
     def kv_type_for(self, d_k: int, d_v: int) -> str:
         """The store format this policy stores a model's K and V in (store_type, or its default, with f16
         for a dim the default's 32-value blocks do not divide)."""
-        from kvpot.runtime.blocks import format_name, split_format
-
         if self.store_type is not None:
             return self.store_type
         k_type, v_type = split_format(STORE_TYPE)
@@ -251,8 +241,6 @@ class BlockStoreFile:
         """Bytes the block store grows by per token read past the pot (every layer, K, V and the
         block's share of its positions and representatives), as kvpot-blocks.cpp lays a record out, in
         this policy's row format or `kv_type`."""
-        from kvpot.runtime.blocks import BYTES_PER_VALUE, split_format
-
         bs = self._p("block_size")
         k_type, v_type = split_format(kv_type or self.kv_type_for(d_k, d_v))
         record = 4 * bs + 4 * n_head_kv * d_k + n_head_kv * bs * (d_k * BYTES_PER_VALUE[k_type] + d_v * BYTES_PER_VALUE[v_type])
@@ -263,8 +251,6 @@ class BlockStoreFile:
         Appending to the borrowed file instead would write where a later saved context sharing it keeps
         its blocks (or, cut back, lose them); the copy costs one pass over this context's blocks, once,
         and only when the reopened context evicts again."""
-        from kvpot.runtime.blocks import BlockStore
-
         src = self._blocks
         info = src.info()
         length = 64 + self._store_blocks * info.n_layer * info.record_bytes
@@ -342,8 +328,6 @@ class BlockStoreFile:
         blocks and the digest the context recorded."""
         if not self._store_path:
             return
-        from kvpot.runtime.blocks import BlockStore
-
         try:
             st = os.lstat(self._store_path)
         except OSError:

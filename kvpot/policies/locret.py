@@ -9,6 +9,7 @@ import numpy as np
 
 from kvpot.converters.adapter import RetainingHeads, read_retaining_heads
 from kvpot.errors import KvpotError
+from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView, TapRequest
 
 
@@ -52,8 +53,6 @@ class Locret(Policy, GraphPieces):
     # -- engine hooks ---------------------------------------------------------------------------
 
     def retaining_heads(self, model_path: Path) -> RetainingHeads:
-        from kvpot.models.registry import shipped_adapter_for
-
         # without heads=, the heads shipped for a known model (models/registry.py)
         path = Path(self.heads).expanduser() if self.heads else shipped_adapter_for("locret", model_path)
         if path is None:

@@ -11,6 +11,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpot.runtime import library
+
 # ggml feature name -> the /proc/cpuinfo flag that says the host has it (x86 "flags", ARM "Features")
 _HOST_FLAG = {
     "SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "AVX_VNNI": "avx_vnni", "F16C": "f16c",
@@ -103,8 +105,6 @@ def _arch_of_flags(flags: frozenset[str]) -> str:
 
 def report() -> CpuReport:
     """The loaded runtime's CPU facts beside this machine's."""
-    from kvpot.runtime import library
-
     lib = library.load()
     features = parse_features(lib.kvpot_cpu_features().decode())
     bufts = [b for b in lib.kvpot_cpu_extra_bufts().decode().split(",") if b]

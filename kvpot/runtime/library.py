@@ -6,9 +6,9 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
-from kvpot import ABI_VERSION
 from kvpot.errors import RuntimeMissing
 from kvpot.runtime import api
+from kvpot.version import ABI_VERSION
 
 HOW_TO_BUILD = "build the patched runtime with `make runtime` (or `kvpot build`) from a kvpot checkout"
 

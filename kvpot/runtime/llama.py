@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.runtime import abort
+from kvpot.runtime import abort, logs
 from kvpot.runtime.library import load as load_runtime
 from kvpot.runtime.owned import Owned
 
@@ -56,8 +56,6 @@ class LlamaModel(Owned):
 
         self._L = L
         # llama.cpp's info logs would drown the progress bar; errors still reach stderr
-        from kvpot.runtime import logs
-
         logs.install()
         L.llama_backend_init()
         params = L.llama_model_default_params()

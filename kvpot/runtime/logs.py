@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 
 from kvpot.errors import KvpotError
+from kvpot.runtime.library import load
+from kvpot.safe_write import check_append_target
 
 ENV = "KVPOT_LLAMA_LOG"  # a file for llama.cpp's whole log (load, placement, warnings), as llama.cpp's --log-file
 ROLE = f"the llama.cpp log ({ENV})"  # what the log is in the never-write set (kvpot.safe_write)
@@ -25,12 +27,8 @@ def install(path: str | os.PathLike | None = None) -> None:
     from_env = path is None and not _state["installed"] and bool(os.environ.get(ENV))
     if from_env:
         path = os.environ[ENV]
-    from kvpot.runtime.library import load
-
     target = str(path) if path is not None else _state["path"]
     if target and target != _state["path"]:  # C opens it for appending: checked first (kvpot.safe_write)
-        from kvpot.safe_write import check_append_target
-
         check_append_target(target, f"{ENV}={target}" if from_env else f"the llama.cpp log {target}", own_role=ROLE)
     lib = load()
     if lib.kvpot_log_setup(target.encode() if target else None) < 0:

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from kvpot.errors import KvpotError
 
 from .backend import Backend, Params, Result, check_params, describe_error
-from .conversation import BadRequest
+from .conversation import BadRequest, parse_messages
 
 # how often a non-streamed answer checks that its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -105,8 +105,6 @@ class Server:
             return self._unknown_model(model)
         try:
             params = check_params(body, None)
-            from .conversation import parse_messages
-
             parse_messages(body.get("messages"))  # checked before queueing: a bad body never waits
         except BadRequest as e:
             return error(400, str(e), param=e.param)

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpot.api.focusing import find_passages
 from kvpot.errors import KvpotError
 from kvpot.paths import home
 from kvpot.session.answer import AnswerText
+from kvpot.session.locating import locator_for
 from kvpot.session.sampling import DEFAULT_TOP_P, Sampler
 from kvpot.session.settings import reads_in_full
 
@@ -198,9 +200,6 @@ class Backend:
         answers (kvpot.api.focusing.find_passages; said in the server's log), or where the locator needs the
         pot's own answer (`--locator pot`). The conversation before the last question is read after the
         passages, so its tokens are counted in the focused read's room."""
-        from kvpot.api.focusing import find_passages
-        from kvpot.session.locating import locator_for
-
         if locator_for(s)[0] == "pot":
             return None
         question = conv.turns[-1][1]

@@ -32,14 +32,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
+from kvpot.runtime.devices import devices, layer_devices
 from kvpot.runtime.outputs import MARKED_ROWS, outputs_max
-
-if TYPE_CHECKING:
-    from kvpot.session.beyond_window import MeasuredPot
+from kvpot.session.beyond_window import MeasuredPot
+from kvpot.session.beyond_window import default_pot as measured
 
 KV_BYTES = 2                 # f16 cache cells
 F16 = 2
@@ -203,8 +202,6 @@ def choose_reading(plan: DevicePlan, n_ctx_train: int, doc_tokens: int | None, r
     budget = pot_cells(plan.cells, n_ctx_train, reserve, chunk)
     pot = f"the pot takes {budget:,} cells"
     if default_pot:
-        from kvpot.session.beyond_window import default_pot as measured
-
         budget, pot = measured(budget, default_pot)
     if doc_tokens is None:
         what = "its length is unknown (stdin)"
@@ -253,11 +250,7 @@ def device_memory(devs: list | None = None) -> DeviceMemory:
     if pretend:  # another device's memory (a phone's, a test's), weights included
         return DeviceMemory(free_bytes=parse_size(pretend, MEMORY_ENV), where=f"{MEMORY_ENV}", holds_weights=True)
     if devs is None:
-        from kvpot.runtime.devices import devices
-
         devs = devices()
-    from kvpot.runtime.devices import layer_devices
-
     offload = layer_devices(devs)
     if offload:
         # the weights go there too (llama.cpp splits the layers by free memory, so the sum is what they share)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvpot.models.gguf_file import ModelFacts
+from kvpot.models.model_hash import model_sha256
+from kvpot.models.registry import KNOWN
 
 EVIDENCE = "docs/benchmarks.md, Beyond the window"
 
@@ -63,9 +65,6 @@ def pot_of(k, asking: Asking = Asking.LATER) -> MeasuredPot | None:
 def measured_pot(facts: ModelFacts, asking: Asking = Asking.LATER) -> MeasuredPot | None:
     """The pot measured best past the window for this model file, asked as `asking` is (pot_of), if it is a
     known model measured there (by its size first, so no other file is hashed)."""
-    from kvpot.models.model_hash import model_sha256
-    from kvpot.models.registry import KNOWN
-
     def pot(k) -> MeasuredPot | None:
         return pot_of(k, asking)
 
@@ -80,8 +79,6 @@ def measured_sizes() -> str:
     """The measured sizes of every known model, for --help ("qwen2.5-coder-1.5b 2,048 cells for ask on files and
     16,384 cells for ask on a pipe and 2,048 cells for chat; ..."), written from the registry so the help says
     what the code does."""
-    from kvpot.models.registry import KNOWN
-
     said = []
     for k in KNOWN.values():
         focused = k.beyond_window_pot_focused

@@ -15,17 +15,29 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvpot.engine import MIN_TURN_ROOM
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
-from kvpot.session.auto_budget import ContextCost, context_cost, device_memory
-from kvpot.session.limits import MAX_CELLS
+from kvpot.policies import BudgetTooSmall, ExternalMemory, GraphPieces, LengthAware, Policy, build_policy, make_policy
+from kvpot.session.auto_budget import MEMORY_ENV, ContextCost, context_cost, device_memory
+from kvpot.wording import size_text
 
-if TYPE_CHECKING:
-    from kvpot.policies import Policy
+# llama.cpp keeps context and batch sizes in uint32 and positions in int32; ctypes would wrap larger values:
+# the bound every cell count is checked against, wherever it comes from (options, the config file, a saved
+# context's header)
+MAX_CELLS = 1 << 30
+# room for the first question's tokens in the answer reserve (longer questions go through the pot)
+QUESTION_ROOM = 128
+
+
+def answer_reserve(settings) -> int:
+    """Cells a session keeps past the budget for the first question, the answer and the next turn: what
+    `check_settings_fit` checks before the model loads and what Session sizes its context with.
+    `settings`: a RunSettings (kvpot.session.settings, which imports this module for its checks)."""
+    return settings.max_tokens + MIN_TURN_ROOM + QUESTION_ROOM
 
 
 def cpu_cores() -> int:
@@ -60,8 +72,6 @@ def check_budget(policy: Policy | str, budget: int, chunk: int, option: str = "-
     fit then does nothing), or a spec, built for this check alone (commands that start the engine
     elsewhere, a benchmark's worker). `expected_tokens`: the input's estimated length, where a
     policy's smallest step depends on it (IMDC's m_0). Returns the fitted policy."""
-    from kvpot.policies import BudgetTooSmall, LengthAware, make_policy
-
     try:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -83,8 +93,6 @@ def check_disk(facts: ModelFacts, policy: Policy, n_tokens: int | None, free_byt
     free space of their folder, with the numbers and what would fit. `n_tokens`: the input's estimated
     length (None: unknown, e.g. a pipe, and nothing is checked); `free_bytes`: the folder's free bytes
     (default: what the file system says)."""
-    from kvpot.policies import ExternalMemory
-
     if not n_tokens:
         return
     need = ExternalMemory.of(policy).disk_need(facts, n_tokens)
@@ -122,21 +130,11 @@ def _unwritable(folder) -> str | None:
     return None
 
 
-def size_text(n: int) -> str:
-    """Bytes as a reader wants them: GiB from 1 GiB up, else MiB, KiB or bytes (never "0.0 GiB")."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / 2**shift:,.1f} {unit}"
-    return f"{n:,} bytes"
-
-
 def check_adapters(policy: Policy | str, model_path) -> None:
     """The trained parts a policy runs in llama.cpp (Locret's retaining heads, EdgeInfinite's memory
     gate), read and checked against the model: for commands that do work before they build the engine
     (a benchmark measures stock llama.cpp first, `ask` plans the budget and says so), so that a wrong or
     missing adapter is said first, as the only line. `policy`: the policy or its spec."""
-    from kvpot.policies import GraphPieces, make_policy
-
     if isinstance(policy, str):
         policy = make_policy(policy)
     pieces = GraphPieces.of(policy)
@@ -168,9 +166,6 @@ def _gib(n: int) -> str:
 def check_settings_fit(facts: ModelFacts, settings, policy: Policy | None = None) -> None:
     """The context `Session` would create for these settings, checked before the model loads.
     `policy`: the session's, fitted to the settings (check_budget); without one it is built here."""
-    from kvpot.policies import build_policy
-    from kvpot.session.room import answer_reserve
-
     reserve = answer_reserve(settings)
     if policy is None:
         policy = build_policy(settings.policy, settings.budget, settings.chunk)  # refuses a budget it cannot honour
@@ -223,8 +218,6 @@ def check_context_fits(facts: ModelFacts, header: dict, path, available: int | N
     need = memory_need(facts, n_ctx, min(chunk, n_ctx), flash_attn=settings.get("flash_attn") == "on")
     if need.total <= avail:
         return
-    from kvpot.session.auto_budget import MEMORY_ENV
-
     where = f" ({MEMORY_ENV})" if os.environ.get(MEMORY_ENV) else ""
     raise KvpotError(f"saved context {path} holds a context of {n_ctx:,} cells, which needs about "
                      f"{size_text(need.total)} (KV {size_text(need.kv)}, logits {size_text(need.logits)}, attention "

@@ -1,6 +1,6 @@
 """Saved contexts: the compressed memory of a read document, reopened without reading it again.
 
-The file is kvpot.session.state_container's (docs/formats.md); this module holds what its header must say
+The file is kvpot.state.state_container's (docs/formats.md); this module holds what its header must say
 for a saved context (model, runtime, policy, settings, sources, session) and checks all of it before any
 of the state reaches the engine or C code.
 """
@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpot.errors import KvpotError
-from kvpot.session.engine_state import (
+from kvpot.locator.sources import SourceMap
+from kvpot.policies import make_policy
+from kvpot.session.checks import MAX_CELLS
+from kvpot.session.settings import KEYS, SAVED_BEFORE, describe, setting_problem
+from kvpot.state.engine_state import (
     INT32_MAX,
     INT64_MAX,
     EngineState,
@@ -20,8 +24,8 @@ from kvpot.session.engine_state import (
     check_policy_state,
     check_pot_bytes,
 )
-from kvpot.session.limits import MAX_CELLS
-from kvpot.session.state_container import one_line, parse_state, read_state, write_state
+from kvpot.state.read_point import ReadPoint, ReadStopped
+from kvpot.state.state_container import one_line, parse_state, read_state, write_state
 
 WHAT = "saved context"
 FORMAT_NAME = "kvpot saved context"   # the header's "format"
@@ -93,8 +97,6 @@ def read_context(path: Path, seq_in_file: bool = False) -> SavedContext:
 def _check_header_shape(header) -> None:
     # the same container holds other state files (a `bench throughput` read's save): say which it is
     if isinstance(header, dict) and isinstance(header.get("format"), str) and header["format"] != FORMAT_NAME:
-        from kvpot.session.settings import describe
-
         raise ValueError(f"header field format is {describe(header['format'])}: not a saved context")
     _check_shape(header, _HEADER_SCHEMA, "")
 
@@ -118,27 +120,19 @@ def check_saved(saved: SavedContext, path: Path | str = "saved context") -> None
         if saved.header["tokens_read"] > st.values["tokens_seen"]:
             raise ValueError("tokens_read is more than the engine's tokens_seen")
         if "read_point" in saved.header:
-            from kvpot.session.read_point import ReadPoint
-
             point = ReadPoint.from_header(saved.header["read_point"])
             if point.next_position != st.values["tokens_seen"] or saved.header["turns"]:
                 raise ValueError("read_point is not where the engine stopped reading")
         if "read_stopped" in saved.header:  # a read that stopped early (older contexts do not say)
-            from kvpot.session.read_point import ReadStopped
-
             if ReadStopped.from_header(saved.header["read_stopped"]).tokens != saved.header["tokens_read"]:
                 raise ValueError("read_stopped does not count the tokens read")
         check_pot_bytes(st.pot, st.arrays["positions"], st.values["pos_next"])
-        from kvpot.policies import make_policy
-
         check_policy_state(make_policy(saved.header["policy"]), st.values["policy"], st.arrays)
     except (ValueError, KvpotError) as e:
         raise KvpotError(f"saved context {path} is malformed: {one_line(e)}") from None
 
 
 def _check_header(h: dict) -> None:
-    from kvpot.session.settings import KEYS, SAVED_BEFORE, describe, setting_problem
-
     schema = {k: v for k, v in _HEADER_SCHEMA.items() if k != "engine"}  # the engine's part is parsed apart
     _check_shape(h, schema | {"format": str, "kvpot_version": str, "prompt_format": str}, "")
     if h["format"] != FORMAT_NAME:
@@ -167,8 +161,6 @@ def _check_header(h: dict) -> None:
             raise ValueError(f"{key} {h[key]} is outside 0..{hi}")
     _check_sources(h["sources"])
     if "source_map" in h:  # --sources' map (older contexts have none)
-        from kvpot.session.sources import SourceMap
-
         SourceMap.from_header(h["source_map"])
 
 

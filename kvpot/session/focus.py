@@ -25,12 +25,15 @@ the locator) with stock full attention (as the reader), and is measured as such 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
-from kvpot.session.sources import LONG_LINE, DigestCheck, SourceMap, line_place, passages_in, reread
+from kvpot.locator.sources import LONG_LINE, DigestCheck, SourceMap, line_place, passages_in, reread
+from kvpot.session.checks import QUESTION_ROOM, answer_reserve
+from kvpot.session.reading_plan import plan_reading
+from kvpot.session.settings import AUTO, reads_in_full
 
 PASSAGES = 8            # passages the locating answer drew on most
 REACH_CHARS = 1200      # characters each passage is widened by on each side (about 300 tokens)
@@ -52,7 +55,7 @@ class Window:
 def ranked_spans(mass: dict[int, float], smap: SourceMap, sinks: int, passages: int = PASSAGES,
                  reach: int = REACH_CHARS) -> list[tuple[int, int, float]]:
     """Character spans [start, end) of the joined text around the `passages` passages with the most mass,
-    best first (the passages `--sources` would name: kvpot.session.sources.passages_in), each widened by
+    best first (the passages `--sources` would name: kvpot.locator.sources.passages_in), each widened by
     `reach` characters each side, with its share of the mass."""
     return [(max(0, p.start - reach), min(smap.end_char, p.end + reach), p.share)
             for p in passages_in(mass, smap, sinks, passages)]
@@ -189,7 +192,7 @@ class FocusText(SourceSet):
 
     def stretches(self) -> list[tuple[int, int]]:
         """Characters [start, end) of this text that each passage's text takes (between the headings): each is
-        a stretch of one input, apart from the others (kvpot.session.sources.file_chars)."""
+        a stretch of one input, apart from the others (kvpot.locator.sources.file_chars)."""
         out, at = [], 0
         for i, w in enumerate(self.windows):
             at += len(_head(self.windows, i))
@@ -230,8 +233,6 @@ READ_ONCE = "the input cannot be read again (stdin, a pipe, or a file no longer 
 def why_not(session) -> str | None:
     """None when the session's reading left part of the input out and its inputs can be read again (a
     focused read can then add what the pot lost); else why not."""
-    from kvpot.session.settings import reads_in_full
-
     if reads_in_full(session.policy_spec):
         return READ_IN_FULL
     if session.engine.stats().n_compactions == 0:
@@ -294,12 +295,6 @@ def focus_for(session, located: Located, passages: int = PASSAGES):
 def focus_settings(settings, facts, text: FocusText, question_tokens: int = 0):
     """The settings of the focused read: full attention over `text`, its context sized to it and to the
     question (refused, as `--policy full` is, where it cannot fit the device or the model's window)."""
-    from dataclasses import replace
-
-    from kvpot.session.reading_plan import plan_reading
-    from kvpot.session.room import QUESTION_ROOM, answer_reserve
-    from kvpot.session.settings import AUTO
-
     full = replace(settings, policy="full", budget=AUTO, question_before="off", flash_attn="auto")
     # a question longer than the reserve's room for one is held whole too: full attention drops nothing
     # (the session's context is its budget and the usual reserve: the budget takes the rest)

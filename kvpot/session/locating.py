@@ -14,7 +14,7 @@ whole input, "what is this file about?") to the pot, which read all of it: `PotA
 where the pot answers.
 
 Each returns a `Located`: the attention-like mass per stream position that the focused read ranks into passages
-(kvpot.session.sources.passages_in), so every locator feeds the same windows, numbering and `--sources`.
+(kvpot.locator.sources.passages_in), so every locator feeds the same windows, numbering and `--sources`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from kvpot.errors import KvpotError
 from kvpot.locator.lexical import FLAT, bm25_mass, index_for
 from kvpot.locator.mix import mix_mass
 from kvpot.locator.query import block_scores
+from kvpot.locator.sources import PASSAGE_TOKENS
 from kvpot.session.focus import PASSAGES, Located, locate
-from kvpot.session.sources import PASSAGE_TOKENS
 
 # how each locator is said on stderr ("finding the passages the question needs (...)")
 HOW = {"keys": "by the locator keys kept while reading", "pot": "by the pot's own answer's attention",

@@ -22,8 +22,10 @@ from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.locator.keys import keys_bytes, uses_keys
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.policies import GraphPieces, Policy, make_policy
+from kvpot.runtime.llama import LlamaModel
 from kvpot.session import auto_budget as device_budget
 from kvpot.session.beyond_window import Asking, measured_pot
+from kvpot.session.prompting import choose_format
 from kvpot.session.settings import AUTO, RunSettings, reads_in_full
 
 # no tokenizer packs more than this many bytes of ordinary text into a token on average: an input
@@ -67,9 +69,6 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
     if sources.sizes_are_text and sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
         # a lower bound, already past the limit: no token holds more than MAX_BYTES_PER_TOKEN bytes on average
         return TokenCount(sources.total_bytes // MAX_BYTES_PER_TOKEN - 1, complete=False)
-    from kvpot.runtime.llama import LlamaModel
-    from kvpot.session.prompting import choose_format
-
     vocab = LlamaModel(str(facts.path), vocab_only=True)
     try:
         n = len(vocab.bos())

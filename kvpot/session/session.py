@@ -13,24 +13,24 @@ from pathlib import Path
 
 import numpy as np
 
-from kvpot import __version__
 from kvpot.engine import Engine, EngineConfig, FeedEvent
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.locator.keys import DEFAULT_BLOCK, uses_keys
+from kvpot.locator.sources import SourceMap
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
 from kvpot.policies import ExternalMemory, Policy, make_policy
 from kvpot.runtime import abort, library
 from kvpot.session.answer import AnswerText
+from kvpot.session.checks import answer_reserve
 from kvpot.session.context_file import FORMAT_NAME, SavedContext, read_context, write_context
-from kvpot.session.engine_state import EngineState
 from kvpot.session.prompting import Segment, choose_format
-from kvpot.session.read_point import PieceLog, ReadPoint, ReadStopped, resumable_sources, text_after
-from kvpot.session.room import answer_reserve
 from kvpot.session.sampling import Sampler
 from kvpot.session.settings import RunSettings, option_name, reads_in_full, setting_problem
-from kvpot.session.sources import SourceMap
+from kvpot.state.engine_state import EngineState
+from kvpot.state.read_point import PieceLog, ReadPoint, ReadStopped, resumable_sources, text_after
+from kvpot.version import __version__
 from kvpot.wording import plural
 
 # a folder: each answer's first-token logits are saved there as turn-N.npy (docs/formats.md)

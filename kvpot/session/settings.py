@@ -11,7 +11,6 @@ import difflib
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 try:
     import tomllib  # novm
@@ -20,11 +19,10 @@ except ModuleNotFoundError:  # Python 3.10: tomli is the same parser (tomllib is
 
 from kvpot import paths
 from kvpot.errors import KvpotError
-from kvpot.session.limits import MAX_CELLS
+from kvpot.models.registry import KNOWN
+from kvpot.policies import Policy, QuestionFirst, make_policy
+from kvpot.session.checks import MAX_CELLS, check_budget
 from kvpot.session.prompting import PROMPT_CHOICES
-
-if TYPE_CHECKING:
-    from kvpot.policies import Policy
 
 AUTO = "auto"
 MIN_CELLS = 16       # the smallest pot, and the fewest tokens read per step
@@ -76,8 +74,6 @@ class RunSettings:
         from the spec (a bad one named where it was set) and, when the budget is a number, fitted to
         it, so a budget the policy can never work with is said now, not at its first compaction.
         Full attention is left unfitted: the reading plan sizes its context from the input."""
-        from kvpot.session.checks import check_budget
-
         n = lambda key: (names or {}).get(key, option_name(key))  # noqa: E731
         policy = None
         for key in KEYS:
@@ -100,8 +96,6 @@ def reads_in_full(policy_spec: str) -> bool:
 def reads_with_question(policy: Policy) -> bool:
     """What the policy keeps depends on the question when it is known before reading (InfiniPot's CaP-Q,
     kvpot.policies.QuestionFirst): a read before any question (`kvpot chat`) keeps what no question chose."""
-    from kvpot.policies import QuestionFirst
-
     return QuestionFirst.held_by(policy)
 
 
@@ -160,8 +154,6 @@ def setting_problem(key: str, value) -> str | None:
 
 def parse_policy(value) -> tuple[Policy | None, str | None]:
     """The policy a spec names, or what is wrong with it (as `setting_problem` words it)."""
-    from kvpot.policies import make_policy
-
     if not isinstance(value, str):
         return None, f"must be a string, got {describe(value)}"
     try:
@@ -196,8 +188,6 @@ def _check_table(table, where: str) -> dict:
 
 def check_config(cfg: dict, path: Path) -> dict:
     """The whole file's structure: only [defaults] and [models."NAME"] for known models, then every value."""
-    from kvpot.models.registry import KNOWN
-
     for key in cfg:
         if key not in ("defaults", "models"):
             raise KvpotError(f"config file {path}: unknown table or key {key!r} "

@@ -34,9 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpot.converters.adapter import check_adapter_output, initial_memory_gate, write_memory_gate
 from kvpot.errors import KvpotError
+from kvpot.runtime.llama import LlamaModel
+from kvpot.session.checks import check_threads
 from kvpot.train.edgeinfinite_emulate import emulated_loss, engine_config
 from kvpot.train.edgeinfinite_torch import GateModule, empty_memory, fold_all, load_torch, memory_mix
+from kvpot.train.gguf_torch import Prefix, forward, load_weights
 
 # -- data ---------------------------------------------------------------------------------------------------
 
@@ -128,8 +132,6 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
     """The step's loss: next-token cross-entropy of the last segment (reading mode: of the chunk after
     `leftover` + L_window unfolded tokens), read as kvpot reads it."""
     torch = load_torch()
-    from kvpot.train.gguf_torch import forward
-
     if cfg.budget:
         return emulated_loss(weights, gate, tokens, cfg)
     if cfg.L_chunk:
@@ -159,8 +161,6 @@ def segment_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig,
 def _read_sink(weights, sink: list[int]):
     """The prefix after the sink was read at positions 0.. without memory."""
     torch = load_torch()
-    from kvpot.train.gguf_torch import Prefix, forward
-
     pre = Prefix.empty(weights)
     if not sink:
         return pre
@@ -173,8 +173,6 @@ def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, 
     """Reading mode: sink, n_seg folded segments, an unfolded run, then the trained chunk. Pot layers see
     the chunk at its cache position (after the sink and the run); window layers the text just before."""
     torch = load_torch()
-    from kvpot.train.gguf_torch import forward
-
     pre, text = _read_sink(weights, tokens[:cfg.L_sink]), cfg.L_sink
     mem = empty_memory(weights, gate)
     with torch.no_grad():
@@ -200,15 +198,9 @@ def _chunk_loss(weights, gate: GateModule, tokens: list[int], cfg: TrainConfig, 
 def train(model: Path, out: Path, cfg: TrainConfig, log: Callable[[str], None] = print,
           init_gate=None) -> dict:
     """Train a gate for `model`, write it to `out` (adapter GGUF); returns a summary."""
-    from kvpot.converters.adapter import check_adapter_output, initial_memory_gate, write_memory_gate
-    from kvpot.session.checks import check_threads
-
     check_adapter_output(out, inputs=(model,))  # before the work, not after it
     check_threads(cfg.threads)
     torch = load_torch()
-    from kvpot.runtime.llama import LlamaModel
-    from kvpot.train.gguf_torch import load_weights
-
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     if cfg.budget:

@@ -18,13 +18,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from kvpot.policies import EdgeInfinite
+from kvpot.train.edgeinfinite_torch import empty_memory, fold_all, memory_mix
+from kvpot.train.gguf_torch import Prefix, forward, rope
+
 
 def engine_config(model: Path, cfg):
     """cfg with the lengths and memory size EdgeInfinite's policy reads with at cfg.budget and
     cfg.L_chunk (its fit, the memory of the model's gate counted), and n_chunks (0: enough chunks
     before the trained one that it reads after at least two folds)."""
-    from kvpot.policies import EdgeInfinite
-
     policy = EdgeInfinite(gate="init")
     policy.memory_gate(model)  # sizes the memory in cells (the same for every gate of this model)
     policy.fit(cfg.budget, cfg.L_chunk)
@@ -38,8 +40,6 @@ def emulated_loss(weights, gate, tokens: list[int], cfg):
     """Next-token loss of the last of cfg.n_chunks + 1 chunks, read as `kvpot bench ppl` reads them."""
     import torch
 
-    from kvpot.train.edgeinfinite_torch import empty_memory, fold_all, memory_mix
-    from kvpot.train.gguf_torch import Prefix, forward, rope
 
     w = weights
     C = cfg.L_chunk

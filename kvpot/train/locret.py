@@ -18,6 +18,8 @@ import numpy as np
 
 from kvpot.converters.adapter import BaseIdentity, RetainingHeads, check_adapter_output, write_retaining_heads
 from kvpot.errors import KvpotError
+from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
+from kvpot.runtime.pot import Pot
 from kvpot.safe_write import atomic_write
 from kvpot.train.documents import Sample, default_sources, make_samples
 from kvpot.train.locret_capture import Captured, Capturer
@@ -106,9 +108,6 @@ def capture_all(model_path: Path, samples: list[Sample], base: BaseIdentity, thr
     """Decode each sample once with capture on; returns the captured data and the pot's layer ids.
     With a cache directory, captures are kept there and a later run (resumed, or another hidden
     size) reads them instead of decoding again."""
-    from kvpot.runtime.llama import ContextParams, LlamaContext, LlamaModel
-    from kvpot.runtime.pot import Pot
-
     cache = prepare_cache(cache)  # made and checked here too: callers other than train_locret reach this
     n_ctx = max(256, -(-max(len(s.tokens) for s in samples) // 256) * 256)
     model = LlamaModel(str(model_path))
@@ -142,8 +141,6 @@ def train_locret(model_path: Path, out: Path, *, sources: list[Path] | None = No
     check_adapter_output(out, inputs=(model_path,))
     cache = prepare_cache(cache)
     import_torch()
-    from kvpot.runtime.llama import LlamaModel
-
     cfg = cfg or FitConfig()
     sources = sources or default_sources()
     base = BaseIdentity.of_model(model_path)

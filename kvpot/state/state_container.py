@@ -25,7 +25,7 @@ import numpy as np
 
 from kvpot.errors import KvpotError
 from kvpot.safe_write import atomic_write
-from kvpot.session.engine_state import EngineState, SeqInFile
+from kvpot.state.engine_state import EngineState, SeqInFile
 
 MAGIC = b"KVPOTCTX"
 FORMAT_VERSION = 1

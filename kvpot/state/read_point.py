@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.ingest import SourceSet
+from kvpot.ingest import SourceSet, collect_sources
 
 # tokenized pieces remembered (as int32 arrays, at most a few MiB): a read holds two chunks and a piece ahead of
 # what it decoded, and a piece is 4,096 characters or more, so the next token is always in one of the last few
@@ -136,7 +136,6 @@ def reopen_sources(point: ReadPoint, notice=None) -> SourceSet:
     text the digest covers)."""
     from dataclasses import replace
 
-    from kvpot.ingest import collect_sources
 
     found = []
     for name, path in point.sources:

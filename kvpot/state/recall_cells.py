@@ -4,7 +4,7 @@ refills from the policy's `lookup_store()`; `Recall.distance`: cells every query
 distance). InfLLM is the method that asks for both today; the engine holds one `RecallCells` for any
 policy and calls it at fixed points, so it never names a method's fields.
 
-It imports nothing from the runtime: `kvpot.session.engine_state` checks a saved context's values with
+It imports nothing from the runtime: `kvpot.state.engine_state` checks a saved context's values with
 `SAVED` and `check_saved` before any model loads.
 """
 
@@ -22,7 +22,7 @@ _INT32_MAX = 2**31 - 1  # llama.cpp positions are int32
 
 # What a saved context holds, under the names contexts have always used (ones saved before the lookup
 # or the distance existed lack them: each reads as 0, none): name -> (type, smallest, largest), where
-# "n_ctx" stands for the context's cell count (kvpot.session.engine_state.N_CTX)
+# "n_ctx" stands for the context's cell count (kvpot.state.engine_state.N_CTX)
 SAVED = {
     "_fetch_cell0": (int, 0, "n_ctx"), "_fetch_n": (int, 0, "n_ctx"), "_fetch_bs": (int, 0, "n_ctx"),
     "_fetch_local": (int, 0, "n_ctx"), "_mem_cell0": (int, 0, "n_ctx"), "_mem_n": (int, 0, "n_ctx"),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvpot.errors import KvpotError
+from kvpot.ingest import collect_sources
 from kvpot.ingest.sources import STDIN, Mark, SourceSet, header
 
 GROUP = 64             # tokens per offset entry: the map's resolution is exact at every GROUP-th token
@@ -339,8 +340,6 @@ def top_passages(session, top: int = TOP, mass: dict[int, float] | None = None) 
 def reread(session) -> SourceSet | None:
     """The inputs again, for quotes: the session's own (files read again), or, for a reopened context,
     its files collected again; None when they cannot be (stdin, a file gone)."""
-    from kvpot.ingest import collect_sources
-
     if session.source_set is not None:
         src = session.source_set
         return src if src.can_read_again() else None

@@ -18,7 +18,9 @@ from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import read_model_facts
 from kvpot.models.pull import cached_path, is_cached
 from kvpot.models.registry import KNOWN, KnownModel
-from kvpot.session.auto_budget import DeviceMemory, margin_bytes, plan_cells
+from kvpot.policies import make_policy
+from kvpot.session.auto_budget import DeviceMemory, device_memory, margin_bytes, plan_cells
+from kvpot.session.settings import resolve_settings
 
 # the model ask, chat and run use when -m is not given, instead of choosing (a name or a .gguf path)
 MODEL_ENV = "KVPOT_MODEL"
@@ -42,9 +44,6 @@ def cells_held(model: KnownModel, mem: DeviceMemory) -> int:
     """Cells the device holds for this downloaded model read with its settings (registry defaults under
     the config file): the plan `--budget auto` makes (kvpot.session.reading_plan), from its GGUF facts,
     with the logits every row of a chunk needs when the policy scores tokens (InfiniPot's NuC)."""
-    from kvpot.policies import make_policy
-    from kvpot.session.settings import resolve_settings
-
     settings = resolve_settings(model.name, model.defaults, {})
     full = settings.policy.partition(":")[0].strip().lower() == "full"
     logprobs = not full and make_policy(settings.policy).before_chunk(settings.chunk).logprobs
@@ -96,8 +95,6 @@ def default_model(mem: DeviceMemory | None = None, say=lambda line: None) -> str
     if chosen:
         return chosen
     if mem is None:
-        from kvpot.session.auto_budget import device_memory
-
         mem = device_memory()
     pick = choose_default(mem)
     say(pick.reason)

@@ -12,9 +12,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from kvpot import recall_cells
 from kvpot.errors import KvpotError
 from kvpot.locator.keys import check_state as check_locator_state
+from kvpot.state import recall_cells
 
 
 @dataclass(eq=False)
