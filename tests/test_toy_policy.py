@@ -32,9 +32,9 @@ BUDGET, CHUNK, STRIDE = 64, 32, 3
 @pytest.fixture
 def registry(monkeypatch):
     """The registry with the toy added, for this test alone (the shipped list is checked elsewhere)."""
-    monkeypatch.setattr(kvpot.policies.registry, "POLICIES", dict(kvpot.policies.registry.POLICIES))
+    monkeypatch.setattr(kvpot.policies, "POLICIES", dict(kvpot.policies.POLICIES))
     register_policy(EveryNth)
-    return kvpot.policies.registry.POLICIES
+    return kvpot.policies.POLICIES
 
 
 def toy_rule(held: list[int], budget: int, stride: int) -> list[int]:

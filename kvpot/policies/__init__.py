@@ -16,7 +16,6 @@ import dataclasses
 import typing
 
 from kvpot.errors import KvpotError
-from kvpot.policies import registry
 from kvpot.policies.base import (
     NO_TAPS,
     BudgetTooSmall,
@@ -37,13 +36,13 @@ from kvpot.policies.imdc import IMDC
 from kvpot.policies.infinipot import InfiniPot
 from kvpot.policies.infllm import InfLLM
 from kvpot.policies.locret import Locret
-from kvpot.policies.registry import POLICIES, register_policy
+from kvpot.policies.registry import POLICIES
 from kvpot.policies.snapkv import SnapKV
 from kvpot.policies.streaming_llm import StreamingLLM
 from kvpot.policies.truncate import Truncate
 
-for _cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O, InfiniPot, IMDC, Locret, EdgeInfinite, InfLLM):
-    register_policy(_cls)
+POLICIES.update({cls.name: cls for cls in (FullAttention, Truncate, StreamingLLM, SnapKV, H2O, InfiniPot, IMDC,
+                                           Locret, EdgeInfinite, InfLLM)})
 
 __all__ = [
     "H2O",
@@ -75,6 +74,21 @@ __all__ = [
 ]
 
 
+def register_policy(cls: type) -> type:
+    """Add a policy class to the registry under its `name`, so `make_policy` (and every `--policy`)
+    builds it from a spec; usable as a decorator. A name another class holds is refused, as is one
+    a spec could not spell (lowercase letters, digits and _ only)."""
+    name = getattr(cls, "name", "")
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise KvpotError(f"register_policy takes a Policy subclass, got {cls!r}")
+    if not isinstance(name, str) or not name or not all(c.islower() or c.isdigit() or c == "_" for c in name):
+        raise KvpotError(f"policy name {name!r} must be lowercase letters, digits and _")
+    if POLICIES.get(name, cls) is not cls:
+        raise KvpotError(f"policy name {name!r} is taken by {POLICIES[name].__name__}")
+    POLICIES[name] = cls
+    return cls
+
+
 def policy_parameters(cls: type) -> dict[str, type]:
     """The parameters a policy class takes, name -> type, in declaration order."""
     hints = typing.get_type_hints(cls)
@@ -83,8 +97,8 @@ def policy_parameters(cls: type) -> dict[str, type]:
 
 def _convert(policy: str, key: str, raw: str, kind: type):
     if kind is Policy:  # a wrapper's inner policy (IMDC's pruner): a registry name, default parameters
-        if raw.lower() not in registry.POLICIES or raw.lower() == policy:
-            known = ", ".join(n for n in registry.POLICIES if n != policy)
+        if raw.lower() not in POLICIES or raw.lower() == policy:
+            known = ", ".join(n for n in POLICIES if n != policy)
             raise KvpotError(f"policy {policy}: {key} must name another policy ({known}), got {raw!r}")
         return make_policy(raw)
     options = typing.get_args(kind)
@@ -109,9 +123,9 @@ def make_policy(spec: str) -> Policy:
     """Build a policy from "name" or "name:key=value,key=value" (e.g. "streaming:n_sink=8")."""
     name, _, args = spec.strip().partition(":")
     name = name.strip().lower()
-    cls = registry.POLICIES.get(name)
+    cls = POLICIES.get(name)
     if cls is None:
-        raise KvpotError(f"unknown policy {name!r}; known policies: {', '.join(registry.POLICIES)}")
+        raise KvpotError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
     params = policy_parameters(cls)
     kwargs: dict[str, object] = {}
     for item in filter(None, (a.strip() for a in args.split(","))):

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpot.errors import KvpotError
-from kvpot.policies import registry
 from kvpot.policies.base import BudgetTooSmall, ExternalMemory, GraphPieces, LengthAware, Policy, PotView, Wrapping
 from kvpot.policies.full_attention import FullAttention
 from kvpot.policies.imdc_schedule import (
@@ -20,6 +19,7 @@ from kvpot.policies.imdc_schedule import (
     retention_ratio,
     square_sqrt_layers,
 )
+from kvpot.policies.registry import POLICIES
 from kvpot.policies.wrappers import KeyRerotation, PerLayerBudgets
 
 # IMDC sizes every step itself: the tokens it reads (chunk_size), when it compacts (wants_compaction) and
@@ -129,7 +129,7 @@ class IMDC(Wrapping, LengthAware):
             raise KvpotError(f"imdc: pruner must be a pruning policy (e.g. SnapKV()), got {self.pruner!r}")
         unfit = unfit_pruner(type(self.pruner))
         if unfit:
-            fit = ", ".join(n for n, cls in registry.POLICIES.items() if cls is not IMDC and unfit_pruner(cls) is None)
+            fit = ", ".join(n for n, cls in POLICIES.items() if cls is not IMDC and unfit_pruner(cls) is None)
             raise KvpotError(f"imdc: pruner {self.pruner.name} {unfit}, so the memory would not stay within IMDC's "
                              f"budget; choose a pruner that drops cells to the budget it is given ({fit})")
         if self.function in PER_LAYER and type(self.pruner).after_compaction is not Policy.after_compaction:
