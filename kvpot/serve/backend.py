@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvpot.api.focusing import find_passages
+from kvpot.api.focusing import find_passages, open_focused
 from kvpot.errors import KvpotError
 from kvpot.paths import home
 from kvpot.session.answer import AnswerText
@@ -171,8 +171,6 @@ class Backend:
         s = self._session_for(doc)
         focus = self._focus(s, conv) if doc is not None else None
         if focus is not None:  # the passages read again with full attention answer, as `kvpot chat` past the pot
-            from kvpot.api.focusing import open_focused
-
             text = focus.text
             s.suspend()  # the pot's model and cache freed while the focused session runs: one model in memory
             try:
