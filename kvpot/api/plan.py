@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import kvpot.policies
 from kvpot.errors import KvpotError
 from kvpot.ingest import SourceSet, collect_sources
 from kvpot.ingest.sources import STDIN, STDIN_PROMPT
@@ -150,8 +151,6 @@ def check_policy(spec: str, budget: int | None = None, chunk: int | None = None,
 def known_policies() -> list[str]:
     """Every policy kvpot runs by name, the ones registered from outside kvpot included (for help texts): the
     registry as it is when asked."""
-    import kvpot.policies
-
     return list(kvpot.policies.POLICIES)
 
 
