@@ -16,6 +16,7 @@ import numpy as np
 from kvpot.errors import KvpotError
 from kvpot.locator.keys import BlockKeys
 from kvpot.models.gguf_file import read_model_facts
+from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies.base import (
     DEAD,
     PAD,
@@ -81,8 +82,11 @@ class Engine:
         if config.budget < 1 or config.chunk < 1:
             raise KvpotError(f"budget ({config.budget}) and chunk ({config.chunk}) must be positive")
         pieces = GraphPieces.of(policy)
+        # the adapter kvpot ships for this model (Locret's heads, EdgeInfinite's gate), used where the
+        # spec names none
+        shipped = shipped_adapter_for(pieces.adapter_kind, model_path)
         # EdgeInfinite's gate, checked against the model; its memory counts against the budget
-        gate = pieces.memory_gate(model_path)
+        gate = pieces.memory_gate(model_path, shipped)
         # the one place --budget and --chunk reach the policy: it sizes itself or refuses
         policy.fit(config.budget, config.chunk)
         need = policy.cache_cells(config.budget, config.chunk)
@@ -107,7 +111,7 @@ class Engine:
         self.pot = Pot(self.ctx)
         self.pot.reset()
         # trained graph pieces the policy brings (Locret's retaining heads), checked against the model
-        self.heads = pieces.retaining_heads(model_path)
+        self.heads = pieces.retaining_heads(model_path, shipped)
         if self.heads is not None:
             self.pot.set_heads(self.heads)
             self.pot.enable_heads(False)  # scored only while reading chunks that ask for it

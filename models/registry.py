@@ -168,9 +168,11 @@ def shipped_adapter(kind: str, sha256: str) -> Path | None:
     return None
 
 
-def shipped_adapter_for(kind: str, model_path: Path | str) -> Path | None:
+def shipped_adapter_for(kind: str | None, model_path: Path | str) -> Path | None:
     """The adapter of this kind shipped for the model file at model_path (found by its sha256), if any;
-    None for a model kvpot ships none for, or a path with no file to hash."""
+    None for no kind, a model kvpot ships none for, or a path with no file to hash."""
+    if kind is None:
+        return None
     try:
         return shipped_adapter(kind, model_sha256(model_path))
     except OSError:  # no model file to hash: nothing shipped can be for it

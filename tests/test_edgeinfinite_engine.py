@@ -86,14 +86,16 @@ def test_the_shipped_gate_is_the_default_for_its_model_only(which, request, tmp_
     """A bare `edgeinfinite` runs the gate shipped for a known model (found by the GGUF's sha256); a model
     kvpot ships none for (here the same file with one byte changed) is refused in one line."""
     from kvpot.converters.adapter import BaseIdentity, read_memory_gate
-    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M
+    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M, shipped_adapter_for
 
     path = request.getfixturevalue(f"{which}_path")
     other = request.getfixturevalue("gemma_path" if which == "smollm2" else "smollm2_path")
     known = {"smollm2": SMOLLM2_135M, "gemma": GEMMA3_270M, "qwen05": QWEN25_CODER_05B}[which]
     shipped = SHIPPED_DIR / known.adapters["edgeinfinite"]
     assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
-    gate = EdgeInfinite().memory_gate(path)
+    # found by the model file's hash, as the engine and the checks hand it to the policy
+    assert shipped_adapter_for(EdgeInfinite.adapter_kind, path) == shipped
+    gate = EdgeInfinite().memory_gate(path, shipped_adapter_for(EdgeInfinite.adapter_kind, path))
     assert gate.base == BaseIdentity.of_model(path)
     pot_layers = {"gemma": [5, 11, 17], "smollm2": list(range(30)), "qwen05": list(range(24))}[which]
     assert gate.layers == pot_layers
@@ -103,7 +105,7 @@ def test_the_shipped_gate_is_the_default_for_its_model_only(which, request, tmp_
         read_memory_gate(shipped, model=other)
     twin = unknown_twin(path, tmp_path)
     with pytest.raises(KvpotError, match="edgeinfinite needs a memory gate for this model"):
-        EdgeInfinite().memory_gate(twin)
+        EdgeInfinite().memory_gate(twin, shipped_adapter_for(EdgeInfinite.adapter_kind, twin))
     doc = tmp_path / "log.txt"
     doc.write_text(logbook(n_entries=4, seed=4)[0])
     res = run_cli("ask", str(doc), "Which day?", "-m", str(twin), "--policy", "edgeinfinite",

@@ -240,6 +240,14 @@ def test_models_and_converters_stand_on_the_base_alone():
         assert not bad, bad
 
 
+def test_policies_are_handed_their_shipped_adapters():
+    """A policy never looks up the adapter kvpot ships for a model: the engine and the checks before it loads
+    find it in models/'s registry by the model file's hash and hand its path to the policy."""
+    bad = [f"{i.source}:{i.line} imports {i.target}" for i in GRAPH
+           if folder(i.source) == "kvpot.policies" and folder(i.target) == "kvpot.models"]
+    assert not bad, bad
+
+
 def test_an_import_inside_a_function_says_why():
     bad = undeclared_lazy(GRAPH)
     assert not bad, "import at the top of the module, or declare the heavy module in HEAVY:\n" + "\n".join(bad)

@@ -158,17 +158,20 @@ def test_ask_with_locret_and_foreign_heads(smollm2_path, gemma_path, smol_heads,
 def test_shipped_heads_are_found_for_the_known_models(which, request, tmp_path):
     """`--policy locret` without a path takes the heads shipped in models/ for a known model, found by
     the model file's sha256; a model with none shipped (another file) still gets the one-line error."""
-    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M
+    from kvpot.models.registry import GEMMA3_270M, QWEN25_CODER_05B, SHIPPED_DIR, SMOLLM2_135M, shipped_adapter_for
 
     known = {"smollm2": SMOLLM2_135M, "gemma": GEMMA3_270M, "qwen05": QWEN25_CODER_05B}[which]
     path = request.getfixturevalue(f"{which}_path")
     shipped = SHIPPED_DIR / known.adapters["locret"]
     assert shipped.is_file() and shipped.stat().st_size < 4 << 20  # a few MB at most
-    heads = Locret().retaining_heads(path)
+    # found by the model file's hash, as the engine and the checks hand it to the policy
+    assert shipped_adapter_for(Locret.adapter_kind, path) == shipped
+    heads = Locret().retaining_heads(path, shipped_adapter_for(Locret.adapter_kind, path))
     assert heads.base == BaseIdentity.of_model(path)
     twin = unknown_twin(path, tmp_path)
+    assert shipped_adapter_for(Locret.adapter_kind, twin) is None
     with pytest.raises(KvpotError, match="locret needs retaining heads for this model"):
-        Locret().retaining_heads(twin)
+        Locret().retaining_heads(twin, shipped_adapter_for(Locret.adapter_kind, twin))
     doc = tmp_path / "log.txt"
     doc.write_text(logbook(n_entries=8, seed=4)[0])
     res = run_cli("ask", str(doc), "Which day?", "-m", str(path), "--policy", "locret",

@@ -173,8 +173,8 @@ def _refits_after_gate(memory_gate):
         return memory_gate
 
     @functools.wraps(memory_gate)
-    def gated(self, model_path):
-        gate = memory_gate(self, model_path)
+    def gated(self, model_path, shipped=None):
+        gate = memory_gate(self, model_path, shipped)
         if gate is not None:
             object.__setattr__(self, "_fitted_for", None)
         return gate
@@ -368,15 +368,24 @@ class LengthAware(Capability):
 
 
 class GraphPieces(Capability):
-    """Pieces the policy runs inside llama.cpp's graph."""
+    """Pieces the policy runs inside llama.cpp's graph.
 
-    def retaining_heads(self, model_path):
-        """Trained retaining heads (Locret's), checked against the model, or None; handed to the pot once."""
+    A policy with a trained adapter names its kind (`adapter_kind`, as models/registry.py lists the
+    shipped ones); the layer that knows the model file (the engine, the checks before it loads) looks up
+    the adapter shipped for that model and hands its path in as `shipped`, used where the spec names no
+    file. Policies never look up models themselves, so models/ stays a leaf."""
+
+    adapter_kind: str | None = None  # "locret", "edgeinfinite": the kind of adapter shipped for models
+
+    def retaining_heads(self, model_path, shipped=None):
+        """Trained retaining heads (Locret's), checked against the model, or None; handed to the pot once.
+        shipped: the heads shipped for this model, if any."""
         return None
 
-    def memory_gate(self, model_path):
+    def memory_gate(self, model_path, shipped=None):
         """EdgeInfinite's memory-gating module, checked against the model, or None; asked before fit
-        and before the cache is sized (the memory counts against the budget)."""
+        and before the cache is sized (the memory counts against the budget). shipped: the gate shipped
+        for this model, if any."""
         return None
 
     def memory_fold(self) -> np.ndarray | None:

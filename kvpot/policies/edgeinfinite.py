@@ -10,7 +10,6 @@ import numpy as np
 
 from kvpot.converters.adapter import MemoryGate, initial_memory_gate, read_memory_gate
 from kvpot.errors import KvpotError
-from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView
 
 # the paper's defaults (section 4.1) and their ratio, used to scale unset lengths to a budget
@@ -145,24 +144,26 @@ class EdgeInfinite(Policy, GraphPieces):
 
     # -- engine hooks ---------------------------------------------------------------------------
 
-    def memory_gate(self, model_path: Path) -> MemoryGate:
+    adapter_kind = "edgeinfinite"
+
+    def memory_gate(self, model_path: Path, shipped: Path | None = None) -> MemoryGate:
         """The gate to run in llama.cpp, checked against the model (before the engine sizes the cache)."""
         if self.gate in ("init", "closed"):
             gate = initial_memory_gate(model_path)
             if self.gate == "closed":
                 gate.g[:] = CLOSED_G
         else:
-            gate = read_memory_gate(self._gate_path(model_path), model=model_path)
+            gate = read_memory_gate(self._gate_path(shipped), model=model_path)
         b = gate.base
         mem_bytes = len(gate.layers) * b.n_head_kv * b.head_dim_k * (b.head_dim_v + 1) * 4
         cell_bytes = len(gate.layers) * b.n_head_kv * (b.head_dim_k + b.head_dim_v) * CELL_ELEM_BYTES
         self._mem_cells = -(-mem_bytes // cell_bytes)
         return gate
 
-    def _gate_path(self, model_path: Path) -> Path:
+    def _gate_path(self, shipped: Path | None) -> Path:
         if self.gate:
             return Path(self.gate).expanduser()
-        path = shipped_adapter_for("edgeinfinite", model_path)  # the gate shipped for a known model
+        path = shipped  # the gate shipped for a known model, handed in by the engine or the checks
         if path is None:
             raise KvpotError("edgeinfinite needs a memory gate for this model: --policy edgeinfinite:gate=GATE.gguf "
                              "(made by `kvpot train edgeinfinite`), gate=init for the untrained one or gate=closed for it shut")

@@ -9,7 +9,6 @@ import numpy as np
 
 from kvpot.converters.adapter import RetainingHeads, read_retaining_heads
 from kvpot.errors import KvpotError
-from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies.base import BudgetTooSmall, GraphPieces, Policy, PotView, TapRequest
 
 
@@ -52,9 +51,11 @@ class Locret(Policy, GraphPieces):
 
     # -- engine hooks ---------------------------------------------------------------------------
 
-    def retaining_heads(self, model_path: Path) -> RetainingHeads:
-        # without heads=, the heads shipped for a known model (models/registry.py)
-        path = Path(self.heads).expanduser() if self.heads else shipped_adapter_for("locret", model_path)
+    adapter_kind = "locret"
+
+    def retaining_heads(self, model_path: Path, shipped: Path | None = None) -> RetainingHeads:
+        # without heads=, the heads shipped for a known model (handed in by the engine or the checks)
+        path = Path(self.heads).expanduser() if self.heads else shipped
         if path is None:
             raise KvpotError("locret needs retaining heads for this model: --policy locret:heads=HEADS.gguf "
                              "(made by `kvpot train locret` or `kvpot convert locret`)")

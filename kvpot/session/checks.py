@@ -21,6 +21,7 @@ import numpy as np
 from kvpot.engine import MIN_TURN_ROOM
 from kvpot.errors import KvpotError
 from kvpot.models.gguf_file import ModelFacts
+from kvpot.models.registry import shipped_adapter_for
 from kvpot.policies import BudgetTooSmall, ExternalMemory, GraphPieces, LengthAware, Policy, build_policy, make_policy
 from kvpot.session.auto_budget import MEMORY_ENV, ContextCost, context_cost, device_memory
 from kvpot.wording import size_text
@@ -138,8 +139,9 @@ def check_adapters(policy: Policy | str, model_path) -> None:
     if isinstance(policy, str):
         policy = make_policy(policy)
     pieces = GraphPieces.of(policy)
-    pieces.retaining_heads(model_path)
-    pieces.memory_gate(model_path)
+    shipped = shipped_adapter_for(pieces.adapter_kind, model_path)
+    pieces.retaining_heads(model_path, shipped)
+    pieces.memory_gate(model_path, shipped)
 
 
 # -- memory ---------------------------------------------------------------------------------------
