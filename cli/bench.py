@@ -10,7 +10,7 @@ import typer
 from kvpot.api.engine_plan import plan_engine
 from kvpot.api.plan import check_adapters, check_policy
 from kvpot.bench.report import context_table, heatmap_png, niah_table, ppl_table, throughput_table
-from kvpot.bench.throughput import ThroughputPlan, read_checkpoint_path, run_plan
+from kvpot.bench.throughput import ThroughputPlan, read_checkpoint_path, run_meta, run_plan
 from kvpot.errors import KvpotError
 from kvpot.models.registry import DEFAULT_MODEL
 from kvpot.models.resolve import resolve_model
@@ -435,9 +435,13 @@ def _reading_lines(status):
 
 
 def _recorder(results: list[dict], json_out: Path | None, status, describe):
-    """A grid's on_case: keep the case, rewrite --json after every case (so a long grid survives an
-    interruption: --resume), and show the case on the status line."""
+    """A grid's on_case: keep the case, stamped with how it was made (`recorded`: the command, kvpot's commit,
+    the CPU, the load at the start; a resumed grid's cases keep their own run's), rewrite --json after every
+    case (so a long grid survives an interruption: --resume), and show the case on the status line."""
+    made = run_meta()
+
     def on_case(r: dict) -> None:
+        r.setdefault("recorded", made)
         results.append(r)
         if json_out:
             _write_json(json_out, results)

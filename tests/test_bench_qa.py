@@ -247,6 +247,9 @@ def test_cli_resume_replaces_a_case_asked_with_another_prompt(smollm2_cut_path, 
     first = json.loads(out.read_text())
     assert "full 512, input 1: read " in res.stderr and " tok/s, " in res.stderr  # a line in a log: the first at once
     assert len(first) == 1
+    # each case says how it was made: the command, kvpot's commit and the CPU (docs/benchmarks.md cites them)
+    made = first[0]["recorded"]
+    assert made["command"].split()[-1] == "--resume" and made["commit"] and made["cpu"], made
     out.write_text(json.dumps([{**first[0], "frame": "\n\n{question}", "answer": "old"}]))
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
