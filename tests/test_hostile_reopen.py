@@ -55,12 +55,12 @@ def _crafted(saved: SavedContext, path: Path, **header) -> Path:
 @pytest.fixture
 def no_load(monkeypatch):
     """Loading the model fails the test: what is refused must be refused before it."""
-    import kvpot.cli._session as cs
+    from kvpot.session.session import Session
 
     def load(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cs.Session, "reopen", load)
+    monkeypatch.setattr(Session, "reopen", load)
 
 
 def _one_error(res, needle: str) -> str:
@@ -102,8 +102,8 @@ def test_a_context_that_fits_reopens(saved, tmp_path, monkeypatch):
 # -- 21: threads from a saved context (or the config file) at most the machine's cores -------------------
 
 def test_saved_threads_are_lowered_to_the_cores(saved, tmp_path, monkeypatch):
-    import kvpot.cli._session as cs
     import kvpot.session.checks as checks
+    from kvpot.session.session import Session
 
     ctx, _ = saved
     path = _crafted(ctx, tmp_path / "t.kvctx", settings__threads=512)
@@ -114,7 +114,7 @@ def test_saved_threads_are_lowered_to_the_cores(saved, tmp_path, monkeypatch):
         got["threads"] = threads
         raise KvpotError("stop here")
 
-    monkeypatch.setattr(cs.Session, "reopen", reopen)
+    monkeypatch.setattr(Session, "reopen", reopen)
     res = runner.invoke(app, ["ask", "--context", str(path), "what?"])
     assert got.get("threads") == 2, res.output
     assert "asks for 512 threads; this machine has 2 CPU cores: using 2" in res.output
