@@ -59,11 +59,11 @@ class RunSettings:
                                 # (reading_plan.resolve_flash_attn, before the session starts)
     question_before: str = "off"  # on | off: a question known before reading (`ask`) also goes before the document,
                                 # so the document is read knowing what is asked (Liu et al. 2023, "Lost in the
-                                # Middle", query-aware contextualization); off by default: on the 1.5B model's 8K
-                                # multi-key cases it fixed 3 answers and broke 5 (docs/benchmarks.md)
+                                # Middle", query-aware contextualization); off by default, as measured on the 1.5B
+                                # model's 8K multi-key cases (docs/benchmarks.md, "The question before the document")
     locator: str = "bm25"       # how a question asked after a read past the pot finds its passages again
-                                # (kvpot.session.locating): keys | pot | bm25 | mix; bm25 found every question's
-                                # passage where the keys found a third (docs/benchmarks.md, "Locating")
+                                # (kvpot.session.locating): keys | pot | bm25 | mix; bm25 by measurement
+                                # (docs/benchmarks.md, "Finding a question's passages after one read")
 
     def check(self, names: dict[str, str] | None = None) -> RunSettings:
         """`names`: how the user spelled each key (e.g. "--n-predict", or "max_tokens in config.toml")."""
