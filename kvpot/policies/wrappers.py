@@ -11,8 +11,22 @@ import numpy as np
 from kvpot.policies.base import DEAD, PAD, Policy, PotView, Wrapping
 
 
+class _Around(Wrapping):
+    """A wrapper holding the policy it wraps as its `policy` field, named as that policy."""
+
+    policy: Policy
+
+    @property
+    def wrapped(self) -> Policy:
+        return self.policy
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.policy.name
+
+
 @dataclass
-class KeyRerotation(Wrapping):
+class KeyRerotation(_Around):
     """CR-RoPE around any policy (InfiniPot's section 3.5; kvpress's KeyRerotationPress): after every
     compaction the kept keys are re-rotated so cell j sits at position j, and the next chunk follows
     at n, whatever positions the wrapped policy would keep. The runtime does the rotation
@@ -21,17 +35,9 @@ class KeyRerotation(Wrapping):
     policy: Policy
     cr_rope = True
 
-    @property
-    def wrapped(self) -> Policy:
-        return self.policy
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.policy.name
-
 
 @dataclass
-class PerLayerBudgets(Wrapping):
+class PerLayerBudgets(_Around):
     """A policy that chooses per (layer, KV head) with one budget, run with a budget per pot layer
     (kvpress's PerLayerCompressionPress): where `budget_at` hands select an array [L], or an earlier
     per-layer compaction left cells DEAD in some layers, the wrapped policy chooses one layer at a
@@ -40,14 +46,6 @@ class PerLayerBudgets(Wrapping):
     schedules size each layer apart through it."""
 
     policy: Policy
-
-    @property
-    def wrapped(self) -> Policy:
-        return self.policy
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.policy.name
 
     def select(self, view: PotView, budget: int | np.ndarray) -> np.ndarray | None:
         budgets = np.asarray(budget, dtype=np.int64)
