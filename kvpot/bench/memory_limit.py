@@ -39,6 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from kvpot.errors import KvpotError
+from kvpot.session.memory_cgroup import own_group
 
 KILLED = 3
 NO_LIMIT = 2
@@ -84,47 +85,19 @@ class LimitedRun:
         return f"{status} within the memory limit of {mib(self.limit_bytes)} in {self.seconds:,.0f} s ({peak})"
 
 
-def _mounts() -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
-    """((mount point, root) of the cgroup v1 memory hierarchy, the same of cgroup v2), None where absent."""
-    v1 = v2 = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            sep = parts.index("-")
-            fstype, opts = parts[sep + 1], parts[sep + 3].split(",")
-            if fstype == "cgroup" and "memory" in opts:
-                v1 = (parts[4], parts[3])
-            elif fstype == "cgroup2" and v2 is None:
-                v2 = (parts[4], parts[3])
-    return v1, v2
-
-
-def _under(mount: tuple[str, str], path: str) -> Path:
-    point, root = mount
-    rel = path[len(root):] if root != "/" and path.startswith(root) else path
-    return Path(point) / rel.lstrip("/")
-
-
 def find_home() -> Home | str:
     """This process's memory cgroup where a child with a memory limit can be made in it, else why not."""
     if not sys.platform.startswith("linux"):
         return f"memory cgroups are Linux's; this is {sys.platform}"
     try:
-        v1, v2 = _mounts()
-        with open("/proc/self/cgroup") as f:
-            lines = [ln.rstrip("\n").split(":", 2) for ln in f if ln.count(":") >= 2]
-    except OSError as e:
-        return f"cannot read this process's cgroups: {e.strerror}"
-    for _, controllers, path in lines:
-        if v1 and "memory" in controllers.split(","):
-            folder = _under(v1, path)
-            return Home(folder, 1) if os.access(folder, os.W_OK) else f"the memory cgroup {folder} is not writable"
-    if v2 is None:
-        return "no memory cgroup is mounted (neither a cgroup v1 memory hierarchy nor cgroup v2)"
-    path = next((p for h, c, p in lines if h == "0" and c == ""), None)
-    if path is None:
-        return "this process is in no cgroup v2 group"
-    folder = _under(v2, path)
+        found = own_group()
+    except (OSError, ValueError) as e:
+        return f"cannot read this process's cgroups: {getattr(e, 'strerror', None) or e}"
+    if found is None:
+        return "this process is in no memory cgroup (neither a cgroup v1 memory hierarchy nor cgroup v2 is mounted)"
+    folder, _, version = found
+    if version == 1:
+        return Home(folder, 1) if os.access(folder, os.W_OK) else f"the memory cgroup {folder} is not writable"
     try:
         delegated = "memory" in (folder / "cgroup.subtree_control").read_text().split()
     except OSError as e:

@@ -39,6 +39,7 @@ from kvpot.runtime.devices import devices, layer_devices
 from kvpot.runtime.outputs import MARKED_ROWS, outputs_max
 from kvpot.session.beyond_window import MeasuredPot
 from kvpot.session.beyond_window import default_pot as measured
+from kvpot.session.memory_cgroup import cgroup_room
 
 KV_BYTES = 2                 # f16 cache cells
 F16 = 2
@@ -245,7 +246,8 @@ def device_memory(devs: list | None = None) -> DeviceMemory:
     devices for them (a GPU backend's, RPC servers', an integrated GPU when there is no discrete
     one: runtime.devices.layer_devices) the cache is spread over those and their free memory, as
     ggml reports it, is what counts; else RAM (MemAvailable on Linux, free + inactive pages
-    elsewhere). `devs`: the devices to plan with (default: the loaded runtime's)."""
+    elsewhere), or less where a memory cgroup's limit leaves less (kvpot.session.memory_cgroup).
+    `devs`: the devices to plan with (default: the loaded runtime's)."""
     pretend = os.environ.get(MEMORY_ENV)
     if pretend:  # another device's memory (a phone's, a test's), weights included
         return DeviceMemory(free_bytes=parse_size(pretend, MEMORY_ENV), where=f"{MEMORY_ENV}", holds_weights=True)
@@ -256,7 +258,12 @@ def device_memory(devs: list | None = None) -> DeviceMemory:
         # the weights go there too (llama.cpp splits the layers by free memory, so the sum is what they share)
         return DeviceMemory(free_bytes=sum(d.free_bytes for d in offload),
                             where=" + ".join(f"{d.name} ({d.description})" for d in offload), holds_weights=True)
-    return DeviceMemory(free_bytes=_available_ram(), where="RAM", holds_weights=True)
+    free, group = _available_ram(), cgroup_room()
+    if group is not None and group.room_bytes < free:
+        # a container's limit: the kernel kills the process there, whatever the machine has free
+        return DeviceMemory(free_bytes=group.room_bytes, holds_weights=True,
+                            where=f"RAM under its memory cgroup's {group.limit_bytes / 2**30:.1f} GiB limit")
+    return DeviceMemory(free_bytes=free, where="RAM", holds_weights=True)
 
 
 # K, M, G, T and KiB … TiB are powers of 1024 (as free(1) and llama.cpp's logs count memory); KB … TB of 1000
