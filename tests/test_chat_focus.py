@@ -45,6 +45,10 @@ def test_chat_answers_each_question_from_a_focused_read_and_keeps_the_conversati
     assert _squash(READ_BEFORE_THE_QUESTION)[:60] not in err, err
     assert err.count("focus: ") == 2 and f"found ({HOW['keys']})" in err, err
     assert err.count("reading it whole") == 2, err  # each focused read is full attention over its passages
+    # and says their exact length (counted when the focused read was planned), as the pot's read of a named size does
+    assert len(re.findall(r"passages? of \S+ · [\d,]+ tokens · fits the 8K window: reading it whole", err)) == 2, err
+    assert re.search(r"· [\d,]+ tokens · (within|past) the 8K window", err), err
+    assert not re.search(r"about [\d,]+ tokens", err), err
     assert out.strip(), out
     h = read_context(saved).header
     assert h["turns"] == 2 and h["settings"]["locator"] == "keys"

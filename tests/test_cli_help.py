@@ -195,7 +195,8 @@ def test_the_line_before_reading_is_in_a_users_words():
     past = plan_line(_plan_session("infinipot:pot=2048,keep=1024", 2048, (40000, False)), _one_file("big.txt", 900000))
     assert past == ("qwen2.5-coder-1.5b · big.txt · more than 40,000 tokens · past the 32K window: "
                     "a 2,048-cell memory (infinipot)")
-    # not counted (a --budget N pot): the length guessed from the size, and a window not of whole K said as a count
+    # not counted (a model that names no trained window): the length guessed from the size, and a window not of
+    # whole K said as a count
     guessed = plan_line(_plan_session("snapkv", 512, None, window=5000), _one_file("notes.txt", 4000))
     assert guessed == "qwen2.5-coder-1.5b · notes.txt · about 1,000 tokens · through a 512-cell memory (snapkv)"
     within = plan_line(_plan_session("snapkv", 512, (900, True), window=5000), _one_file("notes.txt", 4000))

@@ -107,7 +107,9 @@ def open_focused(focus: Focus, facts, model_name: str, notice: Notice = quiet, w
     notice("focus", f"{n} passage{'s' if n != 1 else ''} found ({HOW[focus.located.locator]}), read again with full "
                     f"attention: {printable(focus.places())}")
     with working(f"loading {facts.name}"):
-        return Session(facts, model_name, focus.settings, resettable=False)
+        session = Session(facts, model_name, focus.settings, resettable=False)
+    session.counted = focus.text.counted  # the passages' tokens, counted when their read was planned
+    return session
 
 
 def focus_report(focus: Focus, session: Session) -> dict:

@@ -32,7 +32,7 @@ from kvpot.errors import KvpotError
 from kvpot.ingest.sources import Mark, Source, SourceSet
 from kvpot.locator.sources import LONG_LINE, DigestCheck, SourceMap, line_place, passages_in, reread
 from kvpot.session.checks import QUESTION_ROOM, answer_reserve
-from kvpot.session.reading_plan import plan_reading
+from kvpot.session.reading_plan import TokenCount, plan_reading
 from kvpot.session.settings import AUTO, reads_in_full
 
 PASSAGES = 8            # passages the locating answer drew on most
@@ -165,6 +165,7 @@ class FocusText(SourceSet):
     quotes."""
     windows: list[Window] = field(default_factory=list)
     ranked: int = 0  # the passages of the ranking whose spans the windows hold (focus_for: fewer where they did not fit)
+    counted: TokenCount | None = None  # its tokens as focus_settings' plan counted them (the focused read's exact total)
 
     @classmethod
     def of(cls, wins: list[Window], names: list[str]) -> FocusText:
@@ -178,7 +179,7 @@ class FocusText(SourceSet):
 
     def counter(self) -> FocusText:
         return FocusText(sources=list(self.sources), warn=self.warn, warnings=self.warnings, windows=self.windows,
-                         ranked=self.ranked)
+                         ranked=self.ranked, counted=self.counted)
 
     def in_heading(self, offset: int) -> bool:
         """Whether `offset` of this text falls in a passage's heading (a place, not the inputs' text)."""
@@ -299,5 +300,6 @@ def focus_settings(settings, facts, text: FocusText, question_tokens: int = 0):
     # a question longer than the reserve's room for one is held whole too: full attention drops nothing
     # (the session's context is its budget and the usual reserve: the budget takes the rest)
     extra = max(0, question_tokens - QUESTION_ROOM)
-    planned = plan_reading(full, facts, text, policy_chosen=True, reserve=answer_reserve(full) + extra).settings
-    return replace(planned, budget=planned.budget + extra)
+    plan = plan_reading(full, facts, text, policy_chosen=True, reserve=answer_reserve(full) + extra)
+    text.counted = plan.counted
+    return replace(plan.settings, budget=plan.settings.budget + extra)

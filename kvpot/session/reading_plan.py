@@ -46,7 +46,8 @@ class ReadingPlan:
     # the policy to run: the one plan_reading was given, or full attention's when the plan chose it
     # instead of the settings' (None: none was given and the settings' spec stands)
     policy: Policy | None = None
-    # the input's tokens as counted before reading (None: not counted, a --budget N pot, or stdin)
+    # the input's tokens as counted before reading (None: not counted: stdin with a named budget, or a model
+    # with no trained window)
     counted: TokenCount | None = None
 
 
@@ -154,10 +155,15 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         mem = memory or device_budget.device_memory()
         context = _pot_context(steps, settings.budget, chunk, reserve)
         settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy, context)
-    if settings.budget != AUTO and not full:
-        return ReadingPlan(settings, flash_note, policy)
     # counted where the session puts it before the document (Session.puts_question_before)
     before = question if settings.question_before == "on" else None
+    if settings.budget != AUTO and not full:
+        # a pot of the user's size needs no count, but the line said before reading and the progress bar then
+        # give one exact length instead of two guesses from the size: counted up to the model's window (past it
+        # "more than N tokens"), which costs a vocabulary load (~1 s) and at most a window's tokenizing
+        window = facts.n_ctx_train
+        counted = count_input(facts, settings.prompt, sources, window, before) if window else None
+        return ReadingPlan(settings, flash_note, policy, counted)
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
                         asking, full, wants_logprobs, before)
     if flash_note and asked_auto:
