@@ -40,13 +40,14 @@ from kvpot.session.checks import (
     threads_for_machine,
 )
 from kvpot.session.context_file import check_context_path, read_context
-from kvpot.session.reading_plan import TokenCount, plan_reading
+from kvpot.session.reading_plan import TokenCount, count_input, plan_reading
 from kvpot.session.session import BYTES_PER_TOKEN_GUESS, Session, answer_reserve
 from kvpot.session.settings import (
     AUTO,
     KEYS,
     RunSettings,
     config_path,
+    reads_in_full,
     resolve_settings_and_policy,
     set_in_config,
     setting_problem,
@@ -92,7 +93,7 @@ class Plan:
         session = Session(self.facts, self.model_name, self.settings, policy=self.policy,
                           resettable=self.resettable)
         try:
-            session.counted = self.counted
+            session.counted = self.counted if self.counted is not None else self._count(session)
             if self.question:
                 session.set_question(self.question)
             check_pot_room(session.engine)  # a catalyst (and question) the pot cannot take: said before reading
@@ -100,6 +101,16 @@ class Plan:
             session.close()
             raise
         return session
+
+    def _count(self, session: Session) -> TokenCount | None:
+        """A pot of a named size is not counted while planning (nothing is decided by the count), but the
+        line said before reading and the progress then give one exact length rather than two guesses from
+        the size: counted with the loaded model's vocabulary, up to its window (past it "more than N")."""
+        window = self.facts.n_ctx_train
+        if not window or reads_in_full(self.settings.policy):
+            return None
+        before = self.question if self.settings.question_before == "on" else None
+        return count_input(self.facts, self.settings.prompt, self.sources, window, before, vocab=session.engine.model)
 
 
 def parse_budget(raw: str | int | None) -> int | str | None:

@@ -46,8 +46,7 @@ class ReadingPlan:
     # the policy to run: the one plan_reading was given, or full attention's when the plan chose it
     # instead of the settings' (None: none was given and the settings' spec stands)
     policy: Policy | None = None
-    # the input's tokens as counted before reading (None: not counted: stdin with a named budget, or a model
-    # with no trained window)
+    # the input's tokens as counted before reading (None: not counted, a --budget N pot, or stdin)
     counted: TokenCount | None = None
 
 
@@ -61,16 +60,18 @@ def count_tokens(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
 
 
 def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
-                question: str | None = None) -> TokenCount | None:
+                question: str | None = None, vocab: LlamaModel | None = None) -> TokenCount | None:
     """count_tokens, saying whether the count is the input's whole length or stopped past `limit`
-    (the input has more tokens than it says)."""
+    (the input has more tokens than it says). `vocab`: the loaded model's (else its vocabulary is loaded)."""
     if sources.total_bytes is None:
         return None
     # a lower bound only where sizes are text's (a PDF's images or a compression ratio say nothing of it)
     if sources.sizes_are_text and sources.total_bytes > limit * MAX_BYTES_PER_TOKEN:
         # a lower bound, already past the limit: no token holds more than MAX_BYTES_PER_TOKEN bytes on average
         return TokenCount(sources.total_bytes // MAX_BYTES_PER_TOKEN - 1, complete=False)
-    vocab = LlamaModel(str(facts.path), vocab_only=True)
+    own = vocab is None
+    if vocab is None:
+        vocab = LlamaModel(str(facts.path), vocab_only=True)
     try:
         n = len(vocab.bos())
         n += sum(len(vocab.tokenize(s.text, special=s.special)) for s in choose_format(vocab, prompt).document_open(question))
@@ -83,7 +84,8 @@ def count_input(facts: ModelFacts, prompt: str, sources: SourceSet, limit: int,
                 return TokenCount(n, complete=next(pieces, None) is None)
         return TokenCount(n, complete=True)
     finally:
-        vocab.close()
+        if own:
+            vocab.close()
 
 
 def resolve_flash_attn(settings: RunSettings, facts: ModelFacts, mem: device_budget.DeviceMemory,
@@ -155,15 +157,10 @@ def plan_reading(settings: RunSettings, facts: ModelFacts, sources: SourceSet, p
         mem = memory or device_budget.device_memory()
         context = _pot_context(steps, settings.budget, chunk, reserve)
         settings, flash_note = resolve_flash_attn(settings, facts, mem, wants_logprobs, keeps_copy, context)
+    if settings.budget != AUTO and not full:
+        return ReadingPlan(settings, flash_note, policy)  # counted once the model is loaded (kvpot.api.plan)
     # counted where the session puts it before the document (Session.puts_question_before)
     before = question if settings.question_before == "on" else None
-    if settings.budget != AUTO and not full:
-        # a pot of the user's size needs no count, but the line said before reading and the progress bar then
-        # give one exact length instead of two guesses from the size: counted up to the model's window (past it
-        # "more than N tokens"), which costs a vocabulary load (~1 s) and at most a window's tokenizing
-        window = facts.n_ctx_train
-        counted = count_input(facts, settings.prompt, sources, window, before) if window else None
-        return ReadingPlan(settings, flash_note, policy, counted)
     plan = _plan_budget(settings, facts, sources, policy_chosen, reserve, mem, notice, policy, keeps_copy,
                         asking, full, wants_logprobs, before)
     if flash_note and asked_auto:
