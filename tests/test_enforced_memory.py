@@ -6,6 +6,7 @@ limit). Skipped, with the reason, only where the machine offers no memory cgroup
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,14 +22,17 @@ FAST = ["--budget", "512", "--chunk", "128", "-n", "4", "--prompt-format", "comp
 TEXT = "The strongbox code is 4417. The lighthouse keeper wrote it down on a Tuesday.\n" * 20
 
 
-def limited(limit: str, tmp_path, smollm2_path) -> tuple[subprocess.CompletedProcess, dict]:
+def limited(limit: str, tmp_path, smollm2_path, device: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`device`: the memory kvpot is told it has (KVPOT_DEVICE_MEMORY), else what it reads (the cgroup's room)."""
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
     out = tmp_path / "limit.json"
     kvpot = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
+    env = {k: v for k, v in os.environ.items() if k != "KVPOT_DEVICE_MEMORY"} | (
+        {"KVPOT_DEVICE_MEMORY": device} if device else {})
     res = subprocess.run([sys.executable, "-m", "kvpot.bench.memory_limit", "--limit", limit, "--json", str(out), "--",
                           *kvpot, "ask", str(doc), "Again: the strongbox code is", "-m", str(smollm2_path), *FAST,
-                          "--json"], capture_output=True, text=True, timeout=600)
+                          "--json"], capture_output=True, text=True, timeout=600, env=env)
     return res, json.loads(out.read_text())
 
 
@@ -38,8 +42,8 @@ def runner_lines(stderr: str) -> list[str]:
 
 def test_a_limit_below_the_model_is_exceeded_and_said_in_one_line(tmp_path, smollm2_path):
     # 48 MiB: the interpreter and kvpot's imports fit, the model's weights (~100 MiB, copied out of the
-    # mapping for this CPU) cannot
-    res, rec = limited("48MiB", tmp_path, smollm2_path)
+    # mapping for this CPU) cannot. kvpot is told it has 2 GiB, so it plans past the limit and the kernel kills it
+    res, rec = limited("48MiB", tmp_path, smollm2_path, device="2GiB")
     assert res.returncode == KILLED, res.stderr
     lines = runner_lines(res.stderr)
     assert len(lines) == 1 and lines[0].startswith("killed by the memory limit of 48 MiB"), res.stderr
@@ -48,6 +52,14 @@ def test_a_limit_below_the_model_is_exceeded_and_said_in_one_line(tmp_path, smol
     assert rec["limit_bytes"] == 48 * MiB and rec["result"] is None
     assert rec["peak_charged_bytes"] is None or rec["peak_charged_bytes"] <= 48 * MiB
     assert rec["commit"] and rec["cpu"] and "memory_limit --limit 48MiB" in rec["command"]
+
+
+def test_kvpot_reads_the_limit_and_refuses_in_one_line_rather_than_be_killed(tmp_path, smollm2_path):
+    # the same read, kvpot left to find its memory: the cgroup's room (kvpot.session.memory_cgroup) is what it plans with
+    res, rec = limited("48MiB", tmp_path, smollm2_path)
+    assert not rec["killed"] and rec["oom_kills"] == 0 and rec["returncode"] == 1, res.stderr
+    said = [json.loads(ln) for ln in rec["stderr_tail"] if ln.startswith('{"error"')]  # --json's error, on stderr
+    assert len(said) == 1 and said[0]["exit_code"] == 1 and "is available" in said[0]["error"], rec["stderr_tail"]
 
 
 def test_a_generous_limit_holds_and_the_read_answers(tmp_path, smollm2_path):
