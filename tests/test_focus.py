@@ -125,6 +125,24 @@ def test_focused_text_maps_back_to_the_inputs_offsets(numbered):
     assert ft.in_heading(len(wins[0].text) + 3)
 
 
+def test_the_focus_line_counts_the_passages_located_and_says_where_they_were_joined(numbered):
+    from kvpot.api.focusing import Focus, focus_line
+    from kvpot.session.focus import Located
+
+    text = numbered.read_text()
+    wins = [Window(a, b, str(numbered), f"line {a // 37 + 1}", text[a:b]) for a, b in ((0, 500), (9_000, 9_800))]
+    located = Located("", {}, 0, locator="bm25")
+    passages = [{"source": str(numbered), "where": w} for w in ("line 3", "line 5", "line 250")]
+    line = focus_line(Focus(FocusText.of(wins, [str(numbered)]), None, located, {}, passages))
+    # three passages, best first as --sources numbers them, held by two stretches of text
+    assert line.startswith("3 passages found (") and "2 stretches of text" in line, line
+    assert line.endswith(f"{numbered} line 3, line 5, line 250"), line
+    one = focus_line(Focus(FocusText.of(wins, [str(numbered)]), None, located, {}, passages[:2]))
+    assert "joined" not in one, one  # as many stretches as passages: nothing to explain
+    # the focused read's own input names no count that could contradict the line
+    assert FocusText.of(wins, [str(numbered)]).sources[0].name == f"passages of {numbered}"
+
+
 # -- kvpot ask, the cut SmolLM2 ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

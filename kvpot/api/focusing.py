@@ -101,11 +101,19 @@ def find_passages(session: Session, question: str, extra_tokens: int = 0, locato
     return Focus(text, settings, located, pot, passages)
 
 
+def focus_line(focus: Focus) -> str:
+    """What the focused read says before it reads: the passages located (as `--sources` numbers them) and,
+    where overlapping ones were joined, the stretches of text that hold them, so the focused read's own
+    line (one input of joined passages) does not seem to contradict the count."""
+    n, w = len(focus.passages) or len(focus.text.windows), len(focus.text.windows)
+    joined = f" (overlapping ones joined: {w} stretch{'es' if w != 1 else ''} of text)" if w < n else ""
+    return (f"{n} passage{'s' if n != 1 else ''} found ({HOW[focus.located.locator]}), read again with full "
+            f"attention{joined}: {printable(focus.places())}")
+
+
 def open_focused(focus: Focus, facts, model_name: str, notice: Notice = quiet, working: Working = no_status) -> Session:
     """The session that reads the passages with full attention (the pot's session already closed or suspended)."""
-    n = len(focus.passages) or len(focus.text.windows)
-    notice("focus", f"{n} passage{'s' if n != 1 else ''} found ({HOW[focus.located.locator]}), read again with full "
-                    f"attention: {printable(focus.places())}")
+    notice("focus", focus_line(focus))
     with working(f"loading {facts.name}"):
         session = Session(facts, model_name, focus.settings, resettable=False)
     session.counted = focus.text.counted  # the passages' tokens, counted when their read was planned

@@ -170,7 +170,9 @@ class FocusText(SourceSet):
     @classmethod
     def of(cls, wins: list[Window], names: list[str]) -> FocusText:
         total = sum(len((_head(wins, i) + w.text).encode("utf-8")) for i, w in enumerate(wins))
-        src = Source(name=f"{len(wins)} passage{'s' if len(wins) != 1 else ''} of {', '.join(names)}", path=None,
+        # no count in the name: the focus line counts the passages located, which overlapping ones joined
+        # into fewer windows would contradict
+        src = Source(name=f"passages of {', '.join(names)}", path=None,
                      size=total, complete=True)
         return cls(sources=[src], windows=list(wins))
 
