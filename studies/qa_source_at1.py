@@ -23,7 +23,7 @@ from kvpot.bench.qa import MAX_TOKENS
 from kvpot.bench.qa_inputs import build_inputs
 from kvpot.bench.qa_questions import load_set
 from kvpot.bench.qa_report import wilson
-from kvpot.bench.qa_score import contains
+from kvpot.bench.qa_score import question_facts, strict
 from kvpot.bench.qa_sources import find_passage
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import write_text_file
@@ -39,6 +39,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write the cases and the figure here")
     return p
+
+
+def _summary(ns, argv, name: str, inputs, cases: list[dict], seconds: float) -> dict:
+    right = [c for c in cases if c["correct"]]
+    k = sum(c["source_at1"] for c in right)
+    done = len({c["input"] for c in cases})
+    return {"command": "python -m studies.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "commit": commit(), "cpu": describe_host(), "model": name, "policy": "full", "length": ns.length,
+            "scoring": "strict (kvpot.bench.qa_score.strict)", "inputs": [j.index for j in inputs],
+            "inputs_read": done, "questions_asked": len(cases), "answered_right": len(right),
+            "n": len(right), "source_at1": k, "source_at1_share": round(k / len(right), 4) if right else None,
+            "interval_95": [round(x, 4) for x in wilson(k, len(right))] if right else None,
+            "source_at1_all_answers": sum(c["source_at1"] for c in cases), "seconds": round(seconds, 1),
+            "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,21 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                         s.engine.track_answer_attention(False)
                     hits = [r for r, p in enumerate(ranked, 1) if p.start < span[1] and span[0] < p.end]
                     case = {"input": joined.index, "id": a.id, "question": a.question, "answer": answer,
-                            "correct": contains(answer, list(a.refs), a.question), "passage": list(span),
+                            "correct": strict(answer, list(a.refs), a.question, **question_facts(q)), "passage": list(span),
                             "top": [[p.start, p.end, round(p.share, 4)] for p in ranked],
                             "source_at1": bool(hits) and hits[0] == 1, "source_rank": hits[0] if hits else None}
                     cases.append(case)
                     print(json.dumps({k: case[k] for k in ("id", "correct", "source_at1", "source_rank")}),
                           file=sys.stderr)
-    right = [c for c in cases if c["correct"]]
-    k = sum(c["source_at1"] for c in right)
-    out = {"command": "python -m studies.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": commit(), "cpu": describe_host(), "model": name, "policy": "full", "length": ns.length,
-           "inputs": [j.index for j in inputs], "questions_asked": len(cases), "answered_right": len(right),
-           "n": len(right), "source_at1": k, "source_at1_share": round(k / len(right), 4) if right else None,
-           "interval_95": [round(x, 4) for x in wilson(k, len(right))],
-           "source_at1_all_answers": sum(c["source_at1"] for c in cases), "seconds": round(time.perf_counter() - t_all, 1),
-           "cases": cases}
+            if ns.json is not None:  # after every input, so a stopped run keeps what it measured
+                partial = _summary(ns, argv, name, inputs, cases, time.perf_counter() - t_all)
+                write_text_file(ns.json, json.dumps(partial, indent=1) + "\n", "benchmark JSON")
+    out = _summary(ns, argv, name, inputs, cases, time.perf_counter() - t_all)
     print(json.dumps({x: out[x] for x in ("questions_asked", "n", "source_at1", "source_at1_share", "interval_95")}))
     if ns.json is not None:
         write_text_file(ns.json, json.dumps(out, indent=1) + "\n", "benchmark JSON")
