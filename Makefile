@@ -54,7 +54,7 @@ comma := ,
 BENCH_TARGETS := bench-texts bench-imdc bench-curve bench-trace bench-pool bench-locret bench-edgeinfinite-ppl \
 	bench-edgeinfinite-ppl-seg16 bench-edgeinfinite-ablations bench-edgeinfinite-passkey bench-infllm \
 	bench-infllm-memory bench-infllm-store bench-sources bench-nuc-head bench-nuc-shortlist bench-stock bench-speed bench-speed-qwen15 bench-speed-ab bench-speed-ab-exc bench-speed-ab-dist bench-locret-hidden bench-locret-trace \
-	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate bench-route bench-ruler
+	bench-beyond bench-beyond-ask bench-beyond-05b bench-qa-long bench-phone-1m bench-rss-1m bench-attn bench-memory-limit bench-locate bench-route bench-ruler bench-serve bench-first-chat
 D3  := -d 0.1 -d 0.5 -d 0.9
 D5  := -d 0.1 -d 0.3 -d 0.5 -d 0.7 -d 0.9
 D10 := -d 0.0 -d 0.1 -d 0.2 -d 0.3 -d 0.4 -d 0.5 -d 0.6 -d 0.7 -d 0.8 -d 0.9
@@ -403,6 +403,20 @@ bench-sources: pull-test-models
 		--json $(BENCH_DIR)/sources/qa-source-at1-0.5b-8k.json
 	$(BENCH_PY) -m studies.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \
 		--arms off on -t 2 --json $(BENCH_DIR)/sources/answer-taps-speed-0.5b-8k.json
+
+# kvpot serve over one 128K-token input of the question set, 4 openai clients streaming at once: the answers
+# against `kvpot ask --context` on the context the server saved, the server's peak RSS against the plan (issue 93)
+bench-serve: pull-test-models
+	mkdir -p $(BENCH_DIR)/serve
+	$(BENCH_PY) -m studies.serve_clients -m qwen2.5-coder-0.5b --length 131072 --clients 4 --budget 2048 -t 2 \
+		--json $(BENCH_DIR)/serve/serve-4-clients-0.5b-128k.json
+
+# A new user's first chat over a 100K-token input of the question set: `kvpot chat FILE` with no other flag (the
+# most capable model downloaded, the 1.5B once pulled; --budget auto; the default locator), questions typed in turn (issue 93)
+bench-first-chat: pull-test-models
+	$(KVPOT) pull qwen2.5-coder-1.5b
+	mkdir -p $(BENCH_DIR)/qa
+	$(BENCH_PY) -m studies.first_chat --length 102400 --questions 4 --json $(BENCH_DIR)/qa/first-chat-100k.json
 
 # How well each locator finds a question's passages after one read past the pot (issue 89): keys, bm25 (12, 24
 # and 48 lines a passage), mix and the pot's attention on the tuning questions, 0.5B at 16K, 2048 cells

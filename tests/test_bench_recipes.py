@@ -31,6 +31,7 @@ from studies import (
     answer_taps_speed,
     attn_speed,
     curve,
+    first_chat,
     locret_hidden,
     locret_trace,
     needle_trace,
@@ -38,6 +39,7 @@ from studies import (
     nuc_shortlist,
     qa_budget,
     qa_source_at1,
+    serve_clients,
     store_cost,
 )
 
@@ -49,7 +51,8 @@ PY_RECIPES = {"studies.curve": curve, "studies.needle_trace": needle_trace,
               "studies.qa_budget": qa_budget,
               "kvpot.bench.memory_limit": memory_limit, "studies.qa_source_at1": qa_source_at1,
               "studies.answer_taps_speed": answer_taps_speed, "kvpot.bench.infllm_cache": infllm_cache,
-              "studies.nuc_shortlist": nuc_shortlist, "studies.attn_speed": attn_speed}
+              "studies.nuc_shortlist": nuc_shortlist, "studies.attn_speed": attn_speed,
+              "studies.serve_clients": serve_clients, "studies.first_chat": first_chat}
 # prerequisites that build, install or download: taken as done, so only the target's own commands run
 DONE = ("install", "pull-test-models", "train-deps", "runtime", "venv")
 runner = CliRunner()
