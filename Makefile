@@ -399,8 +399,10 @@ bench-sources: pull-test-models
 		--chunk 512 -t 2 -P full $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-8k-passkey.json --resume
 	$(KVPOT) bench niah -m gemma3-270m --task passkey --length 32768 $(D3) --seed 0 --budget 2048 \
 		--chunk 512 -t 2 $(SOURCES_POLICIES) --sources --json $(BENCH_DIR)/sources/niah-gemma3-32k-passkey.json --resume
-	$(BENCH_PY) -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 -t 2 \
-		--json $(BENCH_DIR)/sources/qa-source-at1-0.5b-8k.json
+	$(BENCH_PY) -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 24 -t 2 \
+		--json $(BENCH_DIR)/sources/qa-source-at1-0.5b-8k.json --resume
+	$(BENCH_PY) -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 36 -t 2 \
+		--json $(BENCH_DIR)/sources/qa-source-at1-0.5b-8k.json --resume
 	$(BENCH_PY) -m studies.answer_taps_speed -m qwen2.5-coder-0.5b --tokens 8000 --answer 200 --repeats 3 \
 		--arms off on -t 2 --json $(BENCH_DIR)/sources/answer-taps-speed-0.5b-8k.json
 

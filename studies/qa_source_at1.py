@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", default="qwen2.5-coder-0.5b", help="a known model name or a .gguf path")
     p.add_argument("--length", type=int, default=8192, help="tokens of each joined input")
     p.add_argument("--inputs", type=int, default=None, help="a seeded sample of this many inputs (all without it)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cases of the --json file and read only inputs it does not have, up to --inputs in all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write the cases and the figure here")
@@ -45,7 +47,8 @@ def _summary(ns, argv, name: str, inputs, cases: list[dict], seconds: float) -> 
     right = [c for c in cases if c["correct"]]
     k = sum(c["source_at1"] for c in right)
     done = len({c["input"] for c in cases})
-    return {"command": "python -m studies.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:]),
+    command = "python -m studies.qa_source_at1 " + " ".join(argv if argv is not None else sys.argv[1:])
+    return {"command": command, "runs": [*ns.earlier_runs, {"command": command, "commit": commit()}],
             "commit": commit(), "cpu": describe_host(), "model": name, "policy": "full", "length": ns.length,
             "scoring": "strict (kvpot.bench.qa_score.strict)", "inputs": [j.index for j in inputs],
             "inputs_read": done, "questions_asked": len(cases), "answered_right": len(right),
@@ -53,6 +56,16 @@ def _summary(ns, argv, name: str, inputs, cases: list[dict], seconds: float) -> 
             "interval_95": [round(x, 4) for x in wilson(k, len(right))] if right else None,
             "source_at1_all_answers": sum(c["source_at1"] for c in cases), "seconds": round(seconds, 1),
             "cases": cases}
+
+
+def _earlier(ns) -> dict:
+    """The run --resume goes on from: the --json file's figures and cases, for the same model and length."""
+    if not ns.resume or ns.json is None or not ns.json.is_file():
+        return {}
+    old = json.loads(ns.json.read_text())
+    if (old.get("model"), old.get("length")) != (ns.model, ns.length):
+        raise SystemExit(f"{ns.json} holds {old.get('model')} at {old.get('length')}, not {ns.model} at {ns.length}")
+    return old
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,15 +86,27 @@ def main(argv: list[str] | None = None) -> int:
         inputs = build_inputs(qs, lambda t: len(vocab.tokenize(t)), ns.length, ns.seed, multikey=False)
     finally:
         vocab.close()
+    earlier = _earlier(ns)
+    done = {c["input"] for c in earlier.get("cases", [])}
+    ns.earlier_runs = earlier.get("runs") or ([{"command": earlier["command"], "commit": earlier["commit"]}]
+                                              if earlier else [])
     if ns.inputs is not None and ns.inputs < len(inputs):
-        inputs = sorted(random.Random(f"source-at1-{ns.seed}").sample(inputs, ns.inputs), key=lambda j: j.index)
+        if done:  # the inputs already read, then more of a seeded order until --inputs in all
+            order = list(inputs)
+            random.Random(f"source-at1-order-{ns.seed}").shuffle(order)
+            more = [j for j in order if j.index not in done][:max(0, ns.inputs - len(done))]
+            inputs = sorted([j for j in inputs if j.index in done] + more, key=lambda j: j.index)
+        else:
+            inputs = sorted(random.Random(f"source-at1-{ns.seed}").sample(inputs, ns.inputs), key=lambda j: j.index)
     by_id = {q.id: q for q in qs}
     cli = {"threads": ns.threads, "policy": "full", "max_tokens": MAX_TOKENS}
     settings0 = resolve_settings(name if known else None, known.defaults if known else {}, cli)
-    cases: list[dict] = []
-    t_all = time.perf_counter()
+    cases: list[dict] = list(earlier.get("cases", []))
+    t_all = time.perf_counter() - earlier.get("seconds", 0.0)
     with tempfile.TemporaryDirectory(prefix="kvpot-source-at1-") as tmp:
         for joined in inputs:
+            if joined.index in done:
+                continue
             path = Path(tmp) / f"qa-{ns.length}-{joined.index}.txt"
             path.write_text(joined.text, encoding="utf-8")
             settings = plan_reading(settings0, facts, collect_sources([str(path)]), True,
