@@ -5,7 +5,7 @@ as `kvpot ask` reads it, its questions asked in turn (the conversation reset bet
 (Engine.track_answer_attention) and ranked as `--sources` ranks it (kvpot.locator.sources.ranked_passages).
 A passage is the question's when their characters overlap in the joined input.
 
-    python -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 6 \\
+    python -m studies.qa_source_at1 -m qwen2.5-coder-0.5b --length 8192 --inputs 24 \\
         --json docs/bench/sources/qa-source-at1-0.5b-8k.json
 """
 
