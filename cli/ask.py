@@ -373,12 +373,19 @@ def _command(session: Session, line: str, state: _Chat | None = None) -> bool:
             write_out(sources_text([{k: v for k, v in p.items() if k != "read_for_the_answer"} for p in state.last]))
         elif state.last is not None:
             write_out(sources_text(state.last))  # where --sources prints them: after the answers, on stdout
-        elif state.track:
+        elif not session.turns:
             err.print("[yellow]no answer yet: /sources lists the passages the last answer drew on[/yellow]")
         else:
-            state.track = True
-            err.print("[yellow]the last answer's sources were not recorded (chat --sources records every "
-                      "answer's); from the next answer on, /sources lists them[/yellow]")
+            # an answer given without tracking: the conversation decoded again with its rows tapped
+            with err.status("finding the last answer's sources (decoding the conversation again)"):
+                found = session.answer_sources()
+            if found is not None:
+                state.last = [p.as_dict() for p in found]
+                write_out(sources_text(state.last))
+            else:
+                state.track = True
+                err.print("[yellow]the last answer's sources cannot be found again (the conversation compacted "
+                          "or was saved mid-way); from the next answer on, /sources lists them[/yellow]")
     elif cmd == "/reset":
         try:
             state.doc.reset()

@@ -141,6 +141,7 @@ class Engine:
         # filter sets stop-string, end-of-line, loop-guard
         self.stop_kind = ""
         self.answer_tokens = 0    # tokens the last answer generated (the end-of-generation token not counted)
+        self.answer_ids: list[int] = []  # the last answer's tokens decoded into the cache (replay_answer)
         # with track_answer_attention: stream position -> attention the answer's rows gave it, summed over
         # layers, KV heads and rows (kvpot.locator.sources, read through `answer_mass`); None when not tracking
         self._answer_mass: dict[int, float] | None = None
@@ -616,6 +617,7 @@ class Engine:
         chosen: list[int] = []
         self.stop_reason, self.stop_kind = f"the {max_tokens}-token limit", "max-tokens"
         self.answer_tokens = 0
+        self.answer_ids = []  # the answer's tokens decoded into the cache, for replay_answer
         self.recall_cells.hold(True)  # the answer reads the blocks its question chose
         for _ in range(max_tokens):
             tok = int(np.argmax(logits)) if pick is None else pick(logits, chosen)
@@ -636,6 +638,7 @@ class Engine:
                 self.stop_reason, self.stop_kind = "the room left in the context", "context-full"
                 break
             self.ctx.decode([tok], self.pos_next, logits="last")
+            self.answer_ids.append(tok)
             self.recall_cells.book(self.positions)
             self._append_cells(1)
             if self.recall_cells.fetch_n:  # the lookup may put other blocks in its cells at the next decode
@@ -643,6 +646,21 @@ class Engine:
             logits = self.ctx.logits_last()
         if pending:
             yield pending.decode("utf-8", errors="replace")
+
+    def replay_answer(self, ids: Sequence[int]) -> None:
+        """Decode an answer's tokens again as `generate` decoded them (one at a time, the recall held as an
+        answer holds it), after the same turn's prompt: the same tokens at the same positions, so with
+        tracking on the taps gather the attention the answer paid (chat's /sources after an untracked answer)."""
+        try:
+            self.recall_cells.hold(True)
+            for tok in ids:
+                self.ctx.decode([int(tok)], self.pos_next, logits="last")
+                self.recall_cells.book(self.positions)
+                self._append_cells(1)
+                if self.recall_cells.fetch_n:
+                    self._tally_answer_rows()
+        finally:
+            self._tally_answer_rows(go_on=False)
 
     def answer(self, question_text: str, max_tokens: int = 64) -> Iterator[str]:
         """Greedy answer to a plain-text question, streamed as text pieces."""

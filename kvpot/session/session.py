@@ -17,7 +17,7 @@ from kvpot.engine import Engine, EngineConfig, FeedEvent
 from kvpot.errors import KvpotError
 from kvpot.ingest import IncrementalTokenizer, SourceSet
 from kvpot.locator.keys import DEFAULT_BLOCK, uses_keys
-from kvpot.locator.sources import SourceMap
+from kvpot.locator.sources import SourceMap, top_passages
 from kvpot.models.gguf_file import ModelFacts
 from kvpot.models.model_hash import model_sha256
 from kvpot.policies import ExternalMemory, Policy, make_policy
@@ -100,6 +100,11 @@ class Session:
         self.counted = None
         self.resettable = resettable
         self._after_reading: EngineState | None = None
+        # each turn since the read as decoded (its prompt's tokens, its answer's), and whether decoding them
+        # again from _after_reading gives the same cells (no compaction, drop or long turn read through the
+        # pot since): what answer_sources replays
+        self._turn_log: list[tuple[list[int], list[int]]] = []
+        self._replayable = True
         self._question: str | None = None  # set_question's, put before the document where puts_question_before()
         self._suspended: EngineState | None = None  # the pot's state while suspended (suspend/resume)
         # where a stopped read goes on (None: read to its end, or stopped where it cannot go on)
@@ -250,6 +255,7 @@ class Session:
     def finish_reading(self) -> None:
         """Mark the document as read (also after an interrupted read the user chose to keep)."""
         self._after_reading = self.engine.export_state() if self.resettable else None
+        self._turn_log, self._replayable = [], True
 
     # -- asking ----------------------------------------------------------------------------------
 
@@ -288,6 +294,8 @@ class Session:
                 progress(ev.tokens_read - start, ev.cells, ev.stats.n_compactions)
 
             progress(0, eng.n_cells, eng.stats().n_compactions)
+        before = eng.stats().n_compactions
+        self._replayable = self._replayable and not self.conversation_dropped and not eng.prompt_is_read(len(toks))
         logits = eng.prompt(toks, on_chunk=on_chunk)
         if on_chunk is not None:  # the last token is decoded after the chunks: the question is read
             progress(len(toks), eng.n_cells, eng.stats().n_compactions)
@@ -297,12 +305,19 @@ class Session:
         text = AnswerText(stops=self.format.stop + tuple(stop), one_line=self.format.name == "completion")
         self.answer_loop = False
         pick = None if sampler is None else sampler.pick
-        for piece in self.engine.generate(logits, max_tokens or self.settings.max_tokens, pick):
-            shown = text.feed(piece)
-            if shown:
-                yield shown
-            if text.stopped is not None:
-                break
+        answering = self.engine.generate(logits, max_tokens or self.settings.max_tokens, pick)
+        try:
+            for piece in answering:
+                shown = text.feed(piece)
+                if shown:
+                    yield shown
+                if text.stopped is not None:
+                    break
+        finally:
+            if hasattr(answering, "close"):  # the answer's decoding ends here, however the caller stops reading
+                answering.close()
+            self._turn_log.append((toks, list(eng.answer_ids)))
+            self._replayable = self._replayable and eng.stats().n_compactions == before
         shown = text.finish()
         if shown:
             yield shown
@@ -330,7 +345,11 @@ class Session:
         segs = self.format.first_question(question) if self.turns == 0 else self.format.follow_up(question)
         said = answer.strip()
         toks = self._tokens(segs + ([Segment(" " + said if self.format.name == "completion" else said)] if said else []))
+        before = self.engine.stats().n_compactions
+        self._replayable = self._replayable and not self.engine.prompt_is_read(len(toks))
         self.engine.prompt(toks)
+        self._replayable = self._replayable and self.engine.stats().n_compactions == before
+        self._turn_log.append((toks, []))
         self.turns += 1
 
     def reset_conversation(self) -> None:
@@ -344,6 +363,32 @@ class Session:
             raise KvpotError("nothing has been read yet")
         self.engine.import_state(self._after_reading)
         self.turns = 0
+        self._turn_log, self._replayable = [], True
+
+    def answer_sources(self) -> list | None:
+        """The passages the last answer drew on, for an answer given without tracking (chat's /sources): the
+        conversation decoded again from the state right after reading, the same tokens at the same positions,
+        with the last answer's rows tapped (kvpot.locator.sources.top_passages ranks them, as --sources does).
+        The state afterwards is the conversation's again. None where that cannot give the same cells: no copy
+        of the read state (kvpot ask's sessions, a context saved mid-conversation), no answer yet, or a turn
+        that compacted, dropped cells or was read through the pot."""
+        if self._after_reading is None or not self._turn_log or not self._replayable or self._suspended is not None:
+            return None
+        eng, log = self.engine, list(self._turn_log)
+        eng.import_state(self._after_reading)
+        for i, (toks, ids) in enumerate(log):
+            last = i == len(log) - 1
+            if last:
+                eng.track_answer_attention(True)
+            try:
+                eng.prompt(toks)
+                eng.replay_answer(ids)
+                if last:
+                    return top_passages(self)
+            finally:
+                if last:
+                    eng.track_answer_attention(False)
+        return None
 
     def stats(self) -> dict:
         st = self.engine.stats()
