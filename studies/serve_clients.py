@@ -35,6 +35,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from kvpot.bench.process import reset_peak_rss
 from kvpot.bench.qa_inputs import build_inputs
 from kvpot.bench.qa_questions import load_set
 from kvpot.bench.qa_score import question_facts, strict
@@ -82,15 +83,6 @@ def _status(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             out[key] = int(rest.split()[0]) * 1024
     return out
-
-
-def _reset_peak(pid: int) -> bool:
-    """VmHWM of `pid` set back to its current RSS (Linux's clear_refs "5"); False where refused."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
@@ -221,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             out["read_seconds"] = round(time.perf_counter() - t0, 1)
             after_read = _status(proc.pid)
             out["read_peak_rss_mib"] = round(after_read["VmHWM"] / MIB, 1)
-            out["peak_reset"] = _reset_peak(proc.pid)
+            out["peak_reset"] = reset_peak_rss(proc.pid)
             # one client alone first, its peak beside the peak of all of them at once: memory is the budget's,
             # not the number of requests
             alone: dict = {}
@@ -229,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                           asks[0].question, threading.Barrier(1), alone)
             out["one_client_peak_rss_mib"] = round(_status(proc.pid)["VmHWM"] / MIB, 1)
             out["one_client"] = alone
-            _reset_peak(proc.pid)
+            reset_peak_rss(proc.pid)
             clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
                        for _ in asks]
             results: list[dict] = [{} for _ in asks]

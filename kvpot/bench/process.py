@@ -69,13 +69,13 @@ def rss_mb() -> float | None:
         return None
 
 
-def reset_peak_rss() -> bool:
-    """Set this process's peak resident memory (VmHWM) back to what it holds now, so that a later
-    peak_rss_since_reset_mb() is the peak of what ran in between: one process can then measure each of
-    several readings in turn. Linux 4.0 and later (also Android): writing 5 to /proc/self/clear_refs
-    resets only that figure. False where it cannot (macOS, an older kernel, no /proc)."""
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Set this process's (or `pid`'s, one of this user's) peak resident memory (VmHWM) back to what it holds
+    now, so that a later peak_rss_since_reset_mb() is the peak of what ran in between: one process can then
+    measure each of several readings in turn. Linux 4.0 and later (also Android): writing 5 to
+    /proc/PID/clear_refs resets only that figure. False where it cannot (macOS, an older kernel, no /proc)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
         return True
     except OSError:
