@@ -181,7 +181,7 @@ WRITE_ATTRS = {"write_text", "write_bytes", "touch", "save", "savez", "savez_com
 OWN_FILES = {
     "kvpot/safe_write.py": "the checked writer itself",
     "kvpot/build/": "the runtime's build folders and wheel cache under kvpot's own cache",
-    "kvpot/bench/process.py::reset_peak_rss": "/proc/self/clear_refs, the kernel's counter reset",
+    "kvpot/bench/process.py::reset_peak_rss": "/proc/PID/clear_refs, the kernel's counter reset",
     "kvpot/bench/memory_limit.py::_control": "a memory cgroup's control files, in the cgroup the run makes for itself",
     "kvpot/session/session.py::ask": "KVPOT_SAVE_LOGITS, a diagnostics folder the tests name",
     "kvpot/state/state_container.py::_arrays_bytes": "into memory (a BytesIO), not a file",
