@@ -5,6 +5,7 @@ read names the passages the pot's answer drew on as `--sources` names that answe
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 from typer.testing import CliRunner
@@ -87,7 +88,8 @@ def test_the_focused_read_names_the_passages_as_sources_names_them(tmp_path, smo
     for p in located:
         assert p["where"] == f"line {text.count(chr(10), 0, p['start']) + 1:,}", p
     line = next(x for x in err.splitlines() if "read again with full attention" in x)
-    named = line.split("read again with full attention: ", 1)[1].strip()
+    # "… read again with full attention (overlapping ones joined: N stretches of text): PLACES" where joined
+    named = re.split(r"read again with full attention(?: \(overlapping ones joined: [^)]*\))?: ", line, maxsplit=1)[1].strip()
     assert named == f"{path} " + ", ".join(p["where"] for p in located), (named, located)
     for p in out["sources"]:  # the focused answer's own sources, numbered the same way
         assert p["where"] == f"line {text.count(chr(10), 0, p['start']) + 1:,}", p
