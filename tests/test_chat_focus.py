@@ -59,7 +59,7 @@ def test_chat_locates_by_keywords_by_default(logbook_doc, smollm2_path):
     assert _squash(FOCUS_EACH_QUESTION.format(how=HOW["bm25"])) in err and f"found ({HOW['bm25']})" in err, err
     # /sources without --sources: the passages the focused read was given, as its focus line names them
     assert "the last answer was read from these passages" in err, err
-    first = re.search(r"read again with full attention: \S+ (line [\d,]+)", err)[1]   # the best passage's place
+    first = re.search(r"read again with full attention(?: \([^)]*\))?: \S+ (line [\d,]+)", err)[1]   # the best passage's place
     assert f"{first} (" in out.split("sources:", 1)[1], (first, out)
 
 
