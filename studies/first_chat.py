@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import selectors
 import subprocess
 import sys
@@ -22,12 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvpot.bench.qa_inputs import build_inputs
-from kvpot.bench.qa_questions import load_set
 from kvpot.bench.qa_score import question_facts, strict
 from kvpot.runtime.cpu import describe_host
 from kvpot.safe_write import write_text_file
 from studies.answer_taps_speed import commit
+from studies.serve_clients import one_input
 
 KVPOT = [sys.executable, "-c", "from kvpot.cli.main import main; main()"]
 READY = "ask about the document"
@@ -100,7 +98,6 @@ class Chat:
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     from kvpot.models.resolve import resolve_model
-    from kvpot.runtime.llama import LlamaModel
     from kvpot.session.default_model import MODEL_ENV, default_model
 
     env = dict(os.environ)
@@ -108,16 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(MODEL_ENV, None)
     model = default_model()  # what `kvpot chat` will choose: the input is sized by its tokenizer
     facts, _ = resolve_model(model)
-    qs = [q for q in load_set().questions if q.passage and q.answer]
-    by_id = {q.id: q for q in qs}
-    vocab = LlamaModel(str(facts.path))
-    try:
-        inputs = build_inputs(qs, lambda t: len(vocab.tokenize(t)), ns.length, ns.seed, multikey=False)
-    finally:
-        vocab.close()
-    joined = random.Random(f"first-chat-{ns.seed}").choice(inputs)
-    asks = [a for a in joined.asks if a.id in by_id]
-    asks = random.Random(f"first-chat-asks-{ns.seed}").sample(asks, min(ns.questions, len(asks)))
+    joined, asks, by_id = one_input(facts.path, ns.length, ns.seed, ns.questions, "first-chat")
     cases = []
     with tempfile.TemporaryDirectory(prefix="kvpot-first-chat-") as tmp:
         path = Path(tmp) / "notes.txt"

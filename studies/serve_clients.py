@@ -162,6 +162,23 @@ def _planned(facts, context: Path, focused_tokens: int) -> dict:
             "planned_mib": round((model_bytes + max(pot, focus + state)) / MIB, 1)}
 
 
+def one_input(model_path: Path, length: int, seed: int, questions: int, tag: str):
+    """One joined input of the question set (no multi-key needles) sized by the model's tokenizer, and a seeded
+    sample of `questions` of its answerable questions: (the input, its asks, the set's questions by id)."""
+    from kvpot.runtime.llama import LlamaModel
+
+    qs = [q for q in load_set().questions if q.passage and q.answer]
+    by_id = {q.id: q for q in qs}
+    vocab = LlamaModel(str(model_path))
+    try:
+        inputs = build_inputs(qs, lambda t: len(vocab.tokenize(t)), length, seed, multikey=False)
+    finally:
+        vocab.close()
+    joined = random.Random(f"{tag}-{seed}").choice(inputs)
+    asks = [a for a in joined.asks if a.id in by_id]
+    return joined, random.Random(f"{tag}-asks-{seed}").sample(asks, min(questions, len(asks))), by_id
+
+
 def _ask(context: Path, question: str, threads: int, env: dict, *opts: str) -> dict:
     """`kvpot ask --context` on the server's saved context: the answer and where its focused read went."""
     ref = subprocess.run([*KVPOT, "ask", "--context", str(context), question, "--json", "-q", "-t", str(threads), *opts],
@@ -179,20 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     import openai
 
     from kvpot.models.resolve import resolve_model
-    from kvpot.runtime.llama import LlamaModel
 
     facts, known = resolve_model(ns.model)
     name = known.name if known else facts.name
-    qs = [q for q in load_set().questions if q.passage and q.answer]
-    by_id = {q.id: q for q in qs}
-    vocab = LlamaModel(str(facts.path))
-    try:
-        inputs = build_inputs(qs, lambda t: len(vocab.tokenize(t)), ns.length, ns.seed, multikey=False)
-    finally:
-        vocab.close()
-    joined = random.Random(f"serve-clients-{ns.seed}").choice(inputs)
-    asks = [a for a in joined.asks if a.id in by_id]
-    asks = random.Random(f"serve-clients-asks-{ns.seed}").sample(asks, min(ns.clients, len(asks)))
+    joined, asks, by_id = one_input(facts.path, ns.length, ns.seed, ns.clients, "serve-clients")
     out: dict = {"command": "python -m studies.serve_clients " + " ".join(argv if argv is not None else sys.argv[1:]),
                  "commit": commit(), "cpu": describe_host(), "model": name, "length": ns.length,
                  "input": joined.index, "clients": len(asks)}
